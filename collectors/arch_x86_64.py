@@ -1,0 +1,177 @@
+"""x86-64 specifics of the remote-call engine (the only arch-specific module).
+
+The engine (``collectors.remote``) talks to an ``Arch`` object with this small
+interface; an ``arch_aarch64.py`` providing the same names is an addition, not
+a rewrite (there: GETREGSET NT_PRSTATUS for ``user_pt_regs``, NT_PRFPREG +
+NT_ARM_SVE for the vector state, NT_ARM_SYSTEM_CALL for the syscall number,
+no red zone, return address in x30 instead of on the stack):
+
+==========================================  ====================================
+``get_regs(tid, pid) -> regs``               all general registers (a copyable object)
+``set_regs(tid, pid, regs)``                 write them back exactly
+``get_ext_state(tid, pid) -> bytes``         FPU/SSE/AVX/AVX-512 state (XSAVE layout)
+``set_ext_state(tid, pid, blob)``            write it back exactly
+``copy_regs(regs) -> regs``                  independent copy
+``pc(regs)``, ``sp(regs)``                   program counter, stack pointer
+``syscall_state(regs) -> (nr, ret)``         syscall the stop interrupted (-1 if none), its rax
+``prepare_call(regs, func, args, top)``      -> (new_regs, writes, lowest): call frame below TOP
+``return_value(regs)``                       the function's integer return value
+``is_return_trap(regs, siginfo)``            True for the SIGSEGV of "returned to address 0"
+``IDLE_SYSCALLS``, ``SYSCALL_NAMES``         numbers of the waits allowed / names for messages
+``RED_ZONE``, ``STACK_ALIGN``, ``WORD``
+==========================================  ====================================
+
+Call frame (SysV AMD64 ABI): integer args in rdi, rsi, rdx, rcx, r8, r9; rsp is
+moved below the 128-byte red zone and below any scratch the caller reserved,
+aligned so that at function entry ``rsp % 16 == 8`` (as after a ``call``),
+with a return address of 0 on the stack: the function's ``ret`` jumps to 0 and
+the resulting SIGSEGV (si_addr 0, rip 0) is how the tracer learns it returned.
+``orig_rax = -1`` so the kernel does not treat the injected state as an
+interrupted syscall to restart; ``rax = 0`` (also "no vector args" for
+varargs); the direction and trap flags are cleared.
+"""
+
+import ctypes
+
+from collectors import ptrace
+
+NAME = "x86_64"
+WORD = 8
+RED_ZONE = 128
+STACK_ALIGN = 16
+MASK64 = (1 << 64) - 1
+
+# Waits that restart cleanly when the registers are restored after a ptrace
+# stop (each one verified by tests/test_remote_engine.py::test_idle_wait_*).
+IDLE_SYSCALLS = {
+    0: "read",
+    7: "poll",
+    23: "select",
+    34: "pause",
+    35: "nanosleep",
+    230: "clock_nanosleep",
+    270: "pselect6",
+    271: "ppoll",
+}
+
+# Names for messages; the ones in the second half are never borrowed (epoll/
+# sigtimedwait/semop return a spurious EINTR after a ptrace stop; the others
+# hold or change allocator or address-space state).
+SYSCALL_NAMES = dict(IDLE_SYSCALLS)
+SYSCALL_NAMES.update({
+    1: "write", 9: "mmap", 10: "mprotect", 11: "munmap", 12: "brk", 28: "madvise",
+    25: "mremap", 56: "clone", 435: "clone3", 202: "futex", 232: "epoll_wait",
+    281: "epoll_pwait", 441: "epoll_pwait2", 128: "rt_sigtimedwait",
+    65: "semop", 220: "semtimedop", 61: "wait4", 43: "accept", 288: "accept4",
+    45: "recvfrom", 47: "recvmsg", 24: "sched_yield", 17: "pread64", 19: "readv",
+    130: "rt_sigsuspend", 247: "waitid", 449: "futex_waitv",
+})
+
+SIGSEGV = 11
+_EFLAGS_TF = 0x100
+_EFLAGS_DF = 0x400
+
+
+class user_regs_struct(ctypes.Structure):
+    """<sys/user.h> struct user_regs_struct (x86-64)."""
+
+    _fields_ = [(n, ctypes.c_ulonglong) for n in (
+        "r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8",
+        "rax", "rcx", "rdx", "rsi", "rdi", "orig_rax", "rip", "cs", "eflags",
+        "rsp", "ss", "fs_base", "gs_base", "ds", "es", "fs", "gs")]
+
+    def __repr__(self):
+        return "user_regs_struct(" + ", ".join(
+            f"{n}={getattr(self, n):#x}" for n, _ in self._fields_) + ")"
+
+
+ARG_REGS = ("rdi", "rsi", "rdx", "rcx", "r8", "r9")
+
+# The XSAVE area's size depends on the CPU features the kernel enabled
+# (AVX-512 makes it ~2.7 KiB, AMX ~11 KiB).  GETREGSET shrinks iov_len to the
+# real size; SETREGSET must be given exactly that size.  Learnt once.
+_XSTATE_PROBE = 1 << 16
+_xstate_size = None
+
+
+def _signed(v):
+    return v - (1 << 64) if v & (1 << 63) else v
+
+
+def get_regs(tid, pid):
+    return ptrace.getregs(tid, pid, user_regs_struct())
+
+
+def set_regs(tid, pid, regs):
+    ptrace.setregs(tid, pid, regs)
+
+
+def copy_regs(regs):
+    new = user_regs_struct()
+    ctypes.memmove(ctypes.addressof(new), ctypes.addressof(regs), ctypes.sizeof(regs))
+    return new
+
+
+def regs_equal(a, b):
+    return bytes(a) == bytes(b)
+
+
+def get_ext_state(tid, pid):
+    global _xstate_size
+    size = _xstate_size or _XSTATE_PROBE
+    buf = ctypes.create_string_buffer(size)
+    data = ptrace.getregset(tid, pid, ptrace.NT_X86_XSTATE, buf)
+    if _xstate_size is None:
+        _xstate_size = len(data)
+    return data
+
+
+def set_ext_state(tid, pid, blob):
+    ptrace.setregset(tid, pid, ptrace.NT_X86_XSTATE, blob)
+
+
+def pc(regs):
+    return regs.rip
+
+
+def sp(regs):
+    return regs.rsp
+
+
+def syscall_state(regs):
+    """(syscall number or -1, signed rax).  At a stop inside a blocking syscall
+    rax is -ERESTART*; at a stop just after one completed it is its result."""
+    return _signed(regs.orig_rax), _signed(regs.rax)
+
+
+def prepare_call(regs, func, args, top):
+    """Registers and memory writes for calling FUNC(*ARGS) with the frame
+    entirely below address TOP (which the engine already put below the red
+    zone and its scratch).  Returns (new_regs, [(addr, bytes)], lowest_addr)."""
+    if len(args) > len(ARG_REGS):
+        raise ValueError(f"at most {len(ARG_REGS)} integer arguments on {NAME}")
+    new = copy_regs(regs)
+    sp_ = (top & ~(STACK_ALIGN - 1)) - WORD       # entry: rsp % 16 == 8
+    for name, val in zip(ARG_REGS, args):
+        setattr(new, name, int(val) & MASK64)
+    new.rip = func & MASK64
+    new.rsp = sp_
+    new.rax = 0
+    new.orig_rax = MASK64                          # -1: no syscall restart
+    new.eflags &= ~(_EFLAGS_DF | _EFLAGS_TF)
+    return new, [(sp_, b"\0" * WORD)], sp_
+
+
+def return_value(regs):
+    return regs.rax
+
+
+def is_return_trap(regs, siginfo):
+    """The function executed ``ret`` into our 0 return address: a kernel
+    generated SIGSEGV (si_code > 0) for address 0 with rip 0."""
+    return (siginfo.signo == SIGSEGV and siginfo.code > 0
+            and siginfo.addr == 0 and regs.rip == 0)
+
+
+def describe(regs):
+    return f"rip={regs.rip:#x} rsp={regs.rsp:#x} orig_rax={_signed(regs.orig_rax)}"

@@ -1,0 +1,428 @@
+"""Which allocator serves ``malloc`` in a process, and which others are loaded.
+
+Out-of-process, no stop.  The order of evidence, strongest first:
+
+1. The executable's GOT slot for ``malloc`` (JUMP_SLOT or GLOB_DAT), read
+   from live memory: the address the dynamic linker bound it to names the
+   object that serves the program's calls.  Other objects' slots (libpython,
+   libstdc++) are read the same way when the executable has none.
+2. No resolved slot (lazy binding not done yet, or the executable never
+   calls malloc): the first object in the loader's lookup order (executable,
+   LD_PRELOAD libraries, then DT_NEEDED breadth first) that defines
+   ``malloc``; that is where the first call will bind.
+3. A static executable: its own symbols (.dynsym, then .symtab), then the
+   version banners in its .rodata.
+
+Each object is classified by signature symbols (names from the allocators'
+own public APIs; allocators.md §9): jemalloc ``[prefix]mallctl`` with
+``[prefix]malloc_stats_print``; gperftools ``MallocExtension_GetNumericProperty``
+(``HeapProfilerStart`` only in the full library); google/tcmalloc
+``TCMalloc_Internal_GetStats``; mimalloc ``mi_version``; glibc
+``__libc_malloc`` with ``malloc_info``; musl ``__malloc_donate`` or its
+loader name; Go ``.go.buildinfo``.
+"""
+
+import os
+
+from collectors.errors import AccessDenied, NoSuchProcess
+from collectors.memory import ProcessMemory
+from diag.model import Allocator, AllocatorRef, Binding
+
+JEMALLOC_PREFIXES = ("", "je_", "_rjem_")
+
+
+class Signature:
+    """What an object is, allocator-wise (cached on the ElfObject)."""
+
+    __slots__ = ("kind", "variant", "prefix", "evidence", "defines_malloc")
+
+    def __init__(self, kind=None, variant=None, prefix=None, evidence=(), defines_malloc=False):
+        self.kind, self.variant, self.prefix = kind, variant, prefix
+        self.evidence = tuple(evidence)
+        self.defines_malloc = defines_malloc
+
+
+def _jemalloc_prefix(names):
+    """The prefix P for which both P+mallctl and P+malloc_stats_print exist."""
+    for name in names:
+        if name.endswith("mallctl") and (name[:-7] + "malloc_stats_print") in names:
+            return name[:-7]
+    return None
+
+
+def classify(obj, use_symtab=False):
+    """Signature of a LoadedObject.  ``use_symtab`` also reads .symtab (for
+    executables, where static allocators hide)."""
+    elf = obj.elf
+    if elf is None:
+        return Signature()
+    cache_key = "_sig_symtab" if use_symtab else "_sig"
+    cached = getattr(elf, cache_key, None)
+    if cached is not None:
+        return cached
+    dyn = {s.name for s in elf.dynsym if s.defined and s.bind != 0}
+    names = dyn
+    where = ".dynsym"
+    if use_symtab:
+        symtab = elf.symtab(obj.opener.open)
+        if symtab:
+            names = dyn | set(symtab)
+            where = ".dynsym/.symtab"
+    sig = _classify_names(elf, obj.path, names, where)
+    setattr(elf, cache_key, sig)
+    return sig
+
+
+def _classify_names(elf, path, names, where):
+    base = os.path.basename(path)
+    defines_malloc = "malloc" in names
+    if elf.is_go:
+        return Signature("go", evidence=[f"{base}: Go binary (.go.buildinfo/.gopclntab sections)"],
+                         defines_malloc=defines_malloc)
+    prefix = _jemalloc_prefix(names)
+    if prefix is not None:
+        ev = f"{base} defines {prefix}mallctl and {prefix}malloc_stats_print ({where})"
+        return Signature("jemalloc", prefix=prefix, evidence=[ev], defines_malloc=defines_malloc)
+    if "TCMalloc_Internal_GetStats" in names or "MallocExtension_Internal_GetNumericProperty" in names:
+        return Signature("tcmalloc-google", evidence=[
+            f"{base} defines TCMalloc_Internal_GetStats/MallocExtension_Internal_GetNumericProperty ({where})"],
+            defines_malloc=defines_malloc)
+    if "MallocExtension_GetNumericProperty" in names or "tc_malloc" in names:
+        variant = "full" if "HeapProfilerStart" in names else "minimal"
+        if "debug" in base:
+            variant += "+debug"
+        return Signature("tcmalloc", variant=variant, evidence=[
+            f"{base} defines MallocExtension_GetNumericProperty ({where}); "
+            f"{'HeapProfilerStart present: full' if variant.startswith('full') else 'no HeapProfilerStart: minimal'} library"],
+            defines_malloc=defines_malloc)
+    if "mi_version" in names or "mi_malloc" in names:
+        return Signature("mimalloc", evidence=[f"{base} defines mi_version ({where})"],
+                         defines_malloc=defines_malloc)
+    if "__malloc_donate" in names or "__libc_malloc_impl" in names or "musl" in base \
+            or (elf.interp or "").startswith("/lib/ld-musl"):
+        return Signature("musl", evidence=[f"{base}: musl libc (loader/symbols)"],
+                         defines_malloc=defines_malloc)
+    if "__libc_malloc" in names and ("malloc_info" in names or "mallinfo" in names):
+        variant = None
+        return Signature("glibc", variant=variant, evidence=[
+            f"{base} defines __libc_malloc and malloc_info ({where})"], defines_malloc=defines_malloc)
+    if base.startswith("libc_malloc_debug"):
+        return Signature("glibc", variant="malloc-debug", evidence=[
+            f"{base}: glibc's malloc debugging library"], defines_malloc=defines_malloc)
+    if defines_malloc:
+        return Signature("unknown", evidence=[f"{base} defines malloc but matches no known allocator"],
+                         defines_malloc=True)
+    return Signature(defines_malloc=False)
+
+
+def version_of(obj, kind):
+    """The allocator's version, read without stopping the process."""
+    elf = obj.elf
+    if elf is None:
+        return None
+    opener = obj.opener.open
+    try:
+        if kind == "glibc":
+            return elf.rodata_version("glibc", opener)
+        if kind == "jemalloc":
+            return elf.rodata_version("jemalloc", opener)
+        if kind == "tcmalloc":
+            return elf.rodata_version("gperftools", opener)
+        if kind == "go":
+            return elf.go_version or elf.rodata_version("go", opener)
+        if kind == "mimalloc":
+            return _mimalloc_version(obj)
+    except OSError:
+        return None
+    return None
+
+
+def _mimalloc_version(obj):
+    """mi_version() is ``return MI_MALLOC_VERSION;``: on x86-64 that compiles
+    to ``mov $imm32, %eax; ret`` (after an optional endbr64).  Decode the
+    immediate (major*100+minor*10+patch in 1.x/2.x, e.g. 209 = 2.0.9)."""
+    sym = obj.elf.lookup("mi_version", obj.opener.open)
+    if sym is None:
+        return None
+    code = obj.elf.text_bytes(sym.st_value, 16, obj.opener.open) or b""
+    if code.startswith(b"\xf3\x0f\x1e\xfa"):
+        code = code[4:]
+    if len(code) >= 6 and code[0] == 0xB8 and code[5] == 0xC3:
+        v = int.from_bytes(code[1:5], "little")
+        if v >= 10000:                       # 2.4+ style: major*10000+minor*100+patch
+            return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+        return f"{v // 100}.{v // 10 % 10}.{v % 10}"
+    return None
+
+
+# -- bindings ---------------------------------------------------------------
+
+def read_bindings(image, mem, symbols=("malloc", "free"), objects=None):
+    """Binding for each GOT slot of SYMBOLS in OBJECTS (default: the
+    executable), read from the live process."""
+    out = []
+    for obj in objects if objects is not None else ([image.exe] if image.exe else []):
+        if obj is None or obj.elf is None or obj.bias is None:
+            continue
+        for sym in symbols:
+            for slot_vaddr in obj.elf.got.get(sym, ()):
+                slot = obj.bias + slot_vaddr
+                target = mem.read_u64(slot) if mem is not None else None
+                if target is None:
+                    out.append(Binding(obj.path, sym, slot, None, None, None))
+                    continue
+                tobj = image.object_at(target)
+                if target == 0:
+                    resolved, tpath = False, None
+                elif tobj is obj and obj.elf.in_plt(target - obj.bias):
+                    resolved, tpath = False, obj.path
+                else:
+                    resolved = True
+                    tpath = tobj.path if tobj else _mapping_name(image, target)
+                out.append(Binding(obj.path, sym, slot, target, tpath, resolved))
+    return out
+
+
+def _mapping_name(image, addr):
+    m = image.mapping_at(addr)
+    if m is None:
+        return None
+    return m.path or "[anonymous]"
+
+
+def lookup_order(image, preload_paths=()):
+    """Objects in the dynamic linker's symbol lookup order: the executable,
+    the LD_PRELOAD libraries, then DT_NEEDED breadth first.  Loaded objects
+    not reached this way were dlopen()ed (or loaded by the loader itself)."""
+    order = []
+    seen = set()
+
+    def add(obj):
+        if obj is not None and id(obj) not in seen:
+            seen.add(id(obj))
+            order.append(obj)
+
+    add(image.exe)
+    for p in preload_paths:
+        for obj in image.objects:
+            if _same_file(image, obj.path, p):
+                add(obj)
+    i = 0
+    while i < len(order):
+        obj = order[i]
+        i += 1
+        for name in (obj.elf.needed if obj.elf else ()):
+            for dep in image.by_name(name):
+                add(dep)
+    return order
+
+
+def _same_file(image, mapped_path, requested):
+    if mapped_path == requested:
+        return True
+    if "/" not in requested:
+        return os.path.basename(mapped_path) == requested
+    try:
+        a = os.stat(image.in_root(mapped_path))
+        b = os.stat(image.in_root(requested))
+        return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+    except OSError:
+        return os.path.realpath(mapped_path) == os.path.realpath(requested)
+
+
+def requested_preloads(image):
+    """[(path, source)] from LD_PRELOAD (initial environment) and the
+    target root's /etc/ld.so.preload.  ld.so splits LD_PRELOAD on spaces and
+    colons."""
+    out = []
+    env = image.environ or {}
+    for part in env.get("LD_PRELOAD", "").replace(":", " ").split():
+        out.append((part, "LD_PRELOAD"))
+    try:
+        with open(image.in_root("/etc/ld.so.preload"), "r", errors="replace") as f:
+            for line in f:
+                for part in line.split("#", 1)[0].replace(":", " ").split():
+                    out.append((part, "/etc/ld.so.preload"))
+    except OSError:
+        pass
+    return out
+
+
+# -- detection ----------------------------------------------------------------
+
+class Detection:
+    """The result: ``allocator`` (model), plus what the preload verdict needs."""
+
+    def __init__(self, allocator, serving, bindings, order, how):
+        self.allocator = allocator
+        self.serving = serving        # LoadedObject or None
+        self.bindings = bindings      # [Binding]
+        self.order = order            # lookup order
+        self.how = how                # "got" | "lookup-order" | "static" | "go" | None
+
+
+def detect(image, mem=None, all_bindings=False):
+    """Detect the serving allocator of ProcessImage IMAGE.
+
+    MEM is an open ``collectors.memory.ProcessMemory`` (None: opened here;
+    when reading memory is denied, detection falls back to lookup order and
+    says so in the evidence).
+    """
+    own_mem = False
+    evidence = []
+    if mem is None:
+        try:
+            mem = ProcessMemory(image.pid, image.procfs.root)
+            own_mem = True
+        except AccessDenied:
+            mem = None
+            evidence.append("process memory not readable (no ptrace rights): "
+                            "GOT slots not read, verdict from the loader's lookup order")
+    try:
+        return _detect(image, mem, evidence, all_bindings)
+    finally:
+        if own_mem:
+            mem.close()
+
+
+def _detect(image, mem, evidence, all_bindings):
+    exe = image.exe
+    preloads = [p for p, _src in requested_preloads(image)]
+    order = lookup_order(image, preloads) if exe else list(image.objects)
+    serving, how = None, None
+    bindings = []
+
+    if exe is not None and exe.elf is not None and exe.elf.is_go:
+        serving, how = exe, "go"
+        evidence.append(f"{os.path.basename(exe.path)} is a Go binary"
+                        + (f" ({exe.elf.go_version})" if exe.elf.go_version else "")
+                        + ": the Go runtime manages its heap itself; malloc serves only cgo/C code")
+    elif exe is not None and exe.elf is not None and exe.elf.interp is None and not exe.elf.needed:
+        serving, how = exe, "static"
+        evidence.append(f"{os.path.basename(exe.path)} is statically linked (no PT_INTERP): "
+                        "the allocator is inside the executable")
+    else:
+        targets = [exe] if exe else []
+        if all_bindings:
+            targets += [o for o in image.objects if o is not exe and o.elf and "malloc" in o.elf.got]
+        bindings = read_bindings(image, mem, objects=targets) if mem is not None else []
+        resolved = [b for b in bindings if b.symbol == "malloc" and b.resolved]
+        if not resolved and mem is not None and not all_bindings:
+            # The executable has no resolved malloc slot: ask the objects that
+            # do call malloc (libpython, libstdc++...).
+            others = [o for o in order if o is not exe and o.elf and "malloc" in o.elf.got]
+            extra = read_bindings(image, mem, symbols=("malloc",), objects=others)
+            bindings += extra
+            resolved = [b for b in extra if b.resolved]
+        if resolved:
+            b = resolved[0]
+            serving = image.object_at(b.target)
+            how = "got"
+            evidence.append(f"malloc GOT slot of {os.path.basename(b.object)} at {b.slot:#x} -> "
+                            f"{b.target:#x} in {b.target_path}")
+        else:
+            for b in bindings:
+                if b.symbol == "malloc" and b.resolved is False:
+                    evidence.append(f"malloc GOT slot of {os.path.basename(b.object)} not bound yet "
+                                    "(lazy binding: no call through it so far)")
+                    break
+            for obj in order:
+                sig = classify(obj, use_symtab=(obj is exe))
+                if sig.defines_malloc:
+                    serving, how = obj, "lookup-order"
+                    evidence.append(f"first object defining malloc in the loader's lookup order: "
+                                    f"{os.path.basename(obj.path)}")
+                    break
+
+    ref = _describe(serving, how, image, preloads)
+    serving_ref = ref
+    if ref is not None:
+        serving_ref = AllocatorRef(kind=ref.kind, version=ref.version, linkage=ref.linkage,
+                                   path=ref.path, prefix=ref.prefix, variant=ref.variant,
+                                   evidence=tuple(evidence) + ref.evidence)
+    others = _others(image, serving, order)
+    if serving_ref is None:
+        allocator = Allocator(kind="unknown", evidence=tuple(evidence) or
+                              ("no loaded object defines malloc",), others=tuple(others))
+    else:
+        allocator = Allocator(**{f: getattr(serving_ref, f) for f in
+                                 ("kind", "version", "linkage", "path", "prefix", "variant", "evidence")},
+                              others=tuple(others))
+    return Detection(allocator, serving, bindings, order, how)
+
+
+def _describe(obj, how, image, preloads):
+    if obj is None:
+        return None
+    is_exe = obj is image.exe
+    sig = classify(obj, use_symtab=is_exe)
+    kind = sig.kind or "unknown"
+    ev = list(sig.evidence)
+    if is_exe and how in ("static", "go", "got", "lookup-order") and kind in (None, "unknown") \
+            and obj.elf is not None:
+        # Stripped static executable: fall back to .rodata banners.
+        for k, vk in (("jemalloc", "jemalloc"), ("glibc", "glibc")):
+            try:
+                v = obj.elf.rodata_version(vk, obj.opener.open)
+            except OSError:
+                v = None
+            if v:
+                kind = k
+                ev.append(f"{os.path.basename(obj.path)} .rodata holds the {k} version string {v}")
+                break
+    if is_exe and kind == "jemalloc" and sig.prefix:
+        # A prefixed jemalloc in the executable does not serve malloc.
+        kind = "unknown"
+    if is_exe:
+        linkage = "static"
+    elif any(_same_file(image, obj.path, p) for p in preloads):
+        linkage = "preload"
+    else:
+        linkage = "dynamic"
+    return AllocatorRef(kind=kind, version=version_of(obj, kind), linkage=linkage, path=obj.path,
+                        prefix=sig.prefix if kind == "jemalloc" else None,
+                        variant=sig.variant, evidence=tuple(ev))
+
+
+def _others(image, serving, order):
+    in_order = {id(o) for o in order}
+    out = []
+    for obj in image.objects:
+        if obj is serving:
+            # An executable can be both: Go runtime serving + a static C
+            # allocator; or a static binary with a prefixed jemalloc.
+            if obj is image.exe:
+                sig = classify(obj, use_symtab=True)
+                if sig.kind == "jemalloc" and sig.prefix and obj.elf and not obj.elf.is_go:
+                    pass
+                else:
+                    continue
+            else:
+                continue
+        sig = classify(obj, use_symtab=(obj is image.exe))
+        if not sig.kind or sig.kind == "unknown" and not sig.defines_malloc:
+            continue
+        if sig.kind == "go" and obj is image.exe:
+            continue
+        ev = list(sig.evidence)
+        if sig.kind == "jemalloc" and sig.prefix:
+            ev.append(f"symbols are prefixed ({sig.prefix}malloc): they do not interpose malloc; "
+                      f"configured by {sig.prefix.upper().lstrip('_') if False else sig.prefix.upper()}MALLOC_CONF")
+        if id(obj) not in in_order:
+            ev.append("not in the loader's lookup order: loaded by dlopen() after start")
+            linkage = "dlopen"
+        elif obj is image.exe:
+            linkage = "static"
+        else:
+            linkage = "dynamic"
+        out.append(AllocatorRef(kind=sig.kind, version=version_of(obj, sig.kind), linkage=linkage,
+                                path=obj.path, prefix=sig.prefix if sig.kind == "jemalloc" else None,
+                                variant=sig.variant, evidence=tuple(ev)))
+    return out
+
+
+def detect_pid(pid, procfs=None):
+    """Convenience: (ProcessImage, Detection) for PID."""
+    from collectors.image import ProcessImage
+    image = ProcessImage(pid, procfs)
+    return image, detect(image)

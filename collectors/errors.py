@@ -1,0 +1,78 @@
+"""Exception family raised at the boundary between allocdiag and a target.
+
+Every error a collector can raise about a target process is translated once,
+where the OS call is made, into one of these classes.  Each carries the pid,
+a one-line message and, where the user can do something about it, a
+remediation text.  The CLI maps each class to the exit code in DESIGN.md.
+"""
+
+PTRACE_HELP = (
+    "Reading another process's memory or calling into it needs ptrace rights:\n"
+    "  - run as root, or as the target's user with CAP_SYS_PTRACE "
+    "(sudo setcap cap_sys_ptrace+ep $(readlink -f $(which python3)));\n"
+    "  - /proc/sys/kernel/yama/ptrace_scope: 0 allows same-uid tracing, 1 only "
+    "descendants (or CAP_SYS_PTRACE), 2 admin only, 3 nobody;\n"
+    "  - in a container: run with --cap-add=SYS_PTRACE (Kubernetes: "
+    "securityContext.capabilities.add: [SYS_PTRACE]) and share the PID namespace "
+    "(docker run --pid=container:NAME, or shareProcessNamespace: true);\n"
+    "  - a target that called prctl(PR_SET_DUMPABLE, 0) can only be read by root.\n"
+    "Use --no-attach to keep to what /proc shows without ptrace."
+)
+
+
+class AllocdiagError(Exception):
+    """Base class.  ``exit_code`` is the process exit code the CLI uses."""
+
+    exit_code = 1
+
+    def __init__(self, msg, pid=None, remediation=None):
+        super().__init__(msg)
+        self.msg = msg
+        self.pid = pid
+        self.remediation = remediation
+
+    def __str__(self):
+        where = f"pid {self.pid}: " if self.pid is not None else ""
+        return f"{where}{self.msg}"
+
+
+class NoSuchProcess(AllocdiagError):
+    """The process does not exist (or exited while we were reading it)."""
+
+    exit_code = 3
+
+    def __init__(self, pid, msg="no such process"):
+        super().__init__(msg, pid=pid)
+
+
+class AccessDenied(AllocdiagError):
+    """The kernel refused a read or a ptrace request for this process."""
+
+    exit_code = 4
+
+    def __init__(self, pid, msg="permission denied", remediation=PTRACE_HELP):
+        super().__init__(msg, pid=pid, remediation=remediation)
+
+
+class Unsupported(AllocdiagError):
+    """Allocator not detected, or it cannot do what was asked; also an input
+    file that is not in any format allocdiag reads."""
+
+    exit_code = 5
+
+
+class MalformedData(Unsupported):
+    """Bytes that claim to be a known format but do not parse (a truncated ELF,
+    broken malloc_info XML, a cut-off stats JSON).  Raised per object: the
+    caller decides whether it is fatal."""
+
+
+class RemoteCallError(AllocdiagError):
+    """A call into the target could not be made safely, or failed."""
+
+    exit_code = 6
+
+
+class Quarantined(RemoteCallError):
+    """An earlier call into this process timed out; no further calls are made
+    to it, because its allocator may now hold a lock forever."""

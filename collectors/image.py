@@ -1,0 +1,133 @@
+"""A process's loaded objects, read once without stopping it.
+
+``ProcessImage`` gathers what detection and the preload verdict need: the
+maps, the executable, the auxiliary vector, the allocator variables of the
+initial environment, and each mapped ELF object with its load bias.
+"""
+
+import os
+from collections import namedtuple
+
+from collectors.elf import CACHE, ObjectFile
+from collectors.errors import AccessDenied, MalformedData, NoSuchProcess
+from collectors.procfs import AT_SECURE, ProcFS
+
+AT_PHDR = 3
+AT_ENTRY = 9
+
+# One mapped ELF object.  ``elf`` is None when it could not be read; then
+# ``error`` says why.  ``ranges`` are the [start, end) of its mappings.
+LoadedObject = namedtuple("LoadedObject", "path start end bias elf error opener ranges deleted")
+
+
+class ProcessImage:
+    def __init__(self, pid, procfs=None, cache=CACHE):
+        self.pid = pid
+        self.procfs = procfs or ProcFS()
+        self.status = self.procfs.status(pid)
+        self.comm = self.status.get(b"Name", b"").decode(errors="replace") or None
+        self.maps = self.procfs.maps(pid)
+        self.exe_path = self.procfs.exe(pid)
+        if self.exe_path and self.exe_path.endswith(" (deleted)"):
+            self.exe_path = self.exe_path[:-10]
+        try:
+            self.environ = self.procfs.environ(pid)
+        except AccessDenied:
+            self.environ = None
+        try:
+            self.auxv = self.procfs.auxv(pid)
+        except AccessDenied:
+            self.auxv = {}
+        self.objects = self._load_objects(cache)
+        self.exe = self._find_exe()
+
+    @property
+    def secure(self):
+        """AT_SECURE from the auxiliary vector (setuid/setgid/capabilities
+        exec): the loader then ignores LD_PRELOAD paths with a slash.  None
+        when auxv is unreadable."""
+        if not self.auxv:
+            return None
+        return bool(self.auxv.get(AT_SECURE, 0))
+
+    def _load_objects(self, cache):
+        groups = {}
+        order = []
+        for m in self.maps:
+            if not m.path or m.path.startswith("[") or m.inode == 0:
+                continue
+            key = (m.dev, m.inode, m.path)
+            if key not in groups:
+                groups[key] = []
+                order.append(key)
+            groups[key].append(m)
+        out = []
+        for key in order:
+            ms = groups[key]
+            # Only objects with executable code are ELF objects we care
+            # about (skips locale-archive, fonts, data files).
+            if not any("x" in m.perms for m in ms):
+                continue
+            first = min(ms, key=lambda m: m.start)
+            opener = ObjectFile(self.procfs.root, self.pid, first.start, first.end, first.path)
+            elf, error, bias = None, None, None
+            try:
+                elf = cache.get(opener)
+            except MalformedData as exc:
+                error = str(exc)
+            except FileNotFoundError:
+                error = f"{first.path}: file not found (deleted, or outside our view)"
+            except PermissionError:
+                error = f"{first.path}: permission denied"
+            except OSError as exc:
+                error = f"{first.path}: {exc.strerror or exc}"
+            if elf is not None:
+                for m in sorted(ms, key=lambda m: m.start):
+                    bias = elf.load_bias(m.start, m.offset)
+                    if bias is not None:
+                        break
+            out.append(LoadedObject(first.path, min(m.start for m in ms), max(m.end for m in ms),
+                                    bias, elf, error, opener,
+                                    tuple((m.start, m.end) for m in ms), first.deleted))
+        if not out and not os.path.exists(self.procfs.path(self.pid)):
+            raise NoSuchProcess(self.pid)
+        return out
+
+    def _find_exe(self):
+        phdr = self.auxv.get(AT_PHDR) if self.auxv else None
+        if phdr:
+            obj = self.object_at(phdr)
+            if obj is not None:
+                return obj
+        for obj in self.objects:
+            if obj.path == self.exe_path:
+                return obj
+        return None
+
+    def object_at(self, addr):
+        """The loaded object with a mapping that contains ADDR, or None."""
+        for obj in self.objects:
+            for start, end in obj.ranges:
+                if start <= addr < end:
+                    return obj
+        return None
+
+    def mapping_at(self, addr):
+        for m in self.maps:
+            if m.start <= addr < m.end:
+                return m
+        return None
+
+    def by_name(self, name):
+        """Loaded objects whose DT_SONAME or file name is NAME."""
+        out = []
+        for obj in self.objects:
+            if obj.elf is None:
+                continue
+            if obj.elf.soname == name or os.path.basename(obj.path) == name:
+                out.append(obj)
+        return out
+
+    def in_root(self, path):
+        """PATH as seen from the target's root directory (containers)."""
+        return os.path.join(self.procfs.path(self.pid, "root"), path.lstrip("/"))

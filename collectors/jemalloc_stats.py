@@ -1,0 +1,226 @@
+"""jemalloc statistics: mallctl names/types and ``malloc_stats_print("J")``.
+
+Meanings are jemalloc's (doc/jemalloc.xml.in, src/ctl.c, src/stats.c of
+5.2/5.3):
+
+* ``stats.allocated``: bytes allocated by the application.
+* ``stats.active``: bytes in active pages (a page multiple >= allocated);
+  excludes pdirty/pmuzzy pages and metadata.
+* ``stats.metadata``: base + internal allocations.
+* ``stats.resident``: *maximum* bytes in physically resident data pages
+  (metadata, active and unused dirty pages); an upper bound.
+* ``stats.mapped``: bytes in active extents; no strict ordering with resident.
+* ``stats.retained``: virtual memory kept (decommitted/purged) instead of
+  unmapped; excluded from mapped.
+* ``stats.arenas.<i>.pdirty`` / ``pmuzzy``: unused pages not yet purged /
+  purged lazily (MADV_FREE), in **pages** (x ``arenas.page``).
+  ``<i> = 4096`` (MALLCTL_ARENAS_ALL) is the merged view.
+
+Every stats mallctl is a cached snapshot: write ``epoch`` first.
+``malloc_stats_print`` writes epoch itself; the JSON's "stats.arenas" has a
+"merged" entry only when more than one arena is initialised (or per-arena
+output is disabled), see stats_print_helper in src/stats.c.
+"""
+
+import json
+
+from diag.model import Value
+from collectors.errors import MalformedData
+
+MALLCTL_ARENAS_ALL = 4096        # include/jemalloc/jemalloc_macros.h.in
+MALLCTL_ARENAS_DESTROYED = 4097
+
+# The mallctls allocdiag reads, with their C types (src/ctl.c CTL_RO_*GEN).
+STATS_MALLCTLS = {
+    "epoch": "uint64",                       # write to refresh the snapshot
+    "version": "const char*",
+    "config.stats": "bool",
+    "opt.background_thread": "bool",
+    "background_thread": "bool",
+    "opt.narenas": "unsigned",
+    "opt.dirty_decay_ms": "ssize_t",
+    "opt.muzzy_decay_ms": "ssize_t",
+    "opt.retain": "bool",
+    "arenas.narenas": "unsigned",
+    "arenas.page": "size_t",
+    "arenas.dirty_decay_ms": "ssize_t",
+    "arenas.muzzy_decay_ms": "ssize_t",
+    "stats.allocated": "size_t",
+    "stats.active": "size_t",
+    "stats.metadata": "size_t",
+    "stats.metadata_thp": "size_t",
+    "stats.resident": "size_t",
+    "stats.mapped": "size_t",
+    "stats.retained": "size_t",
+    "stats.zero_reallocs": "size_t",
+    "stats.background_thread.num_threads": "size_t",
+    "stats.background_thread.num_runs": "uint64",
+    "stats.background_thread.run_interval": "uint64",
+    "stats.arenas.4096.pactive": "size_t",
+    "stats.arenas.4096.pdirty": "size_t",
+    "stats.arenas.4096.pmuzzy": "size_t",
+    "stats.arenas.4096.dirty_decay_ms": "ssize_t",
+    "stats.arenas.4096.muzzy_decay_ms": "ssize_t",
+    "stats.arenas.4096.tcache_bytes": "size_t",
+}
+
+# JSON path (under the top-level "jemalloc" object) -> mallctl name.
+_JSON_SCALARS = {
+    ("version",): "version",
+    ("config", "stats"): "config.stats",
+    ("opt", "background_thread"): "opt.background_thread",
+    ("opt", "narenas"): "opt.narenas",
+    ("opt", "dirty_decay_ms"): "opt.dirty_decay_ms",
+    ("opt", "muzzy_decay_ms"): "opt.muzzy_decay_ms",
+    ("opt", "retain"): "opt.retain",
+    ("arenas", "narenas"): "arenas.narenas",
+    ("arenas", "page"): "arenas.page",
+    ("arenas", "dirty_decay_ms"): "arenas.dirty_decay_ms",
+    ("arenas", "muzzy_decay_ms"): "arenas.muzzy_decay_ms",
+    ("stats", "allocated"): "stats.allocated",
+    ("stats", "active"): "stats.active",
+    ("stats", "metadata"): "stats.metadata",
+    ("stats", "metadata_thp"): "stats.metadata_thp",
+    ("stats", "resident"): "stats.resident",
+    ("stats", "mapped"): "stats.mapped",
+    ("stats", "retained"): "stats.retained",
+    ("stats", "zero_reallocs"): "stats.zero_reallocs",
+    ("stats", "background_thread", "num_threads"): "stats.background_thread.num_threads",
+    ("stats", "background_thread", "num_runs"): "stats.background_thread.num_runs",
+    ("stats", "background_thread", "run_interval"): "stats.background_thread.run_interval",
+}
+_ARENA_SUMMABLE = ("pactive", "pdirty", "pmuzzy", "tcache_bytes")
+
+_REQUIRED = ("stats.allocated", "stats.active", "stats.metadata", "stats.resident",
+             "stats.mapped", "stats.retained")
+
+
+def parse_stats_json(text):
+    """``malloc_stats_print(cb, arg, "J")`` output -> native dict.
+
+    Returns ``{"version", "config", "opt", "arenas" (general, without the
+    bin/lextent tables), "stats" (global), "arenas_stats": {"merged"?,
+    "destroyed"?, "<i>": {...}}, "mallctl": {mallctl name: value}}``.
+    ``mallctl`` holds the values allocdiag normalises, under their mallctl
+    names, so :func:`normalise_jemalloc` works on either source.
+    """
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MalformedData(f"jemalloc stats JSON: not UTF-8 ({exc})") from None
+    if not isinstance(text, str):
+        raise MalformedData(f"jemalloc stats JSON: expected text, got {type(text).__name__}")
+    if not text.strip():
+        raise MalformedData("jemalloc stats JSON: empty input")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MalformedData(f"jemalloc stats JSON: {exc.msg} at line {exc.lineno} column "
+                            f"{exc.colno} (truncated output?)") from None
+    except RecursionError:
+        raise MalformedData("jemalloc stats JSON: nested too deeply") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("jemalloc"), dict):
+        raise MalformedData("jemalloc stats JSON: no top-level \"jemalloc\" object "
+                            "(not malloc_stats_print \"J\" output?)")
+    je = doc["jemalloc"]
+    stats = je.get("stats")
+    if not isinstance(stats, dict):
+        raise MalformedData("jemalloc stats JSON: no \"stats\" object (printed with "
+                            "config.stats off, or options that omit it?)")
+    general = je.get("arenas") if isinstance(je.get("arenas"), dict) else {}
+    arenas_stats = je.get("stats.arenas") if isinstance(je.get("stats.arenas"), dict) else {}
+    for key, val in arenas_stats.items():
+        if not isinstance(val, dict):
+            raise MalformedData(f"jemalloc stats JSON: stats.arenas.{key} is not an object")
+
+    mallctl = {}
+    for path, name in _JSON_SCALARS.items():
+        node = je
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            mallctl[name] = node
+    for name in _REQUIRED:
+        val = mallctl.get(name)
+        if not isinstance(val, int) or isinstance(val, bool) or val < 0:
+            raise MalformedData(f"jemalloc stats JSON: {name} missing or not a "
+                                f"non-negative integer ({val!r})")
+
+    # Merged arena view (mallctl stats.arenas.4096.*).
+    merged_from = None
+    if "merged" in arenas_stats:
+        merged, merged_from = arenas_stats["merged"], "stats.arenas.merged"
+        for key in _ARENA_SUMMABLE:
+            if key in merged:
+                mallctl[f"stats.arenas.{MALLCTL_ARENAS_ALL}.{key}"] = merged[key]
+    else:
+        numbered = [v for k, v in arenas_stats.items() if k.isdigit()]
+        if numbered:
+            merged_from = "sum of stats.arenas.<i> (no merged entry: one arena initialised)"
+            for key in _ARENA_SUMMABLE:
+                vals = [a.get(key) for a in numbered]
+                if all(isinstance(v, int) for v in vals):
+                    mallctl[f"stats.arenas.{MALLCTL_ARENAS_ALL}.{key}"] = sum(vals)
+    for key in ("pdirty", "pmuzzy", "pactive"):
+        val = mallctl.get(f"stats.arenas.{MALLCTL_ARENAS_ALL}.{key}")
+        if val is not None and (not isinstance(val, int) or val < 0):
+            raise MalformedData(f"jemalloc stats JSON: {key} is not a non-negative integer")
+
+    return {
+        "version": je.get("version"),
+        "config": je.get("config", {}),
+        "opt": je.get("opt", {}),
+        "arenas": {k: v for k, v in general.items() if k not in ("bin", "lextent")},
+        "stats": {k: v for k, v in stats.items() if k != "mutexes"},
+        "arenas_stats": {k: {kk: vv for kk, vv in v.items()
+                             if kk not in ("bins", "lextents", "extents", "mutexes", "hpa_shard")}
+                         for k, v in arenas_stats.items()},
+        "merged_from": merged_from,
+        "mallctl": mallctl,
+    }
+
+
+def mallctl_values(source):
+    """{mallctl name: value} from either such a dict, a parse_stats_json()
+    result, or a raw parsed JSON document ({"jemalloc": ...})."""
+    if isinstance(source, dict) and "mallctl" in source and isinstance(source["mallctl"], dict):
+        return source["mallctl"], source.get("merged_from")
+    if isinstance(source, dict) and "jemalloc" in source:
+        parsed = parse_stats_json(json.dumps(source))
+        return parsed["mallctl"], parsed.get("merged_from")
+    return source, None
+
+
+def normalise_jemalloc(values):
+    """mallctl values (or a parsed stats JSON) -> {field: Value}.
+
+      allocated = stats.allocated                       (measured)
+      active    = stats.active                          (measured)
+      metadata  = stats.metadata                        (measured)
+      resident  = stats.resident                        (measured; an upper bound)
+      mapped    = stats.mapped                          (measured; excludes retained)
+      retained  = stats.retained                        (measured)
+      dirty     = stats.arenas.4096.pdirty x arenas.page (derived)
+      muzzy     = stats.arenas.4096.pmuzzy x arenas.page (derived)
+    """
+    vals, merged_from = mallctl_values(values)
+    origin = "JSON" if merged_from is not None or (isinstance(values, dict) and
+                                                    ("mallctl" in values or "jemalloc" in values)) \
+        else "mallctl"
+    out = {}
+    for field in ("allocated", "active", "metadata", "resident", "mapped", "retained"):
+        name = f"stats.{field}"
+        val = vals.get(name)
+        note = " (maximum: pages may be untouched)" if field == "resident" else ""
+        out[field] = Value.measured(val, f"{origin} {name}{note}") if val is not None else Value()
+    page = vals.get("arenas.page")
+    for field, key in (("dirty", "pdirty"), ("muzzy", "pmuzzy")):
+        pages = vals.get(f"stats.arenas.{MALLCTL_ARENAS_ALL}.{key}")
+        if pages is None or page is None:
+            out[field] = Value()
+            continue
+        where = f" [{merged_from}]" if merged_from else ""
+        out[field] = Value.derived(pages * page,
+                                   f"stats.arenas.4096.{key} x arenas.page{where}")
+    return out

@@ -1,0 +1,280 @@
+"""allocdiag command line: argument parsing, exit codes, human and JSON output.
+
+Exit codes (DESIGN.md), defined here once:
+  0 ok · 1 internal error · 2 usage · 3 no such process · 4 permission denied ·
+  5 allocator not detected / unsupported for what was asked · 6 partial
+  (some collectors failed; the document is still printed).
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess
+from diag import __version__, render
+
+EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_NO_PROCESS, EXIT_DENIED, EXIT_UNSUPPORTED, EXIT_PARTIAL = range(7)
+
+EXIT_CODES_HELP = """\
+exit codes:
+  0  ok
+  1  internal error (a bug: please report it with the traceback from --debug)
+  2  usage error
+  3  no such process (or it exited while being read)
+  4  permission denied (run as root, or grant CAP_SYS_PTRACE; see the message)
+  5  allocator not detected, or unsupported for what was asked
+  6  partial: some collectors failed; the document is still printed
+"""
+
+
+def _pid(text):
+    try:
+        pid = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a process id: {text!r}") from None
+    if pid <= 0:
+        raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
+    return pid
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog="allocdiag",
+        description="Which allocator serves malloc in a running Linux process, what it holds, "
+                    "and how that reconciles with the kernel's RSS, LazyFree and cgroup numbers.",
+        epilog=EXIT_CODES_HELP + "\nRun 'allocdiag COMMAND --help' for each command's options.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"allocdiag {__version__}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+    p.add_argument("--proc", default="/proc", metavar="DIR",
+                   help="procfs root to read (default /proc; a captured tree for offline use)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    ps = sub.add_parser(
+        "ps", help="every readable process: allocator, preload verdict, RSS split",
+        description="List every process the caller can read, with the allocator serving malloc "
+                    "(and how it is linked), the LD_PRELOAD verdict, RSS, anonymous RSS, LazyFree "
+                    "and thread count.  Nothing is stopped.  Processes that cannot be read are "
+                    "counted and reported at the end.",
+        epilog="examples:\n  allocdiag ps\n  allocdiag ps --json | jq '.processes[] | "
+               "select(.allocator.kind==\"jemalloc\")'\n\n" + EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ps.add_argument("--json", action="store_true", help="print one JSON document")
+    ps.add_argument("--sort", choices=("rss", "pid", "lazyfree", "anon"), default="rss",
+                    help="sort key (default rss, largest first)")
+
+    ins = sub.add_parser(
+        "inspect", help="one process: allocator, preload, kernel and cgroup memory",
+        description="Describe one process: the allocator serving malloc and the others loaded "
+                    "(with the evidence), the LD_PRELOAD verdict, the kernel's memory view "
+                    "(RSS split, LazyFree, THP, swap) and its memory cgroup (usage, working set, "
+                    "limit).  --json prints the document described in DESIGN.md.",
+        epilog="examples:\n  allocdiag inspect 1234\n  allocdiag inspect --json 1234 > snap.json\n\n"
+               + EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ins.add_argument("pid", type=_pid)
+    ins.add_argument("--json", action="store_true", help="print one JSON document")
+    ins.add_argument("--no-attach", action="store_true",
+                     help="read /proc only; never stop a thread of the target")
+
+    pre = sub.add_parser(
+        "preload", help="did LD_PRELOAD take effect, and if not, why",
+        description="Compare what was requested (LD_PRELOAD in the process's initial environment, "
+                    "/etc/ld.so.preload in its root) with what is mapped and with where the "
+                    "process's malloc GOT slot really points.  Nothing is stopped.",
+        epilog="examples:\n  allocdiag preload 1234\n  allocdiag preload --expect jemalloc 1234\n\n"
+               "exit status 0 when the verdict could be made (in effect or not); see --json's "
+               "'effective' for the answer.\n\n" + EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    pre.add_argument("pid", type=_pid)
+    pre.add_argument("--json", action="store_true", help="print one JSON document")
+    pre.add_argument("--expect", metavar="ALLOCATOR",
+                     help="the allocator you expected (jemalloc, tcmalloc, mimalloc): when nothing "
+                          "was requested, explain why")
+    return p
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        args = parser.parse_args(["ps"] + (argv or sys.argv[1:]))
+    try:
+        return COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `allocdiag ps | head`: not an error.
+        sys.stderr.close()
+        return EXIT_OK
+    except AllocdiagError as exc:
+        _print_error(exc)
+        return exc.exit_code
+    except Exception:
+        if args.debug:
+            raise
+        import traceback
+        print("allocdiag: internal error (re-run with --debug for the traceback):", file=sys.stderr)
+        print("  " + traceback.format_exc().strip().splitlines()[-1], file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _print_error(exc):
+    print(f"allocdiag: {exc}", file=sys.stderr)
+    if exc.remediation:
+        print(exc.remediation, file=sys.stderr)
+
+
+def _dump(doc):
+    json.dump(doc, sys.stdout, indent=2, sort_keys=False)
+    sys.stdout.write("\n")
+
+
+# -- ps ---------------------------------------------------------------------
+
+def cmd_ps(args):
+    from diag import hostscan
+    result = hostscan.scan(procfs_root=args.proc)
+    rows = result.rows
+    key = {"rss": lambda r: -(r["rss"] or 0), "pid": lambda r: r["pid"],
+           "lazyfree": lambda r: -(r["lazyfree"] or 0), "anon": lambda r: -(r["rss_anon"] or 0)}
+    rows.sort(key=key[args.sort])
+    if args.json:
+        _dump(result.to_json())
+        return EXIT_OK
+    out = []
+    for r in rows:
+        a = r["allocator"]
+        alloc = a["kind"] + (f"/{a['linkage']}" if a["linkage"] else "")
+        if a.get("prefix"):
+            alloc += f"({a['prefix']})"
+        out.append([str(r["pid"]), (r["comm"] or "?")[:16], alloc,
+                    render.human_bytes(r["rss"]), render.human_bytes(r["rss_anon"]),
+                    render.human_bytes(r["lazyfree"]), str(r["threads"] or "-"),
+                    r["preload"]["verdict"]])
+    render.table(out, ["PID", "COMMAND", "ALLOCATOR", "RSS", "ANON", "LAZYFREE", "THR", "PRELOAD"],
+                 right={0, 3, 4, 5, 6})
+    tail = [f"{len(rows)} processes"]
+    if result.denied:
+        tail.append(f"{result.denied} not readable (permission denied: run as root to see them)")
+    if result.vanished:
+        tail.append(f"{result.vanished} exited while being read")
+    if result.failed:
+        tail.append(f"{len(result.failed)} failed: " + "; ".join(
+            f"{pid}: {err}" for pid, err in result.failed[:3]))
+    print("; ".join(tail), file=sys.stderr)
+    return EXIT_OK
+
+
+# -- inspect / preload ------------------------------------------------------------
+
+def _take(args, expect=None):
+    from collectors.procfs import ProcFS
+    from diag import snapshot
+    return snapshot.take(args.pid, procfs=ProcFS(args.proc), expect=expect)
+
+
+def cmd_inspect(args):
+    snap, col = _take(args)
+    if args.json:
+        _dump(snap.to_json())
+    else:
+        print_inspect(snap)
+    if col.partial:
+        if col.first_denied is not None:
+            _print_error(col.first_denied)
+        return EXIT_PARTIAL
+    return EXIT_OK
+
+
+def cmd_preload(args):
+    snap, col = _take(args, expect=args.expect)
+    if args.json:
+        _dump({"pid": snap.pid, "comm": snap.comm, "exe": snap.exe,
+               "allocator": snap.allocator.to_json(), "preload": snap.preload.to_json()})
+    else:
+        print_preload(snap)
+    if col.first_denied is not None and not args.json:
+        _print_error(col.first_denied)
+    return EXIT_PARTIAL if col.partial else EXIT_OK
+
+
+def _alloc_line(a):
+    text = a.kind
+    if a.version:
+        text += f" {a.version}"
+    extra = [x for x in (a.variant, a.linkage, f"prefix {a.prefix}" if a.prefix else None) if x]
+    if extra:
+        text += f" ({', '.join(extra)})"
+    if a.path:
+        text += f"  {a.path}"
+    return text
+
+
+def print_preload(snap, out=None):
+    out = out or sys.stdout
+    p = snap.preload
+    print(f"pid {snap.pid}  {snap.comm or '?'}  {snap.exe or ''}".rstrip(), file=out)
+    pairs = [("requested", ", ".join(p.requested) or "nothing (no LD_PRELOAD, no /etc/ld.so.preload)"),
+             ("verdict", p.verdict),
+             ("malloc from", _alloc_line(snap.allocator))]
+    for b in p.bindings:
+        if b.symbol == "malloc":
+            state = ("-> " + (b.target_path or "?")) if b.resolved else \
+                ("not bound yet (lazy)" if b.resolved is False else "unreadable")
+            pairs.append(("GOT slot", f"{os.path.basename(b.object)} malloc @ {b.slot:#x} {state}"))
+    render.kv(pairs, out=out, indent="")
+    for r in p.reasons:
+        print(f"  why: {r}", file=out)
+    for n in p.notes:
+        print(f"  note: {n}", file=out)
+
+
+def print_inspect(snap, out=None):
+    out = out or sys.stdout
+    a, p, m, c = snap.allocator, snap.preload, snap.process, snap.cgroup
+    print(f"pid {snap.pid}  {snap.comm or '?'}  {snap.exe or ''}".rstrip(), file=out)
+    pairs = [("allocator", _alloc_line(a))]
+    for e in a.evidence:
+        pairs.append(("  evidence", e))
+    for o in a.others:
+        pairs.append(("  also loaded", _alloc_line(o)))
+        for e in o.evidence[1:]:
+            pairs.append(("", e))
+    pairs.append(("preload", p.verdict))
+    for r in p.reasons:
+        pairs.append(("  why", r))
+    for n in p.notes:
+        pairs.append(("  note", n))
+    hb = render.human_bytes
+    pairs.append(("RSS", f"{hb(m.rss)} = anon {hb(m.rss_anon)} + file {hb(m.rss_file)} "
+                         f"+ shmem {hb(m.rss_shmem)}"))
+    lazy = hb(m.lazyfree) if m.lazyfree is not None else "not reported by this kernel"
+    pairs.append(("  LazyFree", f"{lazy} {render.pct(m.lazyfree, m.rss)} of RSS".rstrip()
+                  if m.lazyfree else lazy))
+    pairs.append(("  THP / swap", f"{hb(m.anon_thp)} / {hb(m.swap)}"))
+    pairs.append(("  PSS", f"{hb(m.pss)}  (source: {m.source})"))
+    pairs.append(("  threads", str(m.threads if m.threads is not None else "-")))
+    if c.usage is not None:
+        lim = hb(c.limit) if c.limit is not None else "none"
+        pairs.append(("cgroup", f"v{c.version} {c.path}"))
+        pairs.append(("  usage", f"{hb(c.usage)}  working set {hb(c.working_set)} "
+                                  f"(usage - inactive_file {hb(c.inactive_file)})  limit {lim}"))
+    else:
+        pairs.append(("cgroup", c.error or "unknown"))
+    known = {k: v for k, v in snap.stats.items() if v.value is not None}
+    if known:
+        for k, v in known.items():
+            pairs.append((f"  {render.label(k)}", f"{hb(v.value)} ({v.provenance}: {v.source})"))
+    else:
+        pairs.append(("allocator stats", "unknown (no live allocator stats in this snapshot)"))
+    render.kv(pairs, out=out, indent="")
+    failed = [f"{n}: {s.error}" for n, s in snap.collectors.items() if not s.ok]
+    if failed:
+        print("partial: " + "; ".join(failed), file=out)
+
+
+COMMANDS = {"ps": cmd_ps, "inspect": cmd_inspect, "preload": cmd_preload}

@@ -1,0 +1,96 @@
+"""The one table that describes every number allocdiag shows.
+
+Each field is described once: its JSON key, the layer it belongs to, its
+unit, a short label (TUI), a one-line meaning (``--help``, metric HELP text,
+docs) and where the number comes from.  JSON keys, TUI labels and Prometheus
+help strings are all generated from this table, so the vocabulary of
+DESIGN.md has exactly one definition in code.
+"""
+
+from collections import namedtuple
+
+Field = namedtuple("Field", "name layer unit label meaning source")
+
+_B = "bytes"
+
+FIELDS = (
+    # -- process layer (kernel) ------------------------------------------
+    Field("rss", "process", _B, "RSS",
+          "resident set size: rss_anon + rss_file + rss_shmem",
+          "/proc/PID/status VmRSS"),
+    Field("rss_anon", "process", _B, "anon",
+          "resident anonymous memory (heap, stacks, allocator arenas); includes lazyfree",
+          "/proc/PID/status RssAnon"),
+    Field("rss_file", "process", _B, "file",
+          "resident file-backed pages (code, mapped files)",
+          "/proc/PID/status RssFile"),
+    Field("rss_shmem", "process", _B, "shmem",
+          "resident shared memory (shm, tmpfs, shared anonymous)",
+          "/proc/PID/status RssShmem"),
+    Field("lazyfree", "process", _B, "LazyFree",
+          "pages freed with MADV_FREE: still counted in RSS, taken back by the kernel "
+          "under pressure without swapping",
+          "/proc/PID/smaps_rollup LazyFree"),
+    Field("anon_thp", "process", _B, "THP",
+          "anonymous memory backed by transparent huge pages",
+          "/proc/PID/smaps_rollup AnonHugePages"),
+    Field("swap", "process", _B, "swap",
+          "anonymous memory swapped out", "/proc/PID/smaps_rollup Swap"),
+    Field("pss", "process", _B, "PSS",
+          "proportional set size: shared pages divided among their users",
+          "/proc/PID/smaps_rollup Pss"),
+    Field("private", "process", _B, "private",
+          "resident pages mapped by this process only (Private_Clean + Private_Dirty)",
+          "/proc/PID/smaps_rollup"),
+    Field("shared", "process", _B, "shared",
+          "resident pages also mapped by other processes (Shared_Clean + Shared_Dirty)",
+          "/proc/PID/smaps_rollup"),
+    Field("vm_size", "process", _B, "virtual",
+          "total virtual address space", "/proc/PID/status VmSize"),
+    Field("threads", "process", "count", "threads",
+          "number of threads", "/proc/PID/status Threads"),
+    # -- cgroup layer ------------------------------------------------------
+    Field("usage", "cgroup", _B, "usage",
+          "memory charged to the cgroup, page cache included",
+          "memory.current (v2) / memory.usage_in_bytes (v1)"),
+    Field("limit", "cgroup", _B, "limit",
+          "the cgroup's memory limit; null when unlimited",
+          "memory.max (v2) / memory.limit_in_bytes (v1)"),
+    Field("inactive_file", "cgroup", _B, "inactive file",
+          "page cache on the inactive list; lazy-free pages are counted here too",
+          "memory.stat inactive_file (v1: total_inactive_file)"),
+    Field("working_set", "cgroup", _B, "working set",
+          "max(0, usage - inactive_file): what kubectl top and cAdvisor show",
+          "derived"),
+    # -- allocator layer (normalised) ----------------------------------------
+    Field("allocated", "stats", _B, "allocated",
+          "live bytes handed to the program by the allocator", "allocator"),
+    Field("active", "stats", _B, "active",
+          "pages/chunks in use including internal fragmentation and caches", "allocator"),
+    Field("resident", "stats", _B, "resident",
+          "allocator-held bytes physically resident (an upper bound where the allocator says so)",
+          "allocator"),
+    Field("mapped", "stats", _B, "mapped",
+          "address space the allocator maps; not a superset of resident", "allocator"),
+    Field("retained", "stats", _B, "retained",
+          "virtual memory kept mapped but released to the OS", "allocator"),
+    Field("metadata", "stats", _B, "metadata",
+          "allocator bookkeeping", "allocator"),
+    Field("dirty", "stats", _B, "dirty",
+          "free pages the allocator holds resident", "allocator"),
+    Field("muzzy", "stats", _B, "muzzy",
+          "free pages advised with MADV_FREE (become LazyFree in the kernel's view)",
+          "allocator"),
+)
+
+BY_NAME = {f.name: f for f in FIELDS}
+
+
+def layer(name):
+    """The fields of one layer, in table order."""
+    return tuple(f for f in FIELDS if f.layer == name)
+
+
+PROCESS_FIELDS = tuple(f.name for f in layer("process"))
+CGROUP_FIELDS = tuple(f.name for f in layer("cgroup"))
+STATS_FIELDS = tuple(f.name for f in layer("stats"))

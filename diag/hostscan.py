@@ -1,0 +1,65 @@
+"""Scan every process on the host (``allocdiag ps`` and the TUI host view).
+
+Nothing is stopped.  Per process: status, smaps_rollup, maps, the ELF
+objects (parsed once per file for the whole scan, see collectors.elf) and
+one read of the executable's malloc GOT slot.
+"""
+
+from collectors.detect import detect
+from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess
+from collectors.image import ProcessImage
+from collectors.preload import verdict
+from collectors.procfs import ProcFS
+
+
+class ScanResult:
+    def __init__(self):
+        self.rows = []
+        self.denied = 0
+        self.vanished = 0
+        self.failed = []   # (pid, message)
+
+    def to_json(self):
+        return {"processes": self.rows, "total": len(self.rows), "unreadable": self.denied,
+                "vanished": self.vanished,
+                "failed": [{"pid": pid, "error": err} for pid, err in self.failed]}
+
+
+def scan_one(pid, procfs):
+    """The ps row of PID (dict), raising the collectors' exceptions."""
+    status = procfs.status(pid)
+    if b"VmRSS" not in status:          # kernel thread: no user memory
+        return None
+    mem = procfs.memory(pid, status=status)
+    image = ProcessImage(pid, procfs)
+    det = detect(image)
+    pre = verdict(image, det)
+    a = det.allocator
+    return {
+        "pid": pid, "comm": image.comm,
+        "allocator": {"kind": a.kind, "linkage": a.linkage, "version": a.version,
+                      "prefix": a.prefix, "others": [o.kind for o in a.others]},
+        "preload": {"effective": pre.effective, "verdict": pre.verdict},
+        "rss": mem.rss, "rss_anon": mem.rss_anon, "lazyfree": mem.lazyfree,
+        "threads": mem.threads,
+    }
+
+
+def scan(procfs_root="/proc", pids=None):
+    procfs = ProcFS(procfs_root)
+    result = ScanResult()
+    for pid in pids if pids is not None else procfs.pids():
+        try:
+            row = scan_one(pid, procfs)
+        except NoSuchProcess:
+            result.vanished += 1
+            continue
+        except AccessDenied:
+            result.denied += 1
+            continue
+        except AllocdiagError as exc:
+            result.failed.append((pid, str(exc.msg)))
+            continue
+        if row is not None:
+            result.rows.append(row)
+    return result

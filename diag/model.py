@@ -1,0 +1,211 @@
+"""The snapshot model: immutable values that collectors fill and views render.
+
+This module imports nothing of allocdiag's own (DESIGN.md: collectors import
+the model, the model imports no one).  Every field that is a number of bytes
+is an ``int`` in bytes, or ``None`` when unknown: never a made-up zero.
+"""
+
+from dataclasses import dataclass, field, fields as dc_fields
+from typing import Optional
+
+SCHEMA_VERSION = 1
+
+MEASURED = "measured"   # the allocator or the kernel said it
+DERIVED = "derived"     # computed from measured numbers; the formula is named
+UNKNOWN = "unknown"     # nobody said it; the value is None
+
+
+@dataclass(frozen=True)
+class Value:
+    """One allocator-layer number with its provenance.
+
+    ``source`` names where a measured number came from (``mallctl
+    stats.allocated``) or, for a derived one, the formula.
+    """
+
+    value: Optional[int] = None
+    provenance: str = UNKNOWN
+    source: Optional[str] = None
+
+    @classmethod
+    def measured(cls, value, source):
+        return cls(int(value), MEASURED, source) if value is not None else cls()
+
+    @classmethod
+    def derived(cls, value, formula):
+        return cls(int(value), DERIVED, formula) if value is not None else cls()
+
+    def to_json(self):
+        return {"value": self.value, "provenance": self.provenance, "source": self.source}
+
+
+def _plain(obj):
+    """Dataclass -> JSON-ready dict, recursively (tuples become lists)."""
+    if hasattr(obj, "to_json"):
+        return obj.to_json()
+    if hasattr(obj, "__dataclass_fields__"):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dc_fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """The kernel's view of one process (see diag.fields for each meaning)."""
+
+    rss: Optional[int] = None
+    rss_anon: Optional[int] = None
+    rss_file: Optional[int] = None
+    rss_shmem: Optional[int] = None
+    lazyfree: Optional[int] = None
+    anon_thp: Optional[int] = None
+    swap: Optional[int] = None
+    pss: Optional[int] = None
+    private: Optional[int] = None
+    shared: Optional[int] = None
+    vm_size: Optional[int] = None
+    threads: Optional[int] = None
+    # "smaps_rollup", "smaps" (summed, rollup missing/refused) or "status"
+    # (neither readable): which source the smaps-only fields came from.
+    source: Optional[str] = None
+
+    def to_json(self):
+        return _plain_fields(self)
+
+
+@dataclass(frozen=True)
+class CgroupMemory:
+    version: Optional[int] = None          # 1 or 2
+    path: Optional[str] = None             # as in /proc/PID/cgroup
+    usage: Optional[int] = None
+    limit: Optional[int] = None            # None = unlimited
+    inactive_file: Optional[int] = None
+    working_set: Optional[int] = None      # max(0, usage - inactive_file)
+    error: Optional[str] = None
+
+    def to_json(self):
+        return _plain_fields(self)
+
+
+@dataclass(frozen=True)
+class AllocatorRef:
+    """One allocator found in the process."""
+
+    kind: str = "unknown"       # glibc|jemalloc|tcmalloc|tcmalloc-google|mimalloc|go|musl|unknown
+    version: Optional[str] = None
+    linkage: Optional[str] = None   # dynamic|static|preload
+    path: Optional[str] = None
+    prefix: Optional[str] = None    # symbol prefix: "je_", "_rjem_", "" for none
+    variant: Optional[str] = None   # e.g. "minimal" for libtcmalloc_minimal
+    evidence: tuple = ()
+
+    def to_json(self):
+        return _plain_fields(self)
+
+
+@dataclass(frozen=True)
+class Allocator(AllocatorRef):
+    """The allocator that serves ``malloc``, plus the others that are loaded."""
+
+    others: tuple = ()   # of AllocatorRef
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Where one GOT slot (``malloc`` in some object) points right now."""
+
+    object: str             # the object whose GOT holds the slot
+    symbol: str             # malloc, free
+    slot: Optional[int] = None        # address of the GOT slot
+    target: Optional[int] = None      # the address it holds
+    target_path: Optional[str] = None  # the mapping that address lies in
+    resolved: Optional[bool] = None    # False: lazy binding still points at the PLT
+
+    def to_json(self):
+        return _plain_fields(self)
+
+
+@dataclass(frozen=True)
+class Preload:
+    requested: tuple = ()            # paths, from LD_PRELOAD and /etc/ld.so.preload
+    effective: Optional[bool] = None  # None: nothing requested, or cannot tell
+    verdict: str = "none requested"
+    reasons: tuple = ()
+    notes: tuple = ()
+    bindings: tuple = ()             # of Binding
+
+    def to_json(self):
+        return _plain_fields(self)
+
+
+@dataclass(frozen=True)
+class CollectorStatus:
+    ok: bool = True
+    error: Optional[str] = None
+    duration_s: float = 0.0
+    pause_us: Optional[int] = None
+
+    def to_json(self):
+        return _plain_fields(self)
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    current: Optional[str] = None
+    source: Optional[str] = None
+    suggested: Optional[str] = None
+    how: Optional[str] = None
+
+    def to_json(self):
+        return _plain_fields(self)
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    severity: str          # info|warning|critical
+    title: str
+    evidence: dict = field(default_factory=dict)
+    knob: Optional[Knob] = None
+    expected_effect_bytes: Optional[int] = None
+    confidence: str = "medium"   # low|medium|high
+
+    def to_json(self):
+        return _plain_fields(self)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    pid: int
+    comm: Optional[str] = None
+    exe: Optional[str] = None
+    taken_at: Optional[float] = None      # unix time, seconds
+    allocator: Allocator = field(default_factory=Allocator)
+    preload: Preload = field(default_factory=Preload)
+    process: ProcessMemory = field(default_factory=ProcessMemory)
+    cgroup: CgroupMemory = field(default_factory=CgroupMemory)
+    stats: dict = field(default_factory=dict)       # field name -> Value
+    native: dict = field(default_factory=dict)      # allocator's own names
+    findings: tuple = ()
+    collectors: dict = field(default_factory=dict)  # name -> CollectorStatus
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self):
+        import datetime
+        out = {"schema_version": self.schema_version, "pid": self.pid,
+               "comm": self.comm, "exe": self.exe}
+        out["taken_at"] = (datetime.datetime.fromtimestamp(
+            self.taken_at, datetime.timezone.utc).isoformat()
+            if self.taken_at is not None else None)
+        for name in ("allocator", "preload", "process", "cgroup", "stats",
+                     "native", "findings", "collectors"):
+            out[name] = _plain(getattr(self, name))
+        return out
+
+
+def _plain_fields(obj):
+    return {f.name: _plain(getattr(obj, f.name)) for f in dc_fields(obj)}

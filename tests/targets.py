@@ -1,0 +1,196 @@
+"""Real target processes for the tests: build C sources, start them under a
+chosen allocator, wait for their readiness line, always kill them.
+
+A target prints one line ``READY <anything>`` on stdout when it has reached
+the state the test wants to inspect, then blocks (usually in ``pause()`` or
+``read()`` on stdin) until killed.
+"""
+
+import contextlib
+import hashlib
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES = os.path.join(HERE, "targets")
+BUILD_DIR = os.environ.get("ALLOCDIAG_TEST_BUILD",
+                           os.path.join(HERE, ".build"))
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+
+# The allocators the tests run targets under; path None = no preload (glibc).
+PRELOADS = {
+    "glibc": None,
+    "jemalloc": f"{LIBDIR}/libjemalloc.so.2",
+    "tcmalloc": f"{LIBDIR}/libtcmalloc.so.4",
+    "tcmalloc_minimal": f"{LIBDIR}/libtcmalloc_minimal.so.4",
+    "mimalloc": f"{LIBDIR}/libmimalloc.so.2",
+}
+
+
+def require_file(path):
+    if not os.path.exists(path):
+        pytest.skip(f"{path} is not installed (README's test command installs it)")
+    return path
+
+
+def preload_path(allocator):
+    path = PRELOADS[allocator]
+    return require_file(path) if path else None
+
+
+def build_c(source, *flags, name=None):
+    """Compile tests/targets/SOURCE with gcc; cached by source text + flags.
+
+    Returns the path of the executable (or shared object with -shared).
+    """
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    src = source if os.path.isabs(source) else os.path.join(SOURCES, source)
+    with open(src, "rb") as f:
+        text = f.read()
+    key = hashlib.sha1(text + repr(flags).encode()).hexdigest()[:12]
+    base = name or os.path.splitext(os.path.basename(src))[0]
+    os.makedirs(BUILD_DIR, exist_ok=True)
+    out = os.path.join(BUILD_DIR, f"{base}-{key}")
+    if not os.path.exists(out):
+        tmp = out + f".tmp{os.getpid()}"
+        cmd = ["gcc", "-O1", "-g", "-o", tmp, src, *flags]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"build failed: {' '.join(cmd)}\n{res.stderr}")
+        os.replace(tmp, out)
+    return out
+
+
+class Target:
+    """A started target.  ``pid``, ``ready`` (the words after READY) and
+    ``lines`` (everything it printed before READY)."""
+
+    def __init__(self, proc, ready, lines):
+        self.proc = proc
+        self.pid = proc.pid
+        self.ready = ready
+        self.lines = lines
+
+    def alive(self):
+        return self.proc.poll() is None
+
+
+def _read_until_ready(proc, timeout):
+    lines = []
+    deadline = time.monotonic() + timeout
+    buf = b""
+    fd = proc.stdout.fileno()
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"target {proc.args!r} not ready after {timeout}s; "
+                               f"printed {lines!r}")
+        r, _, _ = select.select([fd], [], [], left)
+        if not r:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            raise RuntimeError(f"target {proc.args!r} exited ({proc.wait()}) "
+                               f"before READY; printed {lines!r}")
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            line = line.decode(errors="replace")
+            if line.startswith("READY"):
+                return line[5:].strip(), lines
+            lines.append(line)
+
+
+@contextlib.contextmanager
+def start(argv, allocator="glibc", env=None, preload=None, timeout=20,
+          stdin=subprocess.PIPE, **popen):
+    """Start ARGV under ALLOCATOR (an LD_PRELOAD from PRELOADS, or an explicit
+    ``preload`` string) and yield a Target once it printed READY.  The process
+    (group) is killed on exit, whatever happened."""
+    full_env = {k: v for k, v in os.environ.items()
+                if k not in ("LD_PRELOAD", "MALLOC_CONF")}
+    lib = preload if preload is not None else preload_path(allocator)
+    if lib:
+        full_env["LD_PRELOAD"] = lib
+    full_env.update(env or {})
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=stdin,
+                            env=full_env, start_new_session=True, **popen)
+    try:
+        ready, lines = _read_until_ready(proc, timeout)
+        yield Target(proc, ready, lines)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        for f in (proc.stdout, proc.stdin):
+            if f:
+                f.close()
+
+
+def python_argv(code):
+    """argv running CODE in this interpreter (which has allocdiag installed)."""
+    return [sys.executable, "-c", code]
+
+
+# Public symbols of jemalloc's API (configure.ac public_syms, as exported by
+# Debian's libjemalloc_pic.a); renamed to _rjem_* they give the layout of
+# tikv-jemallocator's default prefixed build.
+JEMALLOC_PUBLIC = ("aligned_alloc calloc dallocx free mallctl mallctlbymib mallctlnametomib "
+                   "malloc malloc_conf malloc_conf_2_conf_harder malloc_message "
+                   "malloc_stats_print malloc_usable_size mallocx memalign nallocx "
+                   "posix_memalign rallocx realloc sallocx sdallocx valloc xallocx").split()
+JEMALLOC_PIC = f"{LIBDIR}/libjemalloc_pic.a"
+
+
+def prefixed_jemalloc_archive(prefix="_rjem_"):
+    """A copy of libjemalloc_pic.a with the public API renamed to PREFIX*."""
+    require_file(JEMALLOC_PIC)
+    if shutil.which("objcopy") is None:
+        pytest.skip("objcopy (binutils) is not installed")
+    os.makedirs(BUILD_DIR, exist_ok=True)
+    out = os.path.join(BUILD_DIR, f"libjemalloc{prefix}pic.a")
+    if not os.path.exists(out):
+        mapping = os.path.join(BUILD_DIR, f"redefine{prefix}.txt")
+        with open(mapping, "w") as f:
+            for sym in JEMALLOC_PUBLIC:
+                f.write(f"{sym} {prefix}{sym}\n")
+        tmp = out + f".tmp{os.getpid()}"
+        subprocess.run(["objcopy", f"--redefine-syms={mapping}", JEMALLOC_PIC, tmp], check=True)
+        os.replace(tmp, out)
+    return out
+
+
+def static_jemalloc_flags(full_static=False):
+    require_file(JEMALLOC_PIC)
+    flags = [JEMALLOC_PIC, "-lpthread", "-lm", "-ldl"]
+    return (["-static"] + flags) if full_static else flags
+
+
+def build_go(package_dir):
+    """`go build` a stdlib-only main package under tests/targets/; skips
+    when there is no Go toolchain."""
+    go = shutil.which("go") or ("/usr/local/go/bin/go" if os.path.exists("/usr/local/go/bin/go") else None)
+    if go is None:
+        pytest.skip("no Go toolchain on this machine")
+    src = os.path.join(SOURCES, package_dir, "main.go")
+    with open(src, "rb") as f:
+        key = hashlib.sha1(f.read()).hexdigest()[:12]
+    out = os.path.join(BUILD_DIR, f"{package_dir}-{key}")
+    if not os.path.exists(out):
+        os.makedirs(BUILD_DIR, exist_ok=True)
+        env = dict(os.environ, GO111MODULE="off", CGO_ENABLED="0", GOFLAGS="")
+        env.setdefault("GOCACHE", os.path.join(BUILD_DIR, "gocache"))
+        res = subprocess.run([go, "build", "-o", out + ".tmp", src], capture_output=True,
+                             text=True, env=env)
+        if res.returncode != 0:
+            raise RuntimeError(f"go build failed:\n{res.stderr}")
+        os.replace(out + ".tmp", out)
+    return out

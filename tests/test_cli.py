@@ -1,0 +1,123 @@
+"""The command line: the JSON and exit-code contracts of DESIGN.md."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from targets import build_c, start
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOP_KEYS = ["schema_version", "pid", "comm", "exe", "taken_at", "allocator", "preload", "process",
+            "cgroup", "stats", "native", "findings", "collectors"]
+
+
+def allocdiag(*args, user=None, python=sys.executable):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    cmd = [python, "-m", "diag", *args]
+    kw = {}
+    if user is not None:
+        def drop():
+            os.setgid(user)
+            os.setuid(user)
+        kw["preexec_fn"] = drop
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd="/", timeout=120, **kw)
+
+
+def test_inspect_json_document():
+    with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
+        r = allocdiag("inspect", "--json", str(t.pid))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)          # exactly one document
+    assert list(doc) == TOP_KEYS
+    assert doc["schema_version"] == 1 and doc["pid"] == t.pid
+    assert doc["allocator"]["kind"] == "jemalloc" and doc["allocator"]["linkage"] == "preload"
+    assert doc["preload"]["effective"] is True
+    proc = doc["process"]
+    assert isinstance(proc["rss"], int) and proc["rss"] == proc["rss_anon"] + proc["rss_file"] + proc["rss_shmem"]
+    assert isinstance(proc["lazyfree"], int)
+    # Allocator layer: every field present, unknown until stats are collected.
+    assert set(doc["stats"]) >= {"allocated", "active", "resident", "mapped"}
+    assert all(v["provenance"] in ("measured", "derived", "unknown") for v in doc["stats"].values())
+    for name, c in doc["collectors"].items():
+        assert set(c) == {"ok", "error", "duration_s", "pause_us"}, name
+
+
+def test_inspect_human_output():
+    with start([build_c("idle.c"), "1"], allocator="tcmalloc") as t:
+        r = allocdiag("inspect", str(t.pid))
+    assert r.returncode == 0, r.stderr
+    assert "tcmalloc 2." in r.stdout and "preload" in r.stdout and "LazyFree" in r.stdout
+
+
+def test_no_such_process_exit_3():
+    r = allocdiag("inspect", "4194303")
+    assert r.returncode == 3
+    assert "no such process" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_usage_exit_2():
+    r = allocdiag("inspect", "not-a-pid")
+    assert r.returncode == 2 and "not a process id" in r.stderr
+
+
+def test_help_teaches_exit_codes():
+    r = allocdiag("inspect", "--help")
+    assert r.returncode == 0
+    assert "permission denied" in r.stdout and "examples:" in r.stdout
+
+
+def test_ps_json_and_table():
+    with start([build_c("idle.c"), "1"], allocator="mimalloc") as t:
+        r = allocdiag("ps", "--json")
+        h = allocdiag("ps")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    row = next(p for p in doc["processes"] if p["pid"] == t.pid)
+    assert row["allocator"]["kind"] == "mimalloc" and row["allocator"]["linkage"] == "preload"
+    assert row["preload"]["effective"] is True
+    for k in ("rss", "rss_anon", "lazyfree", "threads", "comm"):
+        assert k in row
+    assert doc["total"] == len(doc["processes"])
+    line = next(l for l in h.stdout.splitlines() if l.lstrip().startswith(f"{t.pid} "))
+    assert "mimalloc/preload" in line and "in effect" in line
+
+
+def test_preload_command():
+    typo = "/usr/lib/x86_64-linux-gnu/libjemaloc.so.2"
+    with start([build_c("idle.c"), "1"], preload=typo, stderr=subprocess.DEVNULL) as t:
+        r = allocdiag("preload", str(t.pid))
+        j = allocdiag("preload", "--json", str(t.pid))
+    assert r.returncode == 0
+    assert "not in effect" in r.stdout and "file not found" in r.stdout
+    assert json.loads(j.stdout)["preload"]["effective"] is False
+
+
+def _nobody_can_run():
+    if os.geteuid() != 0:
+        return False
+    try:
+        probe = subprocess.run([sys.executable, "-c", "import elftools"],
+                               preexec_fn=lambda: os.setuid(65534), capture_output=True, cwd="/")
+    except OSError:
+        return False
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _nobody_can_run(),
+                    reason="needs root and an interpreter readable by uid 65534 (tools/bootstrap.sh "
+                           "builds the venv on /usr/bin/python3)")
+def test_permission_denied_partial_with_help():
+    # As nobody, a root-owned target's status is readable but its maps and
+    # memory are not: the procfs part is printed, exit 6, with the help text.
+    with start([build_c("idle.c"), "1"]) as t:
+        r = allocdiag("inspect", "--json", str(t.pid), user=65534)
+        ps = allocdiag("ps", user=65534)
+    assert r.returncode == 6, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["process"]["rss"] is not None
+    assert doc["collectors"]["maps"]["ok"] is False
+    assert "ptrace_scope" in r.stderr and "CAP_SYS_PTRACE" in r.stderr
+    assert ps.returncode == 0 and "not readable" in ps.stderr

@@ -1,0 +1,198 @@
+"""Allocator detection and the preload verdict against real processes."""
+
+import os
+import shutil
+import stat
+
+import pytest
+
+from collectors.detect import detect
+from collectors.image import ProcessImage
+from collectors.preload import verdict
+from targets import (LIBDIR, PRELOADS, build_c, build_go, prefixed_jemalloc_archive,
+                     python_argv, start, static_jemalloc_flags)
+
+PY_IDLE = ("import os, sys\nkeep = [bytearray(100000) for _ in range(50)]\n"
+           "print('READY', os.getpid(), flush=True)\nsys.stdin.read()\n")
+
+
+def inspect(pid, parent_environ=None, expect=None):
+    image = ProcessImage(pid)
+    det = detect(image)
+    return det.allocator, verdict(image, det, parent_environ=parent_environ, expect=expect)
+
+
+EXPECTED = {
+    "glibc": ("glibc", "dynamic", None),
+    "jemalloc": ("jemalloc", "preload", None),
+    "tcmalloc": ("tcmalloc", "preload", "full"),
+    "tcmalloc_minimal": ("tcmalloc", "preload", "minimal"),
+    "mimalloc": ("mimalloc", "preload", None),
+}
+
+
+@pytest.mark.parametrize("allocator", sorted(PRELOADS))
+@pytest.mark.parametrize("lang", ["c", "python"])
+def test_serving_allocator_under_each_preload(allocator, lang):
+    argv = [build_c("idle.c"), "1"] if lang == "c" else python_argv(PY_IDLE)
+    with start(argv, allocator=allocator) as t:
+        a, p = inspect(t.pid)
+    kind, linkage, variant = EXPECTED[allocator]
+    assert (a.kind, a.linkage) == (kind, linkage), a
+    if variant:
+        assert a.variant == variant
+    assert a.version, f"no version for {a}"
+    if allocator == "glibc":
+        assert a.version == os.confstr("CS_GNU_LIBC_VERSION").split()[-1]
+        assert p.effective is None and p.verdict == "none requested"
+        assert a.others == ()
+    else:
+        assert p.effective is True, p
+        assert p.verdict.startswith("in effect")
+        assert os.path.realpath(a.path) == os.path.realpath(PRELOADS[allocator])
+        # glibc stays loaded but does not serve malloc.
+        assert [o.kind for o in a.others] == ["glibc"]
+        # The evidence names the GOT slot that was read.
+        assert any("GOT slot" in e for e in a.evidence)
+    if lang == "python":
+        assert any("pymalloc" in n for n in p.notes)
+
+
+def test_versions_read_without_stopping():
+    with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
+        a, _ = inspect(t.pid)
+        assert a.version.startswith("5.") and "-g" in a.version
+    with start([build_c("idle.c"), "1"], allocator="mimalloc") as t:
+        a, _ = inspect(t.pid)
+        # Debian bookworm ships mimalloc 2.0.x; the version is decoded from
+        # mi_version's code bytes.
+        assert a.version.count(".") == 2 and a.version.startswith("2.")
+    with start([build_c("idle.c"), "1"], allocator="tcmalloc") as t:
+        a, _ = inspect(t.pid)
+        assert a.version.startswith("2.")
+
+
+def test_typo_preload_not_in_effect():
+    typo = f"{LIBDIR}/libjemaloc.so.2"
+    with start([build_c("idle.c"), "1"], preload=typo, stderr=open(os.devnull, "w")) as t:
+        a, p = inspect(t.pid)
+    assert a.kind == "glibc"
+    assert p.requested == (typo,)
+    assert p.effective is False
+    assert any("file not found" in r for r in p.reasons), p.reasons
+
+
+def test_lazy_binding_reported():
+    # Built with lazy binding; the program calls malloc itself only after
+    # READY, so the executable's malloc slot still points into its PLT.
+    exe = build_c("idle.c", "-Wl,-z,lazy", name="idle_lazy")
+    with start([exe], allocator="jemalloc") as t:
+        image = ProcessImage(t.pid)
+        det = detect(image)
+        p = verdict(image, det)
+    exe_slots = [b for b in det.bindings if b.object == image.exe.path and b.symbol == "malloc"]
+    assert exe_slots and exe_slots[0].resolved is False
+    assert any("not bound yet" in n for n in p.notes)
+    # Still the right answer, from libc's resolved slot or lookup order.
+    assert det.allocator.kind == "jemalloc" and p.effective is True
+
+
+def test_static_jemalloc_in_executable():
+    exe = build_c("idle.c", *static_jemalloc_flags(), name="idle_static_je")
+    with start([exe, "1"]) as t:
+        a, p = inspect(t.pid)
+    assert (a.kind, a.linkage) == ("jemalloc", "static"), a
+    assert a.path == exe and a.version.startswith("5.")
+    assert p.verdict == "none requested"
+
+
+def test_fully_static_jemalloc_and_preload_ignored():
+    exe = build_c("idle.c", *static_jemalloc_flags(full_static=True), name="idle_fullstatic_je")
+    with start([exe, "1"], allocator="mimalloc") as t:
+        a, p = inspect(t.pid)
+    assert (a.kind, a.linkage) == ("jemalloc", "static")
+    assert p.effective is False
+    assert any("static executable" in r for r in p.reasons), p.reasons
+
+
+def test_dlopened_jemalloc_is_not_serving():
+    # jemalloc uses initial-exec TLS: dlopen() after start only works with
+    # room in the static TLS surplus (otherwise "cannot allocate memory in
+    # static TLS block"), which this tunable provides.
+    tls = {"GLIBC_TUNABLES": "glibc.rtld.optional_static_tls=65536"}
+    with start([build_c("dlopen_je.c", "-ldl")], env=tls) as t:
+        a, p = inspect(t.pid)
+    assert a.kind == "glibc"
+    dl = [o for o in a.others if o.kind == "jemalloc"]
+    assert dl and dl[0].linkage == "dlopen", a.others
+    assert any("dlopen" in r for r in p.reasons)
+
+
+def test_prefixed_jemalloc_two_allocators():
+    exe = build_c("prefixed_je.c", prefixed_jemalloc_archive(), "-lpthread", "-lm", "-ldl",
+                  name="prefixed_je")
+    with start([exe]) as t:
+        assert int(t.ready.split("=")[1]) >= 1 << 20   # its _rjem_ heap is live
+        a, p = inspect(t.pid)
+    assert a.kind == "glibc", a      # C code's malloc is glibc's
+    je = [o for o in a.others if o.kind == "jemalloc"]
+    assert je and je[0].prefix == "_rjem_" and je[0].linkage == "static"
+    assert any("_RJEM_MALLOC_CONF" in e for e in je[0].evidence)
+
+
+def test_prefixed_jemalloc_preload_does_not_interpose(tmp_path):
+    # A shared prefixed jemalloc requested via LD_PRELOAD: mapped, but it
+    # exports _rjem_malloc, not malloc.
+    lib = tmp_path / "libjemalloc_rjem.so"
+    import subprocess
+    subprocess.run(["gcc", "-shared", "-o", str(lib), "-Wl,--whole-archive",
+                    prefixed_jemalloc_archive(), "-Wl,--no-whole-archive",
+                    "-lstdc++", "-lpthread", "-lm", "-ldl"], check=True)
+    with start([build_c("idle.c"), "1"], preload=str(lib)) as t:
+        a, p = inspect(t.pid)
+    assert a.kind == "glibc" and p.effective is False
+    assert any("prefixed jemalloc" in r for r in p.reasons), p.reasons
+
+
+def test_go_binary():
+    exe = build_go("goidle")
+    with start([exe], allocator="jemalloc") as t:
+        a, p = inspect(t.pid)
+    assert a.kind == "go" and a.version.startswith("go1.")
+    assert p.effective is False
+    assert any("Go binary" in r for r in p.reasons), p.reasons
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a setuid-nobody copy")
+def test_setuid_target_ignores_preload(tmp_path):
+    exe = tmp_path / "idle_setuid"
+    shutil.copy(build_c("idle.c"), exe)
+    os.chown(exe, 65534, 65534)
+    os.chmod(exe, 0o4755 | stat.S_IXGRP | stat.S_IXOTH)
+    os.chmod(tmp_path, 0o755)
+    with start([str(exe), "1"], allocator="jemalloc") as t:
+        image = ProcessImage(t.pid)
+        assert image.secure is True          # AT_SECURE from auxv
+        det = detect(image)
+        p = verdict(image, det)
+    assert det.allocator.kind == "glibc"
+    assert p.effective is False
+    assert any("secure mode" in r for r in p.reasons), p.reasons
+
+
+def test_preload_dropped_between_parent_and_child():
+    with start([build_c("idle.c"), "1"]) as t:
+        _, p = inspect(t.pid, parent_environ={"LD_PRELOAD": PRELOADS["jemalloc"]})
+        _, p2 = inspect(t.pid, expect="jemalloc")
+    assert p.effective is False and "parent process has LD_PRELOAD" in p.reasons[0]
+    assert p2.effective is False and "not in this process's initial environment" in p2.reasons[0]
+
+
+def test_google_tcmalloc_signature_in_static_executable():
+    # No google/tcmalloc package exists for Debian; a static executable
+    # exporting its C-ABI entry points stands for one.  Detection is by
+    # those signature symbols in .symtab.
+    exe = build_c("fake_google_tcmalloc.c", name="fake_google_tcmalloc")
+    with start([exe]) as t:
+        a, _ = inspect(t.pid)
+    assert a.kind == "tcmalloc-google" and a.linkage == "static", a

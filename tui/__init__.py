@@ -1,0 +1,1 @@
+"""allocdiag's terminal UI (textual).  Renders diag's model only."""
