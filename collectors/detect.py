@@ -205,7 +205,7 @@ def lookup_order(image, preload_paths=()):
     add(image.exe)
     for p in preload_paths:
         for obj in image.objects:
-            if _same_file(image, obj.path, p):
+            if image.same_file(obj, p):
                 add(obj)
     i = 0
     while i < len(order):
@@ -215,19 +215,6 @@ def lookup_order(image, preload_paths=()):
             for dep in image.by_name(name):
                 add(dep)
     return order
-
-
-def _same_file(image, mapped_path, requested):
-    if mapped_path == requested:
-        return True
-    if "/" not in requested:
-        return os.path.basename(mapped_path) == requested
-    try:
-        a = os.stat(image.in_root(mapped_path))
-        b = os.stat(image.in_root(requested))
-        return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-    except OSError:
-        return os.path.realpath(mapped_path) == os.path.realpath(requested)
 
 
 def requested_preloads(image):
@@ -375,7 +362,7 @@ def _describe(obj, how, image, preloads):
         kind = "unknown"
     if is_exe:
         linkage = "static"
-    elif any(_same_file(image, obj.path, p) for p in preloads):
+    elif any(image.same_file(obj, p) for p in preloads):
         linkage = "preload"
     else:
         linkage = "dynamic"

@@ -17,14 +17,15 @@ AT_ENTRY = 9
 
 # One mapped ELF object.  ``elf`` is None when it could not be read; then
 # ``error`` says why.  ``ranges`` are the [start, end) of its mappings.
-LoadedObject = namedtuple("LoadedObject", "path start end bias elf error opener ranges deleted")
+LoadedObject = namedtuple("LoadedObject",
+                          "path start end bias elf error opener ranges deleted dev inode")
 
 
 class ProcessImage:
-    def __init__(self, pid, procfs=None, cache=CACHE):
+    def __init__(self, pid, procfs=None, cache=CACHE, status=None):
         self.pid = pid
         self.procfs = procfs or ProcFS()
-        self.status = self.procfs.status(pid)
+        self.status = status if status is not None else self.procfs.status(pid)
         self.comm = self.status.get(b"Name", b"").decode(errors="replace") or None
         self.maps = self.procfs.maps(pid)
         self.exe_path = self.procfs.exe(pid)
@@ -38,6 +39,8 @@ class ProcessImage:
             self.auxv = self.procfs.auxv(pid)
         except AccessDenied:
             self.auxv = {}
+        self._by_name = None
+        self._requested_ids = {}
         self.objects = self._load_objects(cache)
         self.exe = self._find_exe()
 
@@ -72,7 +75,7 @@ class ProcessImage:
             opener = ObjectFile(self.procfs.root, self.pid, first.start, first.end, first.path)
             elf, error, bias = None, None, None
             try:
-                elf = cache.get(opener)
+                elf = cache.get(opener, identity=key)
             except MalformedData as exc:
                 error = str(exc)
             except FileNotFoundError:
@@ -88,7 +91,8 @@ class ProcessImage:
                         break
             out.append(LoadedObject(first.path, min(m.start for m in ms), max(m.end for m in ms),
                                     bias, elf, error, opener,
-                                    tuple((m.start, m.end) for m in ms), first.deleted))
+                                    tuple((m.start, m.end) for m in ms), first.deleted,
+                                    first.dev, first.inode))
         if not out and not os.path.exists(self.procfs.path(self.pid)):
             raise NoSuchProcess(self.pid)
         return out
@@ -120,13 +124,38 @@ class ProcessImage:
 
     def by_name(self, name):
         """Loaded objects whose DT_SONAME or file name is NAME."""
-        out = []
-        for obj in self.objects:
-            if obj.elf is None:
-                continue
-            if obj.elf.soname == name or os.path.basename(obj.path) == name:
-                out.append(obj)
-        return out
+        if self._by_name is None:
+            index = {}
+            for obj in self.objects:
+                if obj.elf is None:
+                    continue
+                for n in {obj.elf.soname, os.path.basename(obj.path)}:
+                    if n:
+                        index.setdefault(n, []).append(obj)
+            self._by_name = index
+        return self._by_name.get(name, [])
+
+    def same_file(self, obj, requested):
+        """True when the loaded object OBJ is the file REQUESTED names (a
+        path in the target's root, or a bare library name), compared by the
+        device and inode the kernel lists in maps."""
+        if obj.path == requested:
+            return True
+        if "/" not in requested:
+            return os.path.basename(obj.path) == requested or \
+                (obj.elf is not None and obj.elf.soname == requested)
+        ident = self._requested_ids.get(requested, False)
+        if ident is False:
+            try:
+                st = os.stat(self.in_root(requested))
+                ident = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+            except OSError:
+                ident = None
+            self._requested_ids[requested] = ident
+        if ident is None:
+            return False
+        major, _, minor = obj.dev.partition(":")
+        return (int(major, 16), int(minor, 16), obj.inode) == ident
 
     def in_root(self, path):
         """PATH as seen from the target's root directory (containers)."""

@@ -12,7 +12,7 @@ exports ``_rjem_malloc``, not ``malloc``.
 
 import os
 
-from collectors.detect import _same_file, classify, requested_preloads
+from collectors.detect import classify, requested_preloads
 from diag.model import Preload
 
 _ELFCLASS = {1: 32, 2: 64}
@@ -79,7 +79,7 @@ def verdict(image, detection, parent_environ=None, expect=None):
     exe_class = exe.elf.elfclass if exe and exe.elf else None
     mapped, missing = [], []
     for path, source in requested:
-        obj = next((o for o in image.objects if _same_file(image, o.path, path)), None)
+        obj = next((o for o in image.objects if image.same_file(o, path)), None)
         if obj is not None:
             mapped.append((path, obj))
             continue
@@ -115,7 +115,7 @@ def verdict(image, detection, parent_environ=None, expect=None):
         notes.append("Go binary with cgo: the preload can serve C allocations only; the Go heap is "
                      "managed by the Go runtime, not malloc")
 
-    serving_requested = serving is not None and any(_same_file(image, serving.path, p) for p in paths)
+    serving_requested = serving is not None and any(image.same_file(serving, p) for p in paths)
     if serving_requested:
         effective = True
         verdict_text = f"in effect: malloc binds to {serving.path}"

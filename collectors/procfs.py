@@ -17,6 +17,7 @@ from collections import namedtuple
 from collectors.errors import AccessDenied, NoSuchProcess
 from diag.model import CgroupMemory, ProcessMemory
 
+_READ_CHUNK = 1 << 17
 AT_SECURE = 23
 AT_BASE = 7
 
@@ -75,9 +76,11 @@ class ProcFS:
         """Bytes of /proc/PID/NAME, errors translated."""
         try:
             with open(self.path(pid, name), "rb", buffering=0) as f:
+                # Read to EOF: a short read is not the end for seq_file
+                # (maps of a process with 20k mappings comes in pieces).
                 chunks = []
                 while True:
-                    b = f.read(1 << 16)
+                    b = f.read(_READ_CHUNK)
                     if not b:
                         break
                     chunks.append(b)

@@ -31,7 +31,7 @@ def scan_one(pid, procfs):
     if b"VmRSS" not in status:          # kernel thread: no user memory
         return None
     mem = procfs.memory(pid, status=status)
-    image = ProcessImage(pid, procfs)
+    image = ProcessImage(pid, procfs, status=status)
     det = detect(image)
     pre = verdict(image, det)
     a = det.allocator

@@ -72,7 +72,7 @@ def take(pid, procfs=None, cgroup_root="/sys/fs/cgroup", expect=None, rollup=Tru
                      CgroupMemory())
     if cgroup is not None and cgroup.error:
         col.status["cgroup"] = CollectorStatus(True, cgroup.error, col.status["cgroup"].duration_s)
-    image = col.run("maps", lambda: ProcessImage(pid, procfs))
+    image = col.run("maps", lambda: ProcessImage(pid, procfs, status=status))
     allocator, preload = Allocator(), Preload()
     comm = status.get(b"Name", b"").decode(errors="replace") or None
     exe = procfs.exe(pid)

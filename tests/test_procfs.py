@@ -215,3 +215,13 @@ def test_cgroup_of_live_process():
         pytest.skip(f"no memory cgroup visible here: {c.error}")
     assert c.version in (1, 2) and c.usage > 0
     assert c.working_set == max(0, c.usage - c.inactive_file)
+
+
+def test_maps_read_to_the_end():
+    # seq_file hands large files out in pieces; every mapping must be seen.
+    from targets import build_c, start
+    with start([build_c("many_maps.c"), "20000"]) as t:
+        maps = ProcFS().maps(t.pid)
+        with open(f"/proc/{t.pid}/maps", "rb") as f:
+            expected = f.read().count(b"\n")
+    assert len(maps) == expected and expected > 20000

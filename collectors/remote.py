@@ -1,0 +1,936 @@
+"""Remote calls: run a function inside a live process on one borrowed thread.
+
+Pure Python over ctypes (``collectors.ptrace``); the register/call-frame
+details live in the arch module picked by ``platform.machine()``
+(``collectors.arch_x86_64``).  DESIGN.md "Remote calls: rules that keep
+production safe" is the contract; every rule has a test in
+``tests/test_remote_engine.py``.
+
+Public API
+----------
+``RemoteProcess(pid, *, forbidden_ranges=(), deadline_s=2.0, procfs="/proc",
+call_timeout_s=1.0, block_signals=True)``
+    A target process.  Raises NoSuchProcess / AccessDenied / RemoteCallError
+    early (gone, not readable, ignores SIGSEGV, address 0 mapped).
+    ``forbidden_ranges``: ``[(start, end, name)]`` of allocator + libc (+ ld.so)
+    text, e.g. from ``text_ranges()``; a *running* thread whose PC or any word
+    in the top ``stack_window`` bytes of its stack points into them is never
+    borrowed.  Without ranges only threads parked in an idle wait are used.
+
+``RemoteProcess.borrow(tid=None)`` (context manager) -> ``Call``
+    Picks a safe thread (or only TID), stops only it (PTRACE_SEIZE +
+    PTRACE_INTERRUPT), saves registers + XSAVE state + signal mask, yields a
+    ``Call``; on exit restores all of it exactly, re-delivers held signals
+    with their original siginfo and detaches.  Gives up with RemoteCallError
+    after ``deadline_s`` ("every thread was busy inside the allocator or libc
+    for 2.0 s").  SIGINT/TERM/HUP/QUIT to this process are blocked while a
+    thread is stopped and take effect after the detach.
+    After it: ``.pause_us`` (µs each stopped thread was stopped, rejected
+    candidates included), ``.held_signals`` (signals that arrived during the
+    window and were re-delivered), ``.last`` (dict: tid, kind, syscall,
+    boundary, calls).
+
+``Call.call(func_addr, *args, timeout_s=None) -> int``   the function's return value (rax)
+``Call.read(addr, n) -> bytes`` / ``Call.write(addr, data)``   target memory
+``Call.scratch(n) -> int``   n bytes on the borrowed thread's stack below the red zone
+``Call.cstring(addr, limit=1<<20) -> bytes``   NUL-terminated string
+``Call.tid``, ``Call.kind`` ("idle" or "running"), ``Call.syscall`` (wait name or None)
+
+``is_quarantined(pid) -> bool`` / ``quarantine_reason(pid) -> str | None``
+    After any call timeout or crash the process (pid + start time) is
+    quarantined for the rest of this run: every later borrow raises
+    Quarantined, because its allocator may now hold a lock forever.
+
+``text_ranges(pid, names, procfs="/proc") -> [(start, end, name)]``
+    Executable mappings whose file name contains one of NAMES (helper to build
+    ``forbidden_ranges``).
+
+Safety rules implemented here
+-----------------------------
+- Safe point: a thread in state S inside one of ``arch.IDLE_SYSCALLS``
+  (re-verified from orig_rax after the stop; a stop just after the wait
+  returned -- orig_rax set, rax = result -- is a boundary and is fine: the
+  registers are restored exactly, so the program sees the result), or a
+  running thread interrupted outside any forbidden range.  Futex, epoll,
+  sigtimedwait, semop, mmap & co are never borrowed.
+- The return-to-0 trap is a forced SIGSEGV: SIGSEGV (and the other synchronous
+  signals) are unblocked in the thread for the call so the kernel never resets
+  the program's SIGSEGV handler; a process that ignores SIGSEGV is refused.
+- Signals: with ``block_signals`` (default) the thread's mask blocks every
+  asynchronous signal during the window, so they stay queued in the kernel
+  (original siginfo untouched, standard-signal semantics unchanged) and are
+  delivered when the mask is restored.  Any signal-delivery-stop that still
+  happens (a signal dequeued in the microseconds between SEIZE and the stop,
+  or any signal with ``block_signals=False``) is collected with
+  PTRACE_GETSIGINFO, suppressed, and after the registers are restored
+  re-delivered with its original siginfo: one by injection at the final
+  signal-delivery-stop (SETSIGINFO + DETACH with the signal), others requeued
+  by injecting them while blocked (the kernel queues them with their siginfo).
+  Nothing is ever re-sent with kill().
+- Scratch memory is stack below the red zone: nothing to free.
+- No PTRACE_O_EXITKILL: if allocdiag dies the target continues.
+"""
+
+import atexit
+import bisect
+import contextlib
+import importlib
+import os
+import platform
+import signal
+import struct
+import threading
+import time
+
+from collectors import ptrace
+from collectors.errors import (AccessDenied, NoSuchProcess, Quarantined,
+                               RemoteCallError, Unsupported)
+
+__all__ = ["RemoteProcess", "Call", "is_quarantined", "quarantine_reason",
+           "text_ranges"]
+
+_ARCH_MODULES = {"x86_64": "arch_x86_64", "amd64": "arch_x86_64",
+                 "aarch64": "arch_aarch64", "arm64": "arch_aarch64"}
+
+
+def _load_arch():
+    machine = platform.machine()
+    mod = _ARCH_MODULES.get(machine)
+    if mod is None:
+        raise Unsupported(f"remote calls are not implemented for {machine}")
+    try:
+        return importlib.import_module(f"collectors.{mod}")
+    except ImportError:
+        raise Unsupported(f"remote calls are not implemented for {machine}") from None
+
+
+# ---- signals ---------------------------------------------------------------
+SIGSEGV = signal.SIGSEGV
+_DEFERRED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
+_SYNC = (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL,
+         signal.SIGTRAP, signal.SIGSYS)
+_STOP_SIGNALS = {signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU}
+
+
+def _bit(sig):
+    return 1 << (int(sig) - 1)
+
+
+_SYNC_BITS = sum(_bit(s) for s in _SYNC)
+_ALL_BLOCKABLE = ((1 << 64) - 1) & ~(_bit(signal.SIGKILL) | _bit(signal.SIGSTOP))
+
+ERESTART = {-512: "ERESTARTSYS", -513: "ERESTARTNOINTR",
+            -514: "ERESTARTNOHAND", -516: "ERESTART_RESTARTBLOCK"}
+
+
+class SigInfo:
+    """A kernel siginfo_t (raw 128 bytes kept for re-injection)."""
+
+    __slots__ = ("raw", "signo", "errno", "code", "pid", "uid", "addr", "value")
+
+    def __init__(self, raw):
+        self.raw = raw
+        self.signo, self.errno, self.code = struct.unpack_from("iii", raw, 0)
+        self.pid, self.uid = struct.unpack_from("iI", raw, 16)
+        self.addr, = struct.unpack_from("Q", raw, 16)
+        self.value, = struct.unpack_from("q", raw, 24)
+
+    def as_dict(self):
+        return {"signo": self.signo, "name": _signame(self.signo), "code": self.code,
+                "pid": self.pid, "uid": self.uid, "value": self.value}
+
+    def __repr__(self):
+        return f"SigInfo({_signame(self.signo)}, code={self.code}, pid={self.pid})"
+
+
+def _signame(sig):
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"SIG{sig}"
+
+
+# ---- quarantine registry (process-wide) -------------------------------------
+_qlock = threading.Lock()
+_quarantine = {}          # (pid, starttime) -> reason
+
+
+def _starttime(pid, procfs="/proc"):
+    try:
+        with open(f"{procfs}/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return int(data.rsplit(b")", 1)[1].split()[19])
+
+
+def quarantine_reason(pid, procfs="/proc"):
+    """Why PID is quarantined, or None."""
+    key = (pid, _starttime(pid, procfs))
+    with _qlock:
+        return _quarantine.get(key)
+
+
+def is_quarantined(pid, procfs="/proc"):
+    """True when an earlier call into PID timed out or crashed (this run)."""
+    return quarantine_reason(pid, procfs) is not None
+
+
+def _quarantine_pid(pid, starttime, reason):
+    with _qlock:
+        _quarantine.setdefault((pid, starttime), reason)
+
+
+# ---- orphans: tracees we could not stop in time -----------------------------
+# A traced thread that does not acknowledge PTRACE_INTERRUPT (uninterruptible
+# sleep) cannot be detached until it stops.  It is remembered here and
+# restored/detached as soon as it stops (checked at every borrow and at exit).
+_orphans = {}             # tid -> _Stopped
+_orphan_lock = threading.Lock()
+
+
+def _reap_orphans():
+    with _orphan_lock:
+        for tid, st in list(_orphans.items()):
+            try:
+                status = ptrace.waitpid_nohang(tid, st.pid)
+            except Exception:
+                _orphans.pop(tid, None)
+                continue
+            if status is None:
+                continue
+            kind, _, _ = ptrace.decode_status(status)
+            _orphans.pop(tid, None)
+            if kind != "stopped":
+                continue
+            with contextlib.suppress(Exception):
+                if st.regs is not None:
+                    st.arch.set_regs(tid, st.pid, st.regs)
+                    st.arch.set_ext_state(tid, st.pid, st.xstate)
+                    ptrace.setsigmask(tid, st.pid, st.sigmask)
+                ptrace.detach(tid, st.pid, 0)
+
+
+def _reap_orphans_at_exit():
+    deadline = time.monotonic() + 2.0
+    while _orphans and time.monotonic() < deadline:
+        _reap_orphans()
+        time.sleep(0.01)
+
+
+atexit.register(_reap_orphans_at_exit)
+
+
+# ---- /proc helpers ------------------------------------------------------------
+
+def _read_text(path, pid, tid=None):
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+    except OSError as e:
+        raise ptrace.translate_errno(e.errno, pid, f"read {path}", tid) from None
+
+
+def text_ranges(pid, names, procfs="/proc"):
+    """Executable mappings of PID whose file name contains any of NAMES,
+    as [(start, end, name)], adjacent pieces merged."""
+    out = []
+    for line in _read_text(f"{procfs}/{pid}/maps", pid).splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6 or "x" not in parts[1]:
+            continue
+        path = parts[5].strip()
+        base = os.path.basename(path)
+        if not any(n in base for n in names):
+            continue
+        start, end = (int(x, 16) for x in parts[0].split("-"))
+        if out and out[-1][1] == start and out[-1][2] == base:
+            out[-1] = (out[-1][0], end, base)
+        else:
+            out.append((start, end, base))
+    return out
+
+
+def _status_fields(text):
+    out = {}
+    for line in text.splitlines():
+        k, _, v = line.partition(":")
+        out[k] = v.strip()
+    return out
+
+
+# ---- the engine ----------------------------------------------------------------
+
+class _Stopped:
+    """One thread we hold in a ptrace-stop, and everything needed to give it
+    back exactly as it was."""
+
+    def __init__(self, arch, pid, tid):
+        self.arch = arch
+        self.pid = pid
+        self.tid = tid
+        self.regs = None          # saved general registers
+        self.xstate = None        # saved XSAVE blob
+        self.sigmask = None       # saved signal mask
+        self.mask_changed = False
+        self.held = []            # SigInfo collected at signal-delivery-stops
+        self.at = None            # 'interrupt' | 'delivery' | 'group'
+        self.t_stop = None
+        self.gone = False         # the thread exited under us
+        self.orphaned = False
+        self.group_stop_seen = False
+        self.kind = None          # 'idle' | 'running'
+        self.syscall = None
+        self.boundary = False
+        self.calls = 0
+        self.scratch_top = None
+        self.scratch_low = None
+        self.probed = set()
+
+
+class RemoteProcess:
+    """See the module docstring."""
+
+    MAX_SCRATCH = 64 * 1024
+
+    def __init__(self, pid, *, forbidden_ranges=(), deadline_s=2.0, procfs="/proc",
+                 call_timeout_s=1.0, block_signals=True, stack_window=512,
+                 stack_headroom=16 * 1024, _unsafe=()):
+        self.pid = int(pid)
+        self.procfs = procfs
+        self.arch = _load_arch()
+        self.deadline_s = float(deadline_s)
+        self.call_timeout_s = float(call_timeout_s)
+        self.block_signals = bool(block_signals)
+        self.stack_window = int(stack_window)
+        self.stack_headroom = int(stack_headroom)
+        rs = sorted((int(s), int(e), str(n)) for s, e, n in forbidden_ranges)
+        self._forbidden = rs
+        self._fstarts = [r[0] for r in rs]
+        # Test-only switches that disable one protection, to show the tests
+        # catch its absence: "xstate", "sigsegv_unblock", "sigblock".
+        self._unsafe = frozenset(_unsafe)
+        self.pause_us = []
+        self.held_signals = []
+        self.last = None
+        self.stats = {"borrows": 0, "calls": 0, "rejected_stops": 0,
+                      "boundary_stops": 0, "pause_us_total": 0}
+        if not ptrace.process_exists(self.pid, procfs):
+            raise NoSuchProcess(self.pid)
+        self._start = _starttime(self.pid, procfs)
+        self._auxv = self._read_auxv()
+        maps = _read_text(f"{procfs}/{self.pid}/maps", self.pid)
+        first = maps.split("-", 1)[0]
+        if first and int(first, 16) == 0:
+            raise RemoteCallError("address 0 is mapped in the target, so the "
+                                  "return-to-0 trap cannot work; no remote calls",
+                                  pid=self.pid)
+        self._preflight()
+
+    # ---- checks that need no stop -------------------------------------------
+    def _read_auxv(self):
+        try:
+            with open(f"{self.procfs}/{self.pid}/auxv", "rb") as f:
+                return f.read()
+        except OSError as e:
+            raise ptrace.translate_errno(e.errno, self.pid, "read auxv") from None
+
+    def _preflight(self):
+        reason = quarantine_reason(self.pid, self.procfs)
+        if reason:
+            raise Quarantined(f"no remote calls: {reason}", pid=self.pid)
+        st = _status_fields(_read_text(f"{self.procfs}/{self.pid}/status", self.pid))
+        if _starttime(self.pid, self.procfs) != self._start:
+            raise NoSuchProcess(self.pid, "the process exited (pid reused)")
+        state = st.get("State", "?")[:1]
+        if state in ("Z", "X"):
+            raise NoSuchProcess(self.pid, "the process exited (zombie)")
+        if state == "T":
+            raise RemoteCallError(
+                "the process is stopped (SIGSTOP / job control); allocdiag never "
+                "resumes a stopped process: send it SIGCONT first", pid=self.pid)
+        tracer = int(st.get("TracerPid", "0") or 0)
+        if tracer not in (0, os.getpid()):
+            raise RemoteCallError(f"the process is already traced by pid {tracer} "
+                                  "(a debugger?)", pid=self.pid)
+        if int(st.get("SigIgn", "0"), 16) & _bit(SIGSEGV):
+            raise RemoteCallError(
+                "the process ignores SIGSEGV; the return trap of a remote call "
+                "would reset it to the default action, so no remote calls are made",
+                pid=self.pid)
+        if self._read_auxv() != self._auxv:
+            raise RemoteCallError("the process executed a new program (exec) since "
+                                  "it was opened; open it again", pid=self.pid)
+
+    def _in_forbidden(self, addr):
+        i = bisect.bisect_right(self._fstarts, addr) - 1
+        if i >= 0 and addr < self._forbidden[i][1]:
+            return self._forbidden[i][2]
+        return None
+
+    def _task(self, tid, leaf):
+        return f"{self.procfs}/{self.pid}/task/{tid}/{leaf}"
+
+    def _candidates(self, only_tid):
+        """Threads worth stopping, best first, and why the others are not."""
+        idle, running, why = [], [], {}
+        try:
+            tids = [int(t) for t in os.listdir(f"{self.procfs}/{self.pid}/task")]
+        except OSError as e:
+            raise ptrace.translate_errno(e.errno, self.pid, "list threads") from None
+        if only_tid is not None:
+            if only_tid not in tids:
+                raise RemoteCallError(f"thread {only_tid} does not exist", pid=self.pid)
+            tids = [only_tid]
+        for tid in tids:
+            try:
+                stat = _read_text(self._task(tid, "stat"), self.pid, tid)
+                sc = _read_text(self._task(tid, "syscall"), self.pid, tid).split()
+            except NoSuchProcess:
+                raise
+            except AccessDenied:
+                raise
+            except RemoteCallError:
+                continue            # thread vanished
+            state = stat.rsplit(")", 1)[1].split()[0]
+            if not sc or sc[0] == "running":
+                nr, pc = -1, None
+            else:
+                nr = int(sc[0])
+                pc = int(sc[-1], 16) if len(sc) >= 3 else None
+            if state == "S" and nr in self.arch.IDLE_SYSCALLS:
+                idle.append((tid, "idle"))
+            elif state in ("R", "S") and nr == -1:
+                if not self._forbidden:
+                    why[tid] = "running user code (no forbidden ranges to judge it)"
+                elif pc is not None and self._in_forbidden(pc):
+                    why[tid] = f"pc inside {self._in_forbidden(pc)}"
+                else:
+                    running.append((tid, "running"))
+            elif state in ("D",):
+                why[tid] = "uninterruptible sleep"
+            elif state in ("Z", "X"):
+                why[tid] = "exited"
+            elif state in ("T", "t"):
+                why[tid] = "stopped"
+            else:
+                why[tid] = f"in {self.arch.SYSCALL_NAMES.get(nr, f'syscall {nr}')}"
+        return idle + running, why
+
+    # ---- signal blocking in allocdiag -----------------------------------------
+    def _block(self):
+        if "sigblock" in self._unsafe:
+            return None
+        return signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED)
+
+    @staticmethod
+    def _unblock(old):
+        if old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    # ---- waiting ----------------------------------------------------------------
+    def _wait(self, st, deadline):
+        """Next wait status of the tracee, or None at DEADLINE.  Busy-polls
+        briefly (a round trip is tens of µs), then backs off."""
+        t0 = time.monotonic()
+        next_check = t0 + 0.05
+        while True:
+            status = ptrace.waitpid_nohang(st.tid, self.pid)
+            if status is not None:
+                return status
+            now = time.monotonic()
+            if now >= deadline:
+                return None
+            if now - t0 < 0.002:
+                continue
+            if now >= next_check:
+                next_check = now + 0.05
+                self._check_still_traced(st)
+            if now - t0 < 0.02:
+                os.sched_yield()
+            else:
+                time.sleep(0.0005)
+
+    def _check_still_traced(self, st):
+        try:
+            f = _status_fields(_read_text(self._task(st.tid, "status"), self.pid, st.tid))
+        except (NoSuchProcess, RemoteCallError):
+            st.gone = True
+            raise self._gone_error(st) from None
+        if int(f.get("TracerPid", "0") or 0) != os.getpid():
+            st.gone = True
+            raise self._gone_error(st)
+
+    def _gone_error(self, st, when="while stopped"):
+        if not ptrace.process_exists(self.pid, self.procfs) or \
+                _starttime(self.pid, self.procfs) != self._start:
+            return NoSuchProcess(self.pid, f"the process exited {when}")
+        try:
+            st_ = _status_fields(_read_text(f"{self.procfs}/{self.pid}/status", self.pid))
+            if st_.get("State", "")[:1] in ("Z", "X"):
+                return NoSuchProcess(self.pid, f"the process exited {when}")
+            if self._read_auxv() != self._auxv:
+                return RemoteCallError(f"the process executed a new program {when}",
+                                       pid=self.pid)
+        except NoSuchProcess:
+            return NoSuchProcess(self.pid, f"the process exited {when}")
+        except Exception:
+            pass
+        return RemoteCallError(f"thread {st.tid} exited {when}", pid=self.pid)
+
+    # ---- acquiring a thread ---------------------------------------------------
+    def _stop(self, tid, kind):
+        """SEIZE + INTERRUPT TID and wait for the interrupt-stop.  Returns the
+        _Stopped (state saved) or raises _Skip."""
+        st = _Stopped(self.arch, self.pid, tid)
+        st.kind = kind
+        try:
+            ptrace.seize(tid, self.pid)
+        except AccessDenied:
+            f = {}
+            with contextlib.suppress(Exception):
+                f = _status_fields(_read_text(self._task(tid, "status"), self.pid, tid))
+            tracer = int(f.get("TracerPid", "0") or 0)
+            if tracer:
+                raise _Skip(f"traced by pid {tracer}") from None
+            raise
+        except NoSuchProcess:
+            raise
+        except RemoteCallError:
+            raise _Skip("vanished") from None
+        try:
+            ptrace.interrupt(tid, self.pid)
+        except RemoteCallError:
+            st.gone = True      # died between SEIZE and INTERRUPT
+            if not ptrace.process_exists(self.pid, self.procfs):
+                raise NoSuchProcess(self.pid) from None
+            raise _Skip("vanished") from None
+        deadline = time.monotonic() + max(1.0, self.deadline_s)
+        while True:
+            try:
+                status = self._wait(st, deadline)
+            except (NoSuchProcess, RemoteCallError) as e:
+                if isinstance(e, NoSuchProcess):
+                    raise
+                raise _Skip("vanished") from None
+            if status is None:
+                # not stopping (uninterruptible): it stops later; detach then.
+                st.orphaned = True
+                with _orphan_lock:
+                    _orphans[tid] = st
+                raise _Skip("did not stop (uninterruptible)")
+            k, sig, event = ptrace.decode_status(status)
+            if k != "stopped":
+                if not ptrace.process_exists(self.pid, self.procfs):
+                    raise NoSuchProcess(self.pid, "the process exited")
+                raise _Skip("exited")
+            if event == ptrace.PTRACE_EVENT_STOP:
+                st.t_stop = time.monotonic()
+                st.at = "group" if sig in _STOP_SIGNALS else "interrupt"
+                break
+            if event:
+                ptrace.cont(tid, self.pid, 0)
+                continue
+            # a signal-delivery-stop that came first: the signal was dequeued
+            si = SigInfo(ptrace.getsiginfo(tid, self.pid))
+            if si.signo in _SYNC and si.code > 0:
+                # the thread faulted in its own code: hand it over untouched
+                ptrace.detach(tid, self.pid, si.signo)
+                raise _Skip(f"handling its own {_signame(si.signo)}")
+            st.held.append(si)
+            ptrace.cont(tid, self.pid, 0)
+        # save everything first: from here on _release gives it back exactly
+        st.regs = self.arch.get_regs(tid, self.pid)
+        st.xstate = self.arch.get_ext_state(tid, self.pid)
+        st.sigmask = ptrace.getsigmask(tid, self.pid)
+        return st
+
+    def _judge(self, st):
+        """None when ST is at a safe point, else the reason it is not."""
+        if st.at == "group":
+            return "group-stop"
+        nr, ret = self.arch.syscall_state(st.regs)
+        if nr >= 0:
+            name = self.arch.SYSCALL_NAMES.get(nr, f"syscall {nr}")
+            if nr not in self.arch.IDLE_SYSCALLS:
+                return f"in {name}"
+            st.syscall = name
+            st.boundary = ret not in ERESTART
+            st.kind = "idle"
+            return None
+        # in user code
+        if not self._forbidden:
+            return "running user code (no forbidden ranges to judge it)"
+        where = self._in_forbidden(self.arch.pc(st.regs))
+        if where:
+            return f"pc inside {where}"
+        sp = self.arch.sp(st.regs)
+        for addr, word in self._stack_words(sp, self.stack_window):
+            where = self._in_forbidden(word)
+            if where:
+                return f"return address into {where} at sp+{addr - sp:#x}"
+        st.kind = "running"
+        return None
+
+    def _stack_words(self, sp, window):
+        out = []
+        addr, end = sp, sp + window
+        while addr < end:
+            chunk = min(end - addr, 4096 - (addr % 4096))
+            try:
+                data = ptrace.read_memory(self.pid, addr, chunk)
+            except RemoteCallError:
+                break
+            w = self.arch.WORD
+            for i in range(0, len(data) - w + 1, w):
+                out.append((addr + i, int.from_bytes(data[i:i + w], "little")))
+            addr += chunk
+        return out
+
+    def _acquire(self, only_tid):
+        """Returns (stopped thread, old allocdiag sigmask)."""
+        t_end = time.monotonic() + self.deadline_s
+        last_why = {}
+        rounds = 0
+        while True:
+            rounds += 1
+            cands, why = self._candidates(only_tid)
+            last_why.update(why)
+            for tid, kind in cands:
+                old = self._block()
+                st = None
+                try:
+                    st = self._stop(tid, kind)
+                    reason = self._judge(st)
+                except _Skip as s:
+                    self._unblock(old)
+                    last_why[tid] = s.reason
+                    continue
+                except BaseException:
+                    if st is not None and not st.gone:
+                        with contextlib.suppress(Exception):
+                            self._release(st)
+                    self._unblock(old)
+                    raise
+                if reason is None:
+                    last_why.pop(tid, None)
+                    return st, old
+                last_why[tid] = reason
+                self.stats["rejected_stops"] += 1
+                try:
+                    self._release(st)
+                finally:
+                    self._unblock(old)
+                if reason == "group-stop":
+                    raise RemoteCallError(
+                        "the process is stopped (SIGSTOP / job control); allocdiag "
+                        "never resumes a stopped process: send it SIGCONT first",
+                        pid=self.pid)
+            if time.monotonic() >= t_end:
+                raise RemoteCallError(self._refusal(last_why, only_tid), pid=self.pid)
+            self._preflight()
+            time.sleep(0.001 if rounds < 20 else 0.005)
+
+    def _refusal(self, why, only_tid):
+        detail = "; ".join(f"tid {t}: {r}" for t, r in sorted(why.items())[:8])
+        secs = f"{self.deadline_s:g}"
+        if only_tid is not None:
+            head = f"thread {only_tid} was never at a safe point for {secs} s"
+        elif self._forbidden:
+            head = (f"every thread was busy inside the allocator or libc for {secs} s "
+                    "(no thread parked in an idle wait, none interrupted outside "
+                    "allocator/libc text)")
+        else:
+            head = (f"no thread was parked in an idle wait for {secs} s, and no "
+                    "forbidden ranges were given to judge running threads")
+        return f"{head}: {detail}" if detail else head
+
+    # ---- running code in the thread -------------------------------------------
+    def _call_mask(self, st):
+        if "sigsegv_unblock" in self._unsafe:
+            return st.sigmask
+        if self.block_signals:
+            return _ALL_BLOCKABLE & ~_SYNC_BITS
+        return st.sigmask & ~_SYNC_BITS
+
+    def _set_call_mask(self, st, mask):
+        ptrace.setsigmask(st.tid, self.pid, mask)
+        st.mask_changed = True
+
+    def _resume_until_trap(self, st, deadline):
+        """CONT and handle stops until the return-to-0 trap.  Returns the
+        registers at the trap, or None at DEADLINE (thread still running)."""
+        ptrace.cont(st.tid, self.pid, 0)
+        st.at = None
+        while True:
+            status = self._wait(st, deadline)
+            if status is None:
+                return None
+            k, sig, event = ptrace.decode_status(status)
+            if k != "stopped":
+                st.gone = True
+                raise self._gone_error(st, "during the call")
+            if event == ptrace.PTRACE_EVENT_STOP:
+                if sig in _STOP_SIGNALS:
+                    # SIGSTOP/SIGTSTP while calling: finish the call; after the
+                    # detach the thread joins the group-stop.
+                    st.group_stop_seen = True
+                ptrace.cont(st.tid, self.pid, 0)
+                continue
+            if event:
+                ptrace.cont(st.tid, self.pid, 0)
+                continue
+            si = SigInfo(ptrace.getsiginfo(st.tid, self.pid))
+            regs = self.arch.get_regs(st.tid, self.pid)
+            if self.arch.is_return_trap(regs, si):
+                st.at = "delivery"
+                return regs
+            if si.signo in _SYNC and si.code > 0:
+                st.at = "delivery"
+                raise _Crash(si, regs)
+            st.held.append(si)
+            ptrace.cont(st.tid, self.pid, 0)
+
+    def _call(self, st, func, args, timeout_s):
+        if st.gone or st.orphaned:
+            raise RemoteCallError(f"thread {st.tid} is no longer usable", pid=self.pid)
+        new, writes, lowest = self.arch.prepare_call(st.regs, func, args, st.scratch_low)
+        probe = lowest - self.stack_headroom
+        if probe not in st.probed:
+            try:
+                ptrace.read_memory(self.pid, probe, 8)
+            except RemoteCallError:
+                raise RemoteCallError(
+                    f"thread {st.tid} has less than {self.stack_headroom} bytes of stack "
+                    "below the call frame; no call made", pid=self.pid) from None
+            st.probed.add(probe)
+        for addr, data in writes:
+            ptrace.write_memory(self.pid, addr, data)
+        mask = self._call_mask(st)
+        if not st.mask_changed and mask != st.sigmask:
+            self._set_call_mask(st, mask)
+        self.arch.set_regs(st.tid, self.pid, new)
+        timeout = self.call_timeout_s if timeout_s is None else float(timeout_s)
+        try:
+            regs = self._resume_until_trap(st, time.monotonic() + timeout)
+        except _Crash as c:
+            why = (f"the call to {func:#x} on thread {st.tid} crashed with "
+                   f"{_signame(c.si.signo)} (code {c.si.code}, address {c.si.addr:#x}, "
+                   f"pc {self.arch.pc(c.regs):#x}); the thread was restored")
+            _quarantine_pid(self.pid, self._start, why)
+            raise RemoteCallError(why + "; process quarantined", pid=self.pid) from None
+        if regs is None:
+            regs = self._timeout(st, func, timeout)
+        st.calls += 1
+        self.stats["calls"] += 1
+        return self.arch.return_value(regs)
+
+    def _timeout(self, st, func, timeout):
+        why = (f"a call to {func:#x} on thread {st.tid} did not return within "
+               f"{timeout:g} s; its allocator may now hold a lock forever, so "
+               "allocdiag makes no further remote calls to this process in this run")
+        _quarantine_pid(self.pid, self._start, why)
+        ptrace.interrupt(st.tid, self.pid)
+        deadline = time.monotonic() + 2.0
+        while True:
+            status = self._wait(st, deadline)
+            if status is None:
+                st.orphaned = True
+                with _orphan_lock:
+                    _orphans[st.tid] = st
+                raise RemoteCallError(why + " (the thread could not be stopped to "
+                                      "restore it; it will be restored when it stops)",
+                                      pid=self.pid)
+            k, sig, event = ptrace.decode_status(status)
+            if k != "stopped":
+                st.gone = True
+                raise self._gone_error(st, "during the call")
+            if event == ptrace.PTRACE_EVENT_STOP:
+                st.at = "group" if sig in _STOP_SIGNALS else "interrupt"
+                break
+            if event:
+                ptrace.cont(st.tid, self.pid, 0)
+                continue
+            si = SigInfo(ptrace.getsiginfo(st.tid, self.pid))
+            regs = self.arch.get_regs(st.tid, self.pid)
+            if self.arch.is_return_trap(regs, si):
+                st.at = "delivery"          # it returned after all
+                break
+            if si.signo in _SYNC and si.code > 0:
+                st.at = "delivery"
+                break
+            st.held.append(si)
+            ptrace.cont(st.tid, self.pid, 0)
+        raise RemoteCallError(why + " (thread restored and released)", pid=self.pid)
+
+    # ---- giving the thread back -------------------------------------------------
+    def _retrap(self, st):
+        """Bring the thread to a signal-delivery-stop (needed to inject a
+        signal) by letting it 'call' address 0: it faults at once."""
+        new, writes, _ = self.arch.prepare_call(st.regs, 0, (), st.scratch_low)
+        for addr, data in writes:
+            ptrace.write_memory(self.pid, addr, data)
+        self.arch.set_regs(st.tid, self.pid, new)
+        if self._resume_until_trap(st, time.monotonic() + 2.0) is None:
+            raise RemoteCallError("thread did not reach the re-delivery trap",
+                                  pid=self.pid)
+
+    def _redeliver(self, st):
+        """Requeue all held signals but one (kernel queues them, siginfo
+        intact), return the one to inject at the detach."""
+        if st.scratch_low is None:
+            st.scratch_low = st.scratch_top = self._scratch_top(st)
+        segv = [h for h in st.held if h.signo == SIGSEGV]
+        direct = segv[0] if segv else st.held[0]
+        done = {id(direct)}
+        for _ in range(64):
+            todo = [h for h in st.held if id(h) not in done and h.signo != SIGSEGV]
+            if not todo:
+                break
+            h = todo[0]
+            done.add(id(h))
+            if st.at != "delivery":
+                self._retrap(st)
+            self._set_call_mask(st, (self._call_mask(st) | _bit(h.signo)) & ~_bit(SIGSEGV))
+            ptrace.setsiginfo(st.tid, self.pid, h.raw)
+            # blocked -> the kernel requeues it with this siginfo; the thread
+            # then faults at 0 again: a new signal-delivery-stop.
+            ptrace.cont(st.tid, self.pid, h.signo)
+            st.at = None
+            deadline = time.monotonic() + 2.0
+            while st.at != "delivery":
+                status = self._wait(st, deadline)
+                if status is None:
+                    raise RemoteCallError("thread did not return to the re-delivery "
+                                          "trap", pid=self.pid)
+                k, sig, event = ptrace.decode_status(status)
+                if k != "stopped":
+                    st.gone = True
+                    raise self._gone_error(st)
+                if event:
+                    ptrace.cont(st.tid, self.pid, 0)
+                    continue
+                si = SigInfo(ptrace.getsiginfo(st.tid, self.pid))
+                regs = self.arch.get_regs(st.tid, self.pid)
+                if self.arch.is_return_trap(regs, si):
+                    st.at = "delivery"
+                else:
+                    st.held.append(si)
+                    ptrace.cont(st.tid, self.pid, 0)
+        if st.at != "delivery":
+            self._retrap(st)
+        return direct
+
+    def _release(self, st):
+        """Restore registers, vector state and mask exactly, re-deliver held
+        signals, detach.  Records the pause."""
+        if st.gone or st.orphaned:
+            return
+        try:
+            direct = self._redeliver(st) if st.held else None
+            self.arch.set_regs(st.tid, self.pid, st.regs)
+            if "xstate" not in self._unsafe:
+                self.arch.set_ext_state(st.tid, self.pid, st.xstate)
+            if st.mask_changed:
+                ptrace.setsigmask(st.tid, self.pid, st.sigmask)
+            if direct is not None:
+                ptrace.setsiginfo(st.tid, self.pid, direct.raw)
+                ptrace.detach(st.tid, self.pid, direct.signo)
+            else:
+                ptrace.detach(st.tid, self.pid, 0)
+        except (NoSuchProcess, RemoteCallError):
+            if not ptrace.process_exists(self.pid, self.procfs):
+                raise NoSuchProcess(self.pid, "the process exited while stopped") from None
+            raise
+        finally:
+            if st.t_stop is not None:
+                us = int((time.monotonic() - st.t_stop) * 1e6)
+                self.pause_us.append(us)
+                self.stats["pause_us_total"] += us
+            self.held_signals.extend(h.as_dict() for h in st.held)
+
+    def _scratch_top(self, st):
+        sp = self.arch.sp(st.regs)
+        return (sp - self.arch.RED_ZONE - 64) & ~(self.arch.STACK_ALIGN - 1)
+
+    # ---- public -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def borrow(self, tid=None):
+        """Stop one safe thread (or only TID) and yield a Call on it."""
+        _reap_orphans()
+        self.pause_us = []
+        self.held_signals = []
+        self.last = None
+        self._preflight()
+        st, old = self._acquire(tid)
+        try:
+            st.scratch_top = st.scratch_low = self._scratch_top(st)
+            if st.boundary:
+                self.stats["boundary_stops"] += 1
+            self.stats["borrows"] += 1
+            yield Call(self, st)
+        finally:
+            try:
+                self._release(st)
+            finally:
+                self.last = {"tid": st.tid, "kind": st.kind, "syscall": st.syscall,
+                             "boundary": st.boundary, "calls": st.calls,
+                             "group_stop_seen": st.group_stop_seen}
+                self._unblock(old)
+
+
+class Call:
+    """A borrowed thread (yielded by RemoteProcess.borrow)."""
+
+    def __init__(self, rp, st):
+        self._rp = rp
+        self._st = st
+        self.tid = st.tid
+        self.kind = st.kind
+        self.syscall = st.syscall
+
+    def call(self, func_addr, *args, timeout_s=None):
+        """Call FUNC_ADDR(*ARGS) (integer args) in the thread; returns rax."""
+        return self._rp._call(self._st, int(func_addr), args, timeout_s)
+
+    def read(self, addr, n):
+        return ptrace.read_memory(self._rp.pid, addr, n)
+
+    def write(self, addr, data):
+        ptrace.write_memory(self._rp.pid, addr, data)
+
+    def scratch(self, n):
+        """Address of N bytes (16-aligned) on the thread's stack below the red
+        zone; valid until the borrow ends; nothing to free."""
+        st = self._st
+        low = (st.scratch_low - int(n)) & ~(self._rp.arch.STACK_ALIGN - 1)
+        if st.scratch_top - low > self._rp.MAX_SCRATCH:
+            raise RemoteCallError(f"scratch limit {self._rp.MAX_SCRATCH} bytes exceeded",
+                                  pid=self._rp.pid)
+        st.scratch_low = low
+        return low
+
+    def cstring(self, addr, limit=1 << 20):
+        out = b""
+        while len(out) < limit:
+            chunk = min(4096 - (addr % 4096), limit - len(out))
+            data = ptrace.read_memory(self._rp.pid, addr, chunk)
+            i = data.find(b"\0")
+            if i >= 0:
+                return out + data[:i]
+            out += data
+            addr += chunk
+        return out
+
+
+class _Skip(Exception):
+    def __init__(self, reason):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Crash(Exception):
+    def __init__(self, si, regs):
+        super().__init__(si)
+        self.si = si
+        self.regs = regs
