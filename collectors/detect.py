@@ -98,9 +98,13 @@ def _classify_names(elf, path, names, where):
     if "mi_version" in names or "mi_malloc" in names:
         return Signature("mimalloc", evidence=[f"{base} defines mi_version ({where})"],
                          defines_malloc=defines_malloc)
-    if "__malloc_donate" in names or "__libc_malloc_impl" in names or "musl" in base \
-            or (elf.interp or "").startswith("/lib/ld-musl"):
-        return Signature("musl", evidence=[f"{base}: musl libc (loader/symbols)"],
+    # musl: its malloc internals (mallocng) in a static binary's .symtab, or
+    # a libc whose path says musl (Debian /usr/lib/x86_64-linux-musl/libc.so,
+    # Alpine /lib/ld-musl-x86_64.so.1) and which defines malloc.
+    if "__libc_malloc_impl" in names or "__malloc_donate" in names or \
+            (defines_malloc and "musl" in path):
+        return Signature("musl", evidence=[f"{base}: musl libc "
+                                           f"({'mallocng symbols' if '__libc_malloc_impl' in names else 'path'})"],
                          defines_malloc=defines_malloc)
     if "__libc_malloc" in names and ("malloc_info" in names or "mallinfo" in names):
         variant = None

@@ -161,7 +161,7 @@ def parse_malloc_info(xml_bytes):
         root = etree.fromstring(bytes(xml_bytes), parser)
     except etree.XMLSyntaxError as exc:
         raise MalformedData(f"malloc_info: not well-formed XML ({exc}); "
-                            "truncated output?") from None
+                            "truncated or corrupted output?") from None
     except Exception as exc:   # lxml raises other subclasses for odd input
         raise MalformedData(f"malloc_info: cannot parse ({exc.__class__.__name__}: {exc})") from None
     tree = root.getroottree()

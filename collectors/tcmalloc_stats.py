@@ -83,7 +83,7 @@ GOOGLE_TCMALLOC_PROPERTIES = (
 )
 
 _MALLOC_LINE = re.compile(
-    r"^MALLOC:\s*(?P<op>[+=])?\s*(?P<num>-?\d+(?:\.\d+)?)\s*"
+    r"^MALLOC:\s*(?P<op>[+=])?\s*(?P<num>-?\d+(?:\.\d+)?)(?=\s|$)\s*"
     r"(?:\(\s*-?[\d.]+\s*MiB\))?\s*(?P<label>\S.*?)\s*$")
 _CLASS_LINE = re.compile(
     r"^class\s+(?P<cl>\d+)\s+\[\s*(?P<size>\d+)\s+bytes\s*\]\s*:\s*(?P<objs>\d+)\s+objs;"

@@ -77,7 +77,7 @@ def take(pid, procfs=None, cgroup_root="/sys/fs/cgroup", expect=None, rollup=Tru
     comm = status.get(b"Name", b"").decode(errors="replace") or None
     exe = procfs.exe(pid)
     if image is not None:
-        det = col.run("detect", lambda: detect(image))
+        det = col.run("detect", lambda: detect(image, all_bindings=True))
         if det is not None:
             allocator = det.allocator
             preload = col.run("preload", lambda: preload_mod.verdict(

@@ -196,3 +196,27 @@ def test_google_tcmalloc_signature_in_static_executable():
     with start([exe]) as t:
         a, _ = inspect(t.pid)
     assert a.kind == "tcmalloc-google" and a.linkage == "static", a
+
+
+def _musl_gcc():
+    import shutil as sh
+    if sh.which("musl-gcc") is None:
+        pytest.skip("musl-gcc (Debian musl-tools) is not installed")
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_musl(static, tmp_path):
+    _musl_gcc()
+    import subprocess
+    exe = tmp_path / "idle_musl"
+    subprocess.run(["musl-gcc", "-O1", "-o", str(exe)] + (["-static"] if static else []) +
+                   [os.path.join(os.path.dirname(__file__), "targets", "idle.c")], check=True)
+    # musl's loader refuses to start with a glibc-built preload (missing
+    # libstdc++/glibc symbols), so only the static case gets one: ignored.
+    with start([str(exe), "1"], allocator="jemalloc" if static else "glibc") as t:
+        a, p = inspect(t.pid)
+    assert a.kind == "musl", a
+    assert a.linkage == ("static" if static else "dynamic")
+    if static:
+        assert p.effective is False
+        assert any("static executable" in r for r in p.reasons)

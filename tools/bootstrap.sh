@@ -14,7 +14,7 @@ mode="${1:-run}"
 [ $# -gt 0 ] && shift
 
 RUN_PKGS="libjemalloc2 libjemalloc-dev libgoogle-perftools4 libmimalloc2.0 python3 python3-venv gcc libc6-dev binutils"
-TEST_PKGS="$RUN_PKGS tmux gdb"
+TEST_PKGS="$RUN_PKGS tmux gdb musl-tools"
 
 need_pkgs=$RUN_PKGS
 [ "$mode" = test ] && need_pkgs=$TEST_PKGS
