@@ -46,8 +46,9 @@ def verdict(image, detection, parent_environ=None, expect=None):
     python = _python_note(image)
     if python:
         notes.append(python)
+    exe_path = image.exe.path if image.exe else None
     for b in detection.bindings:
-        if b.symbol == "malloc" and b.resolved is False:
+        if b.symbol == "malloc" and b.resolved is False and b.object == exe_path:
             notes.append(f"malloc's GOT slot in {os.path.basename(b.object)} is not bound yet "
                          "(lazy binding: the program has not called it through that slot); "
                          "the binding shown follows the loader's lookup order")

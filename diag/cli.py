@@ -69,15 +69,26 @@ def build_parser():
         "inspect", help="one process: allocator, preload, kernel and cgroup memory",
         description="Describe one process: the allocator serving malloc and the others loaded "
                     "(with the evidence), the LD_PRELOAD verdict, the kernel's memory view "
-                    "(RSS split, LazyFree, THP, swap) and its memory cgroup (usage, working set, "
-                    "limit).  --json prints the document described in DESIGN.md.",
-        epilog="examples:\n  allocdiag inspect 1234\n  allocdiag inspect --json 1234 > snap.json\n\n"
+                    "(RSS split, LazyFree, THP, swap), its memory cgroup (usage, working set, "
+                    "limit), and the allocator's own numbers (allocated, active, resident, "
+                    "mapped, ...), read by calling its stats functions on one idle thread of the "
+                    "target for a few milliseconds (no other thread is stopped; --no-attach "
+                    "avoids even that).  --json prints the document described in DESIGN.md.",
+        epilog="examples:\n  allocdiag inspect 1234\n  allocdiag inspect --json 1234 > snap.json\n"
+               "  allocdiag inspect --no-attach 1234\n  allocdiag inspect --from malloc_info.xml\n\n"
                + EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    ins.add_argument("pid", type=_pid)
+    ins.add_argument("pid", type=_pid, nargs="?")
     ins.add_argument("--json", action="store_true", help="print one JSON document")
     ins.add_argument("--no-attach", action="store_true",
-                     help="read /proc only; never stop a thread of the target")
+                     help="read /proc and the ELF files only; never stop a thread of the target "
+                          "(allocator stats are then unknown)")
+    ins.add_argument("--arenas", action="store_true",
+                     help="also read per-arena rows (jemalloc; glibc arenas are always read)")
+    ins.add_argument("--from", dest="from_file", metavar="FILE",
+                     help="read a saved malloc_info XML, jemalloc malloc_stats_print JSON "
+                          "(opts 'J'), gperftools MallocExtension_GetStats text or mimalloc "
+                          "stats text instead of a live process")
 
     pre = sub.add_parser(
         "preload", help="did LD_PRELOAD take effect, and if not, why",
@@ -120,6 +131,10 @@ def main(argv=None):
         print("allocdiag: internal error (re-run with --debug for the traceback):", file=sys.stderr)
         print("  " + traceback.format_exc().strip().splitlines()[-1], file=sys.stderr)
         return EXIT_INTERNAL
+
+
+class UsageError(AllocdiagError):
+    exit_code = EXIT_USAGE
 
 
 def _print_error(exc):
@@ -171,14 +186,25 @@ def cmd_ps(args):
 
 # -- inspect / preload ------------------------------------------------------------
 
-def _take(args, expect=None):
+def _take(args, expect=None, attach=False):
     from collectors.procfs import ProcFS
     from diag import snapshot
-    return snapshot.take(args.pid, procfs=ProcFS(args.proc), expect=expect)
+    return snapshot.take(args.pid, procfs=ProcFS(args.proc), expect=expect, attach=attach,
+                         per_arena=getattr(args, "arenas", False))
 
 
 def cmd_inspect(args):
-    snap, col = _take(args)
+    if args.from_file:
+        from diag import filemode
+        snap = filemode.snapshot_from_file(args.from_file)
+        if args.json:
+            _dump(snap.to_json())
+        else:
+            print_inspect(snap)
+        return EXIT_OK
+    if args.pid is None:
+        raise UsageError("inspect needs a PID (or --from FILE)")
+    snap, col = _take(args, attach=not args.no_attach)
     if args.json:
         _dump(snap.to_json())
     else:
@@ -266,11 +292,24 @@ def print_inspect(snap, out=None):
     else:
         pairs.append(("cgroup", c.error or "unknown"))
     known = {k: v for k, v in snap.stats.items() if v.value is not None}
+    remote = snap.collectors.get("remote")
     if known:
+        head = "allocator stats"
+        if remote is not None and remote.pause_us is not None:
+            thread = snap.native.get("borrowed_thread") or {}
+            head_v = (f"borrowed thread {thread.get('tid')} ({thread.get('syscall') or thread.get('kind')}) "
+                      f"for {remote.pause_us} us")
+        else:
+            head_v = ""
+        pairs.append((head, head_v))
         for k, v in known.items():
-            pairs.append((f"  {render.label(k)}", f"{hb(v.value)} ({v.provenance}: {v.source})"))
+            pairs.append((f"  {render.label(k)}", f"{hb(v.value):>10}  {v.provenance}: {v.source}"))
+        unknown = [render.label(k) for k, v in snap.stats.items() if v.value is None]
+        if unknown:
+            pairs.append(("  unknown", ", ".join(unknown)))
     else:
-        pairs.append(("allocator stats", "unknown (no live allocator stats in this snapshot)"))
+        why = remote.error if remote is not None and remote.error else "not collected (--no-attach)"
+        pairs.append(("allocator stats", f"unknown: {why}"))
     render.kv(pairs, out=out, indent="")
     failed = [f"{n}: {s.error}" for n, s in snap.collectors.items() if not s.ok]
     if failed:

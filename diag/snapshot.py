@@ -8,9 +8,10 @@ propagates, because there is nothing left to describe.
 
 import time
 
+from collectors import livestats
 from collectors import preload as preload_mod
 from collectors.detect import detect
-from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess
+from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess, Unsupported
 from collectors.image import ProcessImage
 from collectors.procfs import ProcFS, cgroup_memory
 from diag.model import (Allocator, CgroupMemory, CollectorStatus, Preload, ProcessMemory,
@@ -46,6 +47,30 @@ class Collected:
         return any(not s.ok for s in self.status.values())
 
 
+def _live(col, image, det, per_arena, deadline_s):
+    """Run the remote stats collector; its pause goes into the collector
+    status.  An allocator without a stats interface (Go runtime, musl) is
+    not a failure: the collector is marked skipped."""
+    t0 = time.perf_counter()
+    try:
+        live = livestats.collect(image, det, per_arena=per_arena, deadline_s=deadline_s)
+    except NoSuchProcess:
+        raise
+    except Unsupported as exc:
+        col.status["remote"] = CollectorStatus(True, f"skipped: {exc.msg}", time.perf_counter() - t0)
+        return None
+    except AccessDenied as exc:
+        col.first_denied = col.first_denied or exc
+        col.status["remote"] = CollectorStatus(False, exc.msg, time.perf_counter() - t0)
+        return None
+    except AllocdiagError as exc:
+        col.status["remote"] = CollectorStatus(False, exc.msg, time.perf_counter() - t0)
+        return None
+    col.status["remote"] = CollectorStatus(True, None, time.perf_counter() - t0,
+                                           pause_us=max(live.pause_us) if live.pause_us else None)
+    return live
+
+
 def _parent_environ(procfs, image):
     ppid = image.status.get(b"PPid")
     if not ppid or int(ppid) <= 0:
@@ -56,8 +81,13 @@ def _parent_environ(procfs, image):
         return None
 
 
-def take(pid, procfs=None, cgroup_root="/sys/fs/cgroup", expect=None, rollup=True):
-    """Snapshot of PID from /proc and ELF only (no stop).
+def take(pid, procfs=None, cgroup_root="/sys/fs/cgroup", expect=None, rollup=True,
+         attach=True, per_arena=False, deadline_s=2.0):
+    """Snapshot of PID.
+
+    With ``attach`` (default) the allocator's own stats are read by a remote
+    call on one borrowed thread (collectors.livestats); without it only /proc
+    and the ELF files are read and nothing is stopped.
 
     Returns (Snapshot, Collected).  Raises NoSuchProcess; AccessDenied only
     when not even /proc/PID/status is readable.
@@ -73,7 +103,7 @@ def take(pid, procfs=None, cgroup_root="/sys/fs/cgroup", expect=None, rollup=Tru
     if cgroup is not None and cgroup.error:
         col.status["cgroup"] = CollectorStatus(True, cgroup.error, col.status["cgroup"].duration_s)
     image = col.run("maps", lambda: ProcessImage(pid, procfs, status=status))
-    allocator, preload = Allocator(), Preload()
+    allocator, preload, det = Allocator(), Preload(), None
     comm = status.get(b"Name", b"").decode(errors="replace") or None
     exe = procfs.exe(pid)
     if image is not None:
@@ -89,8 +119,15 @@ def take(pid, procfs=None, cgroup_root="/sys/fs/cgroup", expect=None, rollup=Tru
                     False, "process memory not readable: GOT slots not read",
                     col.status["detect"].duration_s)
     stats = {name: Value() for name in STATS_FIELDS}
+    native = {}
+    if attach and image is not None and det is not None:
+        live = _live(col, image, det, per_arena, deadline_s)
+        if live is not None:
+            stats.update(live.stats)
+            native = live.native
+            native["borrowed_thread"] = live.thread
     snap = Snapshot(pid=pid, comm=comm, exe=exe, taken_at=taken_at, allocator=allocator,
                     preload=preload, process=process or ProcessMemory(),
-                    cgroup=cgroup or CgroupMemory(), stats=stats, native={},
+                    cgroup=cgroup or CgroupMemory(), stats=stats, native=native,
                     findings=(), collectors=dict(col.status))
     return snap, col

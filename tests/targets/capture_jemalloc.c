@@ -1,10 +1,8 @@
 /* Capture jemalloc malloc_stats_print(..., "J") plus the mallctl values
  * allocdiag reads, from the same stats snapshot.
  *
- * Build: gcc capture_jemalloc.c -ljemalloc -lpthread   (or run under
- * LD_PRELOAD=libjemalloc.so.2 with -DUSE_DLSYM-free plain linking: the
- * program only calls mallctl / malloc_stats_print, which it finds in the
- * preloaded library when linked with -ljemalloc).
+ * Build: gcc capture_jemalloc.c -ljemalloc -lpthread; the tests also run it
+ * with LD_PRELOAD of the same libjemalloc.so.2 (one copy in the process).
  *
  * malloc_stats_print writes "epoch" itself and allocates its output buffer
  * before doing so; the write callback therefore reads the mallctls WITHOUT
@@ -117,6 +115,25 @@ int main(int argc, char **argv) {
     printf("TRUTH arenas.page %zu\n", t_page);
     printf("TRUTH arenas.narenas %u\n", t_narenas);
     if (serve) {
+        /* Same-moment truth for live readers: refresh the epoch and read
+           the mallctls again here, after every allocation above (including
+           malloc_stats_print's own), printing into the stdout buffer that
+           already exists, so nothing allocates between this and READY. */
+        uint64_t epoch = 1; size_t esz = sizeof epoch;
+        mallctl("epoch", &epoch, &esz, &epoch, esz);
+        have_truth = 0;
+        write_cb(NULL, "");
+        printf("LIVE stats.allocated %zu\n", t_allocated);
+        printf("LIVE stats.active %zu\n", t_active);
+        printf("LIVE stats.metadata %zu\n", t_metadata);
+        printf("LIVE stats.resident %zu\n", t_resident);
+        printf("LIVE stats.mapped %zu\n", t_mapped);
+        printf("LIVE stats.retained %zu\n", t_retained);
+        printf("LIVE stats.arenas.4096.pdirty %zu\n", t_pdirty);
+        printf("LIVE stats.arenas.4096.pmuzzy %zu\n", t_pmuzzy);
+        printf("LIVE stats.arenas.4096.pactive %zu\n", t_pactive);
+        printf("LIVE arenas.page %zu\n", t_page);
+        printf("LIVE arenas.narenas %u\n", t_narenas);
         printf("READY jemalloc\n");
         fflush(stdout);
         for (;;) pause();

@@ -1,0 +1,183 @@
+"""Live allocator stats read by remote calls, against the target's own
+numbers at the same quiescent moment (ground truth), for each allocator,
+shared and static/prefixed where that exists; and the snapshot/CLI plumbing.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from collectors import livestats
+from collectors.detect import detect
+from collectors.image import ProcessImage
+from diag import snapshot
+from targets import build_c, prefixed_jemalloc_archive, start, static_jemalloc_flags
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def truth(lines, tag="TRUTH"):
+    out = {}
+    for line in lines:
+        if line.startswith(tag + " "):
+            _, name, value = line.split()
+            out[name] = int(value)
+    return out
+
+
+def live(pid, **kw):
+    image = ProcessImage(pid)
+    det = detect(image)
+    return det, livestats.collect(image, det, **kw)
+
+
+def test_glibc_mallinfo2_matches_target():
+    exe = build_c("capture_glibc.c", "-lpthread")
+    with start([exe, "--serve"]) as t:
+        det, ls = live(t.pid)
+        assert t.alive()
+    m = truth(t.lines)
+    assert ls.kind == "glibc"
+    assert ls.native["mallinfo2"] == {k: m[k] for k in ls.native["mallinfo2"]}
+    assert ls.stats["allocated"].value == m["uordblks"] + m["hblkhd"]
+    assert ls.stats["allocated"].provenance == "derived"
+    # The per-arena XML agrees with mallinfo2 (same moment, same process).
+    tot = ls.native["malloc_info"]["totals"]
+    assert tot["system"]["current"] == m["arena"] and tot["mmap"]["size"] == m["hblkhd"]
+    assert len(ls.native["malloc_info"]["arenas"]) >= 2
+    assert ls.pause_us and all(p > 0 for p in ls.pause_us)
+
+
+JEMALLOC_KEYS = ("stats.allocated", "stats.active", "stats.metadata", "stats.resident",
+                 "stats.mapped", "stats.retained", "stats.arenas.4096.pdirty",
+                 "stats.arenas.4096.pmuzzy", "stats.arenas.4096.pactive", "arenas.page",
+                 "arenas.narenas")
+
+
+@pytest.mark.parametrize("linkage", ["preload", "static"])
+def test_jemalloc_mallctl_matches_target(linkage):
+    if linkage == "preload":
+        exe = build_c("capture_jemalloc.c", "-ljemalloc", "-lpthread")
+        ctx = start([exe, "--serve"], allocator="jemalloc")
+    else:
+        exe = build_c("capture_jemalloc.c", *static_jemalloc_flags(), name="capture_jemalloc_static")
+        ctx = start([exe, "--serve"])
+    with ctx as t:
+        det, ls = live(t.pid, per_arena=True)
+        assert t.alive()
+    m = truth(t.lines, "LIVE")
+    assert det.allocator.kind == "jemalloc"
+    assert det.allocator.linkage == ("static" if linkage == "static" else "dynamic") or \
+        det.allocator.linkage == "preload"
+    got = ls.native["mallctl"]
+    for key in JEMALLOC_KEYS:
+        assert got[key] == m[key], key
+    assert ls.stats["allocated"].value == m["stats.allocated"]
+    assert ls.stats["allocated"].provenance == "measured"
+    assert ls.stats["dirty"].value == m["stats.arenas.4096.pdirty"] * m["arenas.page"]
+    assert got["version"].startswith("5.") and "opt.dirty_decay_ms" in got
+    assert len(ls.native["arenas"]) == m["arenas.narenas"]
+
+
+def test_prefixed_jemalloc_stats_are_the_other_allocator():
+    # The serving allocator is glibc; the prefixed _rjem_ jemalloc is an
+    # "other".  The live stats describe the serving one.
+    exe = build_c("prefixed_je.c", prefixed_jemalloc_archive(), "-lpthread", "-lm", "-ldl",
+                  name="prefixed_je")
+    with start([exe]) as t:
+        det, ls = live(t.pid)
+    assert ls.kind == "glibc" and ls.stats["allocated"].value > 0
+
+
+@pytest.mark.parametrize("allocator,lib", [("tcmalloc", "-ltcmalloc"),
+                                           ("tcmalloc_minimal", "-ltcmalloc_minimal")])
+def test_tcmalloc_properties_match_target(allocator, lib):
+    exe = build_c("capture_tcmalloc.c", lib, "-lpthread", name=f"capture_{allocator}")
+    with start([exe, "--serve"], allocator=allocator) as t:
+        det, ls = live(t.pid)
+        assert t.alive()
+    p = truth(t.lines)
+    props = ls.native["properties"]
+    for key, value in p.items():
+        assert props[key] == value, key
+    assert ls.stats["allocated"].value == p["generic.current_allocated_bytes"]
+    assert ls.stats["resident"].value == p["generic.total_physical_bytes"]
+    assert ls.native["getstats"]["summary"]["bytes_in_use_by_app"] == p["generic.current_allocated_bytes"]
+
+
+def test_mimalloc_stats_match_target():
+    exe = build_c("capture_mimalloc.c", "-lmimalloc", "-lpthread")
+    with start([exe, "--serve"], allocator="mimalloc") as t:
+        det, ls = live(t.pid)
+        assert t.alive()
+    p = truth(t.lines)
+    rows = ls.native["stats_text"]["rows"]
+    # mi_stats_print rounds to 0.1 of a unit: the parser keeps the bounds.
+    cur = rows["committed"]["current"]
+    assert cur["min"] <= p["current_commit"] <= cur["max"]
+    assert ls.stats["resident"].provenance == "measured"
+    assert ls.stats["allocated"].provenance == "unknown"      # release build
+    opts = ls.native["options"]
+    assert opts["decommit_delay"] == 25 and opts["allow_decommit"] == 1   # 2.0.9 defaults
+
+
+def test_go_binary_has_no_live_stats_and_is_not_a_failure():
+    from targets import build_go
+    exe = build_go("goidle")
+    with start([exe]) as t:
+        snap, col = snapshot.take(t.pid)
+    assert snap.allocator.kind == "go"
+    assert col.status["remote"].ok and col.status["remote"].error.startswith("skipped")
+    assert all(v.value is None for v in snap.stats.values())
+
+
+def run_cli(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "diag", *args], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=ROOT), cwd="/", timeout=120, **kw)
+
+
+def test_inspect_json_carries_live_stats_and_pause():
+    with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
+        r = run_cli("inspect", "--json", str(t.pid))
+        n = run_cli("inspect", "--json", "--no-attach", str(t.pid))
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0, r.stderr
+    assert doc["stats"]["allocated"]["provenance"] == "measured"
+    assert doc["stats"]["allocated"]["value"] >= 1 << 20
+    assert doc["collectors"]["remote"]["ok"] and doc["collectors"]["remote"]["pause_us"] > 0
+    assert doc["native"]["mallctl"]["stats.allocated"] == doc["stats"]["allocated"]["value"]
+    nd = json.loads(n.stdout)
+    assert "remote" not in nd["collectors"] and nd["native"] == {}
+    assert all(v["provenance"] == "unknown" for v in nd["stats"].values())
+
+
+@pytest.mark.parametrize("fixture,kind", [
+    ("malloc_info-glibc-2.36.xml", "glibc"), ("malloc_info-glibc-nofast.hand-edited.xml", "glibc"),
+    ("jemalloc-5.3.0-stats.json", "jemalloc"), ("tcmalloc-2.10-getstats.txt", "tcmalloc"),
+    ("mimalloc-2.0.9-stats.txt", "mimalloc")])
+def test_inspect_from_file(fixture, kind):
+    r = run_cli("inspect", "--json", "--from", os.path.join(ROOT, "tests", "fixtures", fixture))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["allocator"]["kind"] == kind
+    assert any(v["value"] is not None for v in doc["stats"].values())
+
+
+@pytest.mark.parametrize("fixture", ["malloc_info-glibc-2.36.truncated.xml",
+                                     "jemalloc-5.3.0-stats.truncated.json",
+                                     "malloc_info-xxe-text.xml"])
+def test_inspect_from_malformed_file(fixture):
+    r = run_cli("inspect", "--from", os.path.join(ROOT, "tests", "fixtures", fixture))
+    assert r.returncode == 5 and "Traceback" not in r.stderr and r.stderr.strip()
+
+
+def test_inspect_from_unknown_or_missing_file(tmp_path):
+    p = tmp_path / "notes.txt"
+    p.write_text("hello\n")
+    r = run_cli("inspect", "--from", str(p))
+    assert r.returncode == 5 and "not a recognised stats file" in r.stderr
+    r = run_cli("inspect", "--from", str(tmp_path / "nope"))
+    assert r.returncode == 5 and "no such file" in r.stderr
