@@ -22,6 +22,7 @@ What each allocator costs the target, per snapshot (one stop):
   version has it.
 """
 
+import contextlib
 import os
 import struct
 import time
@@ -157,28 +158,60 @@ def collect(image, detection, *, deadline_s=2.0, call_timeout_s=1.0, glibc_xml=T
             per_arena=False, procfs=None):
     """LiveStats for the allocator that serves malloc in IMAGE.
 
+    Three steps, so the target thread is stopped only for the middle one:
+    ``plan`` resolves every address from the ELF collector (raises
+    Unsupported when a symbol is missing), ``gather`` makes the calls and
+    copies raw bytes and integers out, ``parse`` turns them into ``native``
+    after the thread runs again.
+
     Raises Unsupported for an allocator with no stats interface (Go runtime,
     musl, unknown), RemoteCallError / Quarantined / AccessDenied /
     NoSuchProcess from the engine.
     """
     kind = detection.allocator.kind
-    serving = detection.serving
-    fn = _COLLECTORS.get(kind)
-    if fn is None:
+    impl = _COLLECTORS.get(kind)
+    if impl is None:
         raise Unsupported(f"no live stats for a {kind} allocator "
                           f"({'its heap is not malloc' if kind == 'go' else 'no stats interface'})",
                           pid=image.pid)
-    res = Resolver(image)
+    plan, gather, parse = impl
+    opts = {"glibc_xml": glibc_xml, "per_arena": per_arena}
+    addrs = plan(Resolver(image), detection.serving, detection.allocator, opts)
     rp = RemoteProcess(image.pid, forbidden_ranges=forbidden_ranges(image, detection),
                        deadline_s=deadline_s, call_timeout_s=call_timeout_s,
                        procfs=(procfs or image.procfs.root))
     t0 = time.perf_counter()
-    with rp.borrow() as c:
-        native = fn(c, res, serving, detection.allocator, glibc_xml=glibc_xml, per_arena=per_arena)
+    with _realtime(), rp.borrow() as c:
+        raw = gather(c, addrs, opts)
         thread = {"tid": c.tid, "kind": c.kind, "syscall": c.syscall}
-    native["collect_s"] = round(time.perf_counter() - t0, 6)
+    collect_s = time.perf_counter() - t0
+    native = parse(raw, detection.allocator)
+    native["collect_s"] = round(collect_s, 6)
     stats = _normalise(kind, native)
     return LiveStats(kind, native, stats, list(rp.pause_us), thread)
+
+
+@contextlib.contextmanager
+def _realtime():
+    """Run the tracer (this thread, not the target) at SCHED_FIFO priority 1
+    while a target thread is stopped: on a saturated machine each ptrace
+    round trip otherwise waits for a CPU, and the stop lasts that much
+    longer (DESIGN.md: ~4x vs ~1.5-2x the in-process cost).  The tracer only
+    blocks in waitpid, so it cannot starve anyone.  Without the privilege
+    (not root, no CAP_SYS_NICE) the policy is left alone."""
+    try:
+        old = os.sched_getscheduler(0), os.sched_getparam(0)
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    except (PermissionError, OSError, AttributeError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        try:
+            os.sched_setscheduler(0, old[0], old[1])
+        except OSError:
+            pass
 
 
 def _need(addr, name, kind):
@@ -187,38 +220,57 @@ def _need(addr, name, kind):
     return addr
 
 
-def _fmemopen(c, res, size):
+def _libc_stdio(res):
+    return {n: _need(res.libc(n), n, "libc") for n in ("fmemopen", "setvbuf", "fclose", "fputs")}
+
+
+def _fmemopen(c, addrs, size):
     """(FILE*, buffer address) of an unbuffered fmemopen stream over SIZE
     bytes of scratch.  Caller must fclose."""
     buf = c.scratch(size)
     mode = c.scratch(16)
     c.write(mode, b"w\0")
-    f = c.call(_need(res.libc("fmemopen"), "fmemopen", "libc"), buf, size, mode)
+    f = c.call(addrs["fmemopen"], buf, size, mode)
     if f == 0:
         raise RemoteCallError("fmemopen failed in the target")
-    c.call(_need(res.libc("setvbuf"), "setvbuf", "libc"), f, 0, _IONBF, 0)
+    c.call(addrs["setvbuf"], f, 0, _IONBF, 0)
     return f, buf
 
 
 # -- glibc --------------------------------------------------------------------
 
-def _glibc(c, res, obj, alloc, glibc_xml=True, **_):
-    mi_addr = _need(res.address(obj, "mallinfo2"), "mallinfo2", "glibc")
+def _glibc_plan(res, obj, alloc, opts):
+    a = {"mallinfo2": _need(res.address(obj, "mallinfo2"), "mallinfo2", "glibc")}
+    if opts["glibc_xml"]:
+        a["malloc_info"] = _need(res.address(obj, "malloc_info"), "malloc_info", "glibc")
+        a.update(_libc_stdio(res))
+    return a
+
+
+def _glibc_gather(c, a, opts):
     out = c.scratch(glibc_stats.MALLINFO2_SIZE)
     # struct mallinfo2 is returned in memory: the hidden pointer is rdi.
-    c.call(mi_addr, out)
-    native = {"mallinfo2": glibc_stats.parse_mallinfo2(c.read(out, glibc_stats.MALLINFO2_SIZE))}
-    if glibc_xml:
-        f, buf = _fmemopen(c, res, SCRATCH_TEXT)
-        rc = c.call(_need(res.address(obj, "malloc_info"), "malloc_info", "glibc"), 0, f)
-        c.call(_need(res.libc("fclose"), "fclose", "libc"), f)
-        xml = c.cstring(buf, SCRATCH_TEXT)
+    c.call(a["mallinfo2"], out)
+    raw = {"mallinfo2": c.read(out, glibc_stats.MALLINFO2_SIZE)}
+    if "malloc_info" in a:
+        f, buf = _fmemopen(c, a, SCRATCH_TEXT)
+        raw["malloc_info_rc"] = c.call(a["malloc_info"], 0, f) & 0xFFFFFFFF
+        c.call(a["fclose"], f)
+        raw["malloc_info"] = c.cstring(buf, SCRATCH_TEXT)
+    return raw
+
+
+def _glibc_parse(raw, alloc):
+    native = {"mallinfo2": glibc_stats.parse_mallinfo2(raw["mallinfo2"])}
+    if "malloc_info" in raw:
+        xml, rc = raw["malloc_info"], raw["malloc_info_rc"]
         native["side_effects"] = ["fmemopen: one FILE (~500 bytes) malloc'd and freed in the "
                                   "borrowed thread's arena"]
-        if rc != 0 or len(xml) >= SCRATCH_TEXT - 1:
+        if rc != 0:
+            native["malloc_info_error"] = f"malloc_info returned {rc}"
+        elif len(xml) >= SCRATCH_TEXT - 1:
             native["malloc_info_error"] = (f"malloc_info output did not fit {SCRATCH_TEXT} bytes "
-                                           "of scratch (many arenas); per-arena detail omitted"
-                                           if rc == 0 else f"malloc_info returned {rc}")
+                                           "of scratch (many arenas); per-arena detail omitted")
         else:
             native["malloc_info"] = glibc_stats.parse_malloc_info(xml)
     return native
@@ -228,148 +280,185 @@ def _glibc(c, res, obj, alloc, glibc_xml=True, **_):
 
 _CTYPES = {"size_t": "<Q", "uint64": "<Q", "ssize_t": "<q", "unsigned": "<I", "bool": "<?",
            "const char*": "<Q"}
+JEMALLOC_EXTRA = (("opt.tcache", "bool"), ("opt.percpu_arena", "const char*"),
+                  ("opt.prof", "bool"), ("config.malloc_conf", "const char*"),
+                  ("config.prof", "bool"), ("opt.lg_tcache_max", "size_t"),
+                  ("opt.tcache_max", "size_t"))
+JEMALLOC_ARENA_FIELDS = (("pactive", "size_t"), ("pdirty", "size_t"), ("pmuzzy", "size_t"),
+                         ("dirty_decay_ms", "ssize_t"), ("muzzy_decay_ms", "ssize_t"),
+                         ("nthreads", "unsigned"))
+
+
+def _jemalloc_plan(res, obj, alloc, opts):
+    name = (alloc.prefix or "") + "mallctl"
+    return {"mallctl": _need(res.address(obj, name), name, "jemalloc")}
 
 
 def _mallctl_read(c, mallctl, name, ctype, scratch):
+    """One mallctl read; returns the raw value (a pointer for strings) or
+    None when the name does not exist in this version/build."""
     fmt = _CTYPES[ctype]
     size = struct.calcsize(fmt)
-    name_b = name.encode() + b"\0"
     name_at, old, lenp = scratch
-    c.write(name_at, name_b)
+    c.write(name_at, name.encode() + b"\0")
     c.write(lenp, struct.pack("<Q", size))
     c.write(old, b"\0" * 8)
-    rc = c.call(mallctl, name_at, old, lenp, 0, 0) & 0xFFFFFFFF
-    if rc != 0:
-        return None          # ENOENT: not in this version/build
+    if c.call(mallctl, name_at, old, lenp, 0, 0) & 0xFFFFFFFF:
+        return None
     value = struct.unpack(fmt, c.read(old, size))[0]
     if ctype == "const char*":
-        return c.cstring(value, 4096).decode(errors="replace") if value else None
+        return c.cstring(value, 4096) if value else None
     return value
 
 
-def _jemalloc(c, res, obj, alloc, per_arena=False, **_):
-    prefix = alloc.prefix or ""
-    mallctl = _need(res.address(obj, prefix + "mallctl"), prefix + "mallctl", "jemalloc")
+def _jemalloc_gather(c, a, opts):
+    mallctl = a["mallctl"]
     scratch = (c.scratch(256), c.scratch(16), c.scratch(16))
     # Refresh the cached stats: write to "epoch".
-    epoch_name, epoch_val, lenp = c.scratch(16), c.scratch(16), c.scratch(16)
-    c.write(epoch_name, b"epoch\0")
-    c.write(epoch_val, struct.pack("<Q", 1))
+    name_at, val, lenp = scratch
+    c.write(name_at, b"epoch\0")
+    c.write(val, struct.pack("<Q", 1))
     c.write(lenp, struct.pack("<Q", 8))
-    c.call(mallctl, epoch_name, epoch_val, lenp, epoch_val, 8)
+    c.call(mallctl, name_at, val, lenp, val, 8)
     values = {}
-    for name, ctype in jemalloc_stats.STATS_MALLCTLS.items():
-        if name == "epoch":
-            continue
+    wanted = [(n, t) for n, t in jemalloc_stats.STATS_MALLCTLS.items() if n != "epoch"]
+    for name, ctype in wanted + list(JEMALLOC_EXTRA):
         v = _mallctl_read(c, mallctl, name, ctype, scratch)
         if v is not None:
             values[name] = v
-    for name, ctype in (("opt.tcache", "bool"), ("opt.percpu_arena", "const char*"),
-                        ("opt.prof", "bool"), ("config.malloc_conf", "const char*"),
-                        ("config.prof", "bool"), ("opt.lg_tcache_max", "size_t"),
-                        ("opt.tcache_max", "size_t")):
-        v = _mallctl_read(c, mallctl, name, ctype, scratch)
-        if v is not None:
-            values[name] = v
-    native = {"mallctl": values, "prefix": prefix}
-    if per_arena and values.get("arenas.narenas"):
-        rows = []
-        for i in range(int(values["arenas.narenas"])):
-            row = {"arena": i}
-            for field in ("pactive", "pdirty", "pmuzzy", "dirty_decay_ms", "muzzy_decay_ms",
-                          "nthreads"):
-                ctype = "unsigned" if field == "nthreads" else \
-                    ("ssize_t" if field.endswith("_ms") else "size_t")
-                row[field] = _mallctl_read(c, mallctl, f"stats.arenas.{i}.{field}", ctype, scratch)
-            rows.append(row)
-        native["arenas"] = rows
+    raw = {"mallctl": values}
+    if opts["per_arena"] and values.get("arenas.narenas"):
+        raw["arenas"] = [
+            {"arena": i, **{f: _mallctl_read(c, mallctl, f"stats.arenas.{i}.{f}", t, scratch)
+                            for f, t in JEMALLOC_ARENA_FIELDS}}
+            for i in range(int(values["arenas.narenas"]))]
+    return raw
+
+
+def _jemalloc_parse(raw, alloc):
+    values = {k: (v.decode(errors="replace") if isinstance(v, bytes) else v)
+              for k, v in raw["mallctl"].items()}
+    native = {"mallctl": values, "prefix": alloc.prefix or ""}
+    if "arenas" in raw:
+        native["arenas"] = raw["arenas"]
     return native
 
 
 # -- tcmalloc ---------------------------------------------------------------------
 
-def _tcmalloc(c, res, obj, alloc, **_):
-    get = _need(res.address(obj, "MallocExtension_GetNumericProperty"),
-                "MallocExtension_GetNumericProperty", "tcmalloc")
+def _tcmalloc_plan(res, obj, alloc, opts):
+    name = "MallocExtension_GetNumericProperty"
+    return {"get": _need(res.address(obj, name), name, "tcmalloc"),
+            "stats": res.address(obj, "MallocExtension_GetStats")}
+
+
+def _properties(c, get, names, with_length):
     name_at, value_at = c.scratch(128), c.scratch(16)
     props = {}
-    for name in tcmalloc_stats.GPERFTOOLS_PROPERTIES:
-        c.write(name_at, name.encode() + b"\0")
+    for name in names:
+        raw = name.encode()
+        c.write(name_at, raw + b"\0")
         c.write(value_at, b"\0" * 8)
-        if c.call(get, name_at, value_at) & 0xFF:
+        # google/tcmalloc's entry point takes the name's length too.
+        ok = c.call(get, name_at, len(raw), value_at) if with_length else c.call(get, name_at, value_at)
+        if ok & 0xFF:
             props[name] = struct.unpack("<Q", c.read(value_at, 8))[0]
-    native = {"properties": props}
-    stats_fn = res.address(obj, "MallocExtension_GetStats")
-    if stats_fn is not None:
-        buf = c.scratch(SCRATCH_TEXT)
-        c.write(buf, b"\0")
-        c.call(stats_fn, buf, SCRATCH_TEXT)
-        text = c.cstring(buf, SCRATCH_TEXT).decode(errors="replace")
+    return props
+
+
+def _stats_text(c, fn):
+    buf = c.scratch(SCRATCH_TEXT)
+    c.write(buf, b"\0")
+    c.call(fn, buf, SCRATCH_TEXT)
+    return c.cstring(buf, SCRATCH_TEXT)
+
+
+def _tcmalloc_gather(c, a, opts):
+    raw = {"properties": _properties(c, a["get"], tcmalloc_stats.GPERFTOOLS_PROPERTIES, False)}
+    if a["stats"]:
+        raw["getstats"] = _stats_text(c, a["stats"])
+    return raw
+
+
+def _tcmalloc_parse(raw, alloc):
+    native = {"properties": raw["properties"]}
+    if "getstats" in raw:
         try:
-            native["getstats"] = tcmalloc_stats.parse_getstats(text)
+            native["getstats"] = tcmalloc_stats.parse_getstats(raw["getstats"].decode(errors="replace"))
         except AllocdiagError as exc:
             native["getstats_error"] = str(exc)
     return native
 
 
-def _tcmalloc_google(c, res, obj, alloc, **_):
-    get = _need(res.address(obj, "MallocExtension_Internal_GetNumericProperty"),
-                "MallocExtension_Internal_GetNumericProperty", "tcmalloc-google")
-    name_at, value_at = c.scratch(128), c.scratch(16)
-    props = {}
-    for name in tcmalloc_stats.GOOGLE_TCMALLOC_PROPERTIES:
-        raw = name.encode()
-        c.write(name_at, raw + b"\0")
-        c.write(value_at, b"\0" * 8)
-        # Note the length argument (name_data, name_size, value).
-        if c.call(get, name_at, len(raw), value_at) & 0xFF:
-            props[name] = struct.unpack("<Q", c.read(value_at, 8))[0]
-    native = {"properties": props}
-    stats_fn = res.address(obj, "TCMalloc_Internal_GetStats")
-    if stats_fn is not None:
-        buf = c.scratch(SCRATCH_TEXT)
-        c.write(buf, b"\0")
-        c.call(stats_fn, buf, SCRATCH_TEXT)
-        native["getstats_text"] = c.cstring(buf, SCRATCH_TEXT).decode(errors="replace")
+def _google_plan(res, obj, alloc, opts):
+    name = "MallocExtension_Internal_GetNumericProperty"
+    return {"get": _need(res.address(obj, name), name, "tcmalloc-google"),
+            "stats": res.address(obj, "TCMalloc_Internal_GetStats")}
+
+
+def _google_gather(c, a, opts):
+    raw = {"properties": _properties(c, a["get"], tcmalloc_stats.GOOGLE_TCMALLOC_PROPERTIES, True)}
+    if a["stats"]:
+        raw["getstats_text"] = _stats_text(c, a["stats"])
+    return raw
+
+
+def _google_parse(raw, alloc):
+    native = {"properties": raw["properties"]}
+    if "getstats_text" in raw:
+        native["getstats_text"] = raw["getstats_text"].decode(errors="replace")
     return native
 
 
 # -- mimalloc ------------------------------------------------------------------------
 
-def _mimalloc(c, res, obj, alloc, **_):
-    native = {}
-    info = res.address(obj, "mi_process_info")
-    if info is not None and getattr(c, "max_args", 6) >= 8:
+def _mimalloc_plan(res, obj, alloc, opts):
+    a = {n: res.address(obj, n) for n in ("mi_process_info", "mi_option_get", "mi_stats_get_json",
+                                          "mi_free", "mi_stats_print_out")}
+    if not (a["mi_stats_get_json"] or a["mi_stats_print_out"]):
+        raise Unsupported("mimalloc: neither mi_stats_get_json nor mi_stats_print_out found")
+    if a["mi_stats_print_out"]:
+        a.update(_libc_stdio(res))
+    a["options"] = MIMALLOC_OPTIONS_2_0 if (alloc.version or "").startswith("2.0") else ()
+    return a
+
+
+def _mimalloc_gather(c, a, opts):
+    raw = {}
+    if a["mi_process_info"] and getattr(c, "max_args", 6) >= 8:
         outs = [c.scratch(8) for _ in mimalloc_stats.PROCESS_INFO_FIELDS]
         for o in outs:
             c.write(o, b"\0" * 8)
-        c.call(info, *outs)
-        native["process_info"] = mimalloc_stats.process_info_dict(
-            [struct.unpack("<Q", c.read(o, 8))[0] for o in outs])
-    opt_get = res.address(obj, "mi_option_get")
-    version = alloc.version or ""
-    if opt_get is not None and version.startswith("2.0"):
-        native["options"] = {name: _signed(c.call(opt_get, i))
-                             for i, name in enumerate(MIMALLOC_OPTIONS_2_0)}
-    json_fn = res.address(obj, "mi_stats_get_json")
-    if json_fn is not None:
-        ptr = c.call(json_fn, 0, 0)
+        c.call(a["mi_process_info"], *outs)
+        raw["process_info"] = [struct.unpack("<Q", c.read(o, 8))[0] for o in outs]
+    if a["mi_option_get"] and a["options"]:
+        raw["options"] = [c.call(a["mi_option_get"], i) for i in range(len(a["options"]))]
+    if a["mi_stats_get_json"]:
+        ptr = c.call(a["mi_stats_get_json"], 0, 0)
         if ptr:
-            text = c.cstring(ptr, 1 << 20).decode(errors="replace")
-            free_fn = res.address(obj, "mi_free")
-            if free_fn:
-                c.call(free_fn, ptr)
-            native["stats_json"] = mimalloc_stats.parse_stats_json(text)
-            return native
-    printer = res.address(obj, "mi_stats_print_out")
-    if printer is not None:
-        f, buf = _fmemopen(c, res, SCRATCH_TEXT)
-        c.call(printer, _need(res.libc("fputs"), "fputs", "libc"), f)
-        c.call(_need(res.libc("fclose"), "fclose", "libc"), f)
-        text = c.cstring(buf, SCRATCH_TEXT).decode(errors="replace")
+            raw["stats_json"] = c.cstring(ptr, 1 << 20)
+            if a["mi_free"]:
+                c.call(a["mi_free"], ptr)
+            return raw
+    f, buf = _fmemopen(c, a, SCRATCH_TEXT)
+    c.call(a["mi_stats_print_out"], a["fputs"], f)
+    c.call(a["fclose"], f)
+    raw["stats_text"] = c.cstring(buf, SCRATCH_TEXT)
+    return raw
+
+
+def _mimalloc_parse(raw, alloc):
+    native = {}
+    if "process_info" in raw:
+        native["process_info"] = mimalloc_stats.process_info_dict(raw["process_info"])
+    if "options" in raw:
+        native["options"] = {name: _signed(v) for name, v in zip(MIMALLOC_OPTIONS_2_0, raw["options"])}
+    if "stats_json" in raw:
+        native["stats_json"] = mimalloc_stats.parse_stats_json(raw["stats_json"].decode(errors="replace"))
+    if "stats_text" in raw:
         native["side_effects"] = ["fmemopen: one FILE malloc'd and freed (by mimalloc)"]
         try:
-            native["stats_text"] = mimalloc_stats.parse_stats_text(text)
+            native["stats_text"] = mimalloc_stats.parse_stats_text(raw["stats_text"].decode(errors="replace"))
         except AllocdiagError as exc:
             native["stats_text_error"] = str(exc)
     return native
@@ -379,8 +468,13 @@ def _signed(v):
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-_COLLECTORS = {"glibc": _glibc, "jemalloc": _jemalloc, "tcmalloc": _tcmalloc,
-               "tcmalloc-google": _tcmalloc_google, "mimalloc": _mimalloc}
+_COLLECTORS = {
+    "glibc": (_glibc_plan, _glibc_gather, _glibc_parse),
+    "jemalloc": (_jemalloc_plan, _jemalloc_gather, _jemalloc_parse),
+    "tcmalloc": (_tcmalloc_plan, _tcmalloc_gather, _tcmalloc_parse),
+    "tcmalloc-google": (_google_plan, _google_gather, _google_parse),
+    "mimalloc": (_mimalloc_plan, _mimalloc_gather, _mimalloc_parse),
+}
 
 
 def _normalise(kind, native):

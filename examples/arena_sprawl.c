@@ -29,10 +29,14 @@
  * finding "arena sprawl" with knob MALLOC_ARENA_MAX / glibc.malloc.arena_max.
  * Under jemalloc/tcmalloc/mimalloc the same program shows no glibc heaps.
  *
- * Measured here (2 CPUs, glibc 2.36): threads=32 arenas=15 heaps=15 (the cap
- * on 2 CPUs: 8 x 2 = 16 arenas incl. main), rss ~= 20 MiB, vsz ~= 1.3 GiB;
- * with --env GLIBC_TUNABLES=glibc.malloc.arena_max=64: arenas=32 heaps=32;
- * with --env MALLOC_ARENA_MAX=2: arenas=1.
+ * Measured here (2 CPUs, glibc 2.36; live set 32 MiB in all runs):
+ *   defaults                          arenas=15 heaps=15 rss=45 MiB vsz=0.95 GiB
+ *                                     (the cap on 2 CPUs: 8 x 2 = 16 arenas
+ *                                     incl. main, so 15 non-main)
+ *   GLIBC_TUNABLES=glibc.malloc.arena_max=64  arenas=32 heaps=32 rss=49 MiB
+ *                                     vsz=2.0 GiB
+ *   MALLOC_ARENA_MAX=2                arenas=1 heaps=1 rss=39 MiB vsz=93 MiB
+ *   --allocator jemalloc              arenas=0 heaps=0 rss=80 MiB vsz=130 MiB
  */
 #define _GNU_SOURCE
 #include <pthread.h>

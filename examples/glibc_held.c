@@ -1,17 +1,17 @@
 /*
  * glibc_held.c -- "We freed it, why is RSS still 300 MiB?" (glibc ptmalloc2)
  *
- * Field situation: a request burst makes ~180k mixed-size allocations
+ * Field situation: a request burst makes ~170k mixed-size allocations
  * (64 B - 8 KiB, log-uniform, ~300 MiB) in the main thread; almost all are
  * freed afterwards, but a few survivors (2%, spread through the heap, plus the
  * last allocation of the burst, right under the top chunk) stay live.  glibc
  * only gives memory back on its own by shrinking the *top* of the heap past
  * M_TRIM_THRESHOLD, and the late survivor pins the top, so the main arena
- * keeps ~290 MiB of free chunks resident.  malloc_trim(0) walks the bins and
+ * keeps ~280 MiB of free chunks resident.  malloc_trim(0) walks the bins and
  * madvise(MADV_DONTNEED)s every whole free page, which returns nearly all of
  * it.
  *
- * Options: --count N (180000) --keep-pct N (2) --trim
+ * Options: --count N (170000) --keep-pct N (2) --trim
  *   --trim: on SIGUSR1 call malloc_trim(0) in the main thread and print
  *           TRIM rss_before=B rss_after=B released=B took_us=N
  *   (without --trim, SIGUSR1 prints "TRIM skipped"), then idle again.
@@ -22,15 +22,18 @@
  *   the mallinfo2 fields are printed so allocdiag's numbers can be checked.
  *
  * What allocdiag should show (glibc): allocated (uordblks+hblkhd) ~= 6 MiB,
- * main arena system ~= 300 MiB, free-in-bins ~= 290 MiB, keepcost tiny (the
- * top is pinned), RSS ~= 300 MiB; a finding "glibc holds free memory:
- * malloc_trim(0) would return ~290 MiB" with a measured release-now action;
+ * main arena system ~= 285 MiB, free-in-bins ~= 279 MiB, keepcost tiny (the
+ * top is pinned), RSS ~= 289 MiB; a finding "glibc holds free memory:
+ * malloc_trim(0) would return ~265 MiB" with a measured release-now action;
  * raising/lowering MALLOC_TRIM_THRESHOLD_ does not help (the top is pinned).
  *
- * Measured here (glibc 2.36, kernel 6.18, defaults):
- *   READY allocations=180000 live=6.3 MiB held=290.7 MiB rss=302.5 MiB
- *   TRIM rss_before=302.5 MiB rss_after=19.4 MiB released=283.1 MiB took ~25 ms
- *   (--count 40000: held=64.6 MiB, released=62.6 MiB)
+ * Measured here (glibc 2.36, kernel 6.18, defaults, MiB = 2^20 bytes):
+ *   READY allocations=170000 live=5.5 MiB held(fordblks)=278.9 MiB
+ *         arena=284.8 MiB keepcost=0.1 MiB hblkhd=2.6 MiB (our two index
+ *         arrays, mmapped) rss=288.5 MiB
+ *   TRIM rss_before=288.8 MiB rss_after=24.2 MiB released=264.6 MiB (29 ms)
+ *   /proc/PID/status VmRSS agreed: 295720 kB -> 24796 kB.
+ *   --count 40000: held=65.5 MiB rss=68.9 MiB, TRIM released=61.5 MiB (7 ms)
  */
 #define _GNU_SOURCE
 #include <malloc.h>
@@ -99,7 +102,7 @@ static size_t pick_size(void)
 
 int main(int argc, char **argv)
 {
-    long count = 180000, keep_pct = 2;
+    long count = 170000, keep_pct = 2;
     int do_trim = 0;
 
     for (int i = 1; i < argc; i++) {

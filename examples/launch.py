@@ -90,7 +90,7 @@ WORKLOADS = {w.name: w for w in [
     Workload(
         "alloc_wall", "alloc_wall.py", "python",
         "Allocation wall: a JSON-shaped request handler that builds fresh dicts, "
-        "lists and strings per request, against the same work on pooled, reused "
+        "lists, strings and an 8-256 KiB response buffer per request, against the same work on pooled, reused "
         "objects; throughput and p50/p99/p99.9 latency from a log-bucket histogram.",
         "A busy process whose allocator is a hot path: high allocation rate, "
         "small steady live set; the allocator's own stats (nmalloc rates for "
@@ -103,10 +103,10 @@ WORKLOADS = {w.name: w for w in [
         "Four-allocator footprint: build many dict-of-lists records, drop half, "
         "report time, RSS, RssAnon and LazyFree; --compare runs it under every "
         "installed allocator and prints one table.",
-        "Per allocator: allocated vs resident vs RSS after the drop; how much each "
-        "allocator keeps after freeing half (glibc keeps it in bins, jemalloc as "
-        "dirty pages until decay, tcmalloc in the page heap, mimalloc purges "
-        "after 10 ms).",
+        "Per allocator: allocated vs resident vs RSS after the drop; the freed "
+        "malloc half stays held by every allocator here (glibc: free-in-bins, "
+        "jemalloc: dirty pages awaiting decay, tcmalloc: page-heap free, "
+        "mimalloc: committed segments); only pymalloc arenas come back.",
         "READY records=N build_s=X drop_s=X rss=B rss_anon=B lazyfree=B peak_rss=B"),
     Workload(
         "staircase", "staircase.py", "python",

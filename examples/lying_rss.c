@@ -27,17 +27,23 @@
  * READY mode=M allocated=B freed=B rss=B rss_anon=B lazyfree=B settle_ms=N
  *   printed once LazyFree stopped changing (or after --settle seconds).
  *
- * What allocdiag should show: rss ~= 256 MiB, lazyfree ~= 243 MiB (~95% of
- * rss_anon), cgroup working_set lower than usage by about lazyfree; for
+ * What allocdiag should show: rss ~= 270 MiB, lazyfree ~= 245-260 MiB (>90%
+ * of rss_anon), cgroup working_set lower than usage by about lazyfree; for
  * jemalloc: allocated ~= 13 MiB, pmuzzy*page ~= lazyfree, opt.muzzy_decay_ms
  * -1 from MALLOC_CONF; advice: a finite muzzy_decay_ms (or arena.4096.purge)
  * returns it for real.
  *
- * Measured here (kernel 6.18, Debian 12, jemalloc 5.3.0, defaults):
- *   jemalloc + LAZY conf: rss=269.0 MiB rss_anon=265.6 MiB lazyfree=243.2 MiB
- *                         (91% of rss_anon), settle ~3.3 s
- *   --madvise (glibc):    rss=259.5 MiB rss_anon=256.9 MiB lazyfree=243.2 MiB
- *   glibc, default mode:  lazyfree=0, rss=~19 MiB (64 KiB chunks freed back)
+ * Measured here (kernel 6.18, Debian 12, defaults: 256 MiB, 64 KiB chunks,
+ * keep 5%; freed = 243.2 MiB; MiB = 2^20 bytes):
+ *   jemalloc + LAZY conf    rss=276.4 rss_anon=273.2 lazyfree=258.0 (94% of
+ *                           rss_anon; a bit more than we freed: jemalloc's
+ *                           own freed extents too), READY after 2.5 s
+ *   --madvise (glibc)       rss=257.4 rss_anon=256.1 lazyfree=243.1
+ *   glibc, default mode     rss=256.7 lazyfree=0 (free chunks between the
+ *                           survivors stay in the main arena's bins)
+ *   jemalloc, MALLOC_CONF=  rss=276.5 lazyfree=0 (stock 5.3: muzzy decay 0,
+ *                           no background thread: dirty pages stay resident)
+ *   tcmalloc / mimalloc     lazyfree=0, rss=263.6 / 258.1
  */
 #define _GNU_SOURCE
 #include <signal.h>
