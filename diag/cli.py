@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess
+from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess, Unsupported
 from diag import __version__, render
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_NO_PROCESS, EXIT_DENIED, EXIT_UNSUPPORTED, EXIT_PARTIAL = range(7)
@@ -104,6 +104,48 @@ def build_parser():
     pre.add_argument("--expect", metavar="ALLOCATOR",
                      help="the allocator you expected (jemalloc, tcmalloc, mimalloc): when nothing "
                           "was requested, explain why")
+    ex = sub.add_parser(
+        "explain", help="where the RSS goes, and what to do about it",
+        description="A plain-language account of one process: where its RSS goes (allocator-held "
+                    "live, fragmentation and free pages, LazyFree, other anonymous memory, files), "
+                    "the findings in order of bytes at stake with the knob, its current value and "
+                    "where that came from, and what an RSS panel and a cgroup working-set panel "
+                    "would show and why they differ.",
+        epilog="examples:\n  allocdiag explain 1234\n  allocdiag explain --json 1234\n\n" + EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ex.add_argument("pid", type=_pid)
+    ex.add_argument("--json", action="store_true", help="print the snapshot document (with findings)")
+    ex.add_argument("--no-attach", action="store_true", help="read /proc only (fewer findings)")
+
+    rel = sub.add_parser(
+        "release", help="make the allocator give free memory back now; measure before/after",
+        description="Call the allocator's own release function in the target -- glibc "
+                    "malloc_trim(0), jemalloc arena.4096.purge, tcmalloc "
+                    "MallocExtension_ReleaseFreeMemory, mimalloc mi_collect(true) -- and print RSS, "
+                    "anonymous RSS, LazyFree and the allocator stack before and after, so what it "
+                    "gave back is measured.  Changes the target's allocator state: asks first "
+                    "unless --yes.",
+        epilog="examples:\n  allocdiag release 1234\n  allocdiag release --yes --json 1234\n\n"
+               + EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    rel.add_argument("pid", type=_pid)
+    rel.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    rel.add_argument("--json", action="store_true", help="print one JSON document")
+
+    st = sub.add_parser(
+        "set", help="change a runtime knob of the allocator (shows old and new value)",
+        description="Change an allocator knob that the allocator lets a running program change: "
+                    "jemalloc dirty_decay_ms, muzzy_decay_ms (every arena and the default for new "
+                    "ones), background_thread; glibc mallopt parameters (arena_max, trim_threshold, "
+                    "top_pad, mmap_threshold, mmap_max, arena_test); gperftools "
+                    "max_total_thread_cache_bytes; mimalloc options (mi_option_set).  Asks first "
+                    "unless --yes.",
+        epilog="examples:\n  allocdiag set 1234 dirty_decay_ms=1000\n"
+               "  allocdiag set --yes 1234 background_thread=true\n\n" + EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    st.add_argument("pid", type=_pid)
+    st.add_argument("assignment", metavar="KNOB=VALUE")
+    st.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    st.add_argument("--json", action="store_true", help="print one JSON document")
     return p
 
 
@@ -316,4 +358,127 @@ def print_inspect(snap, out=None):
         print("partial: " + "; ".join(failed), file=out)
 
 
-COMMANDS = {"ps": cmd_ps, "inspect": cmd_inspect, "preload": cmd_preload}
+def _confirm(question, args):
+    """True to go ahead.  Without a terminal to ask on, --yes is required."""
+    if args.yes:
+        return True
+    if not sys.stdin.isatty():
+        raise UsageError(f"{question} -- refusing without --yes (no terminal to ask on)")
+    answer = input(f"{question} [y/N] ").strip().lower()
+    return answer in ("y", "yes")
+
+
+def cmd_explain(args):
+    snap, col = _take(args, attach=not args.no_attach)
+    if args.json:
+        _dump(snap.to_json())
+    else:
+        print_explain(snap)
+    return EXIT_PARTIAL if col.partial else EXIT_OK
+
+
+def print_explain(snap, out=None):
+    from diag import breakdown
+    out = out or sys.stdout
+    hb = render.human_bytes
+    p, c = snap.process, snap.cgroup
+    print(f"pid {snap.pid} {snap.comm or '?'}: malloc is served by {_alloc_line(snap.allocator)}",
+          file=out)
+    print(f"\nWhere the RSS goes ({hb(p.rss)}):", file=out)
+    rows = []
+    for layer in breakdown.layers(snap):
+        indent = "  " * (layer.depth + 1)
+        rows.append([indent + layer.label, hb(layer.bytes), render.pct(layer.bytes, p.rss),
+                     layer.note or ""])
+    if rows:
+        render.table(rows, ["layer", "bytes", "of RSS", "how known"], right={1, 2}, out=out)
+    held, _ = breakdown.allocator_held(snap)
+    if held is None:
+        remote = snap.collectors.get("remote")
+        why = remote.error if remote is not None and remote.error else "not attached"
+        print(f"  (allocator share unknown: {why})", file=out)
+    print("\nFindings, most bytes at stake first:" if snap.findings else "\nFindings: none", file=out)
+    for i, f in enumerate(snap.findings, 1):
+        stake = f" [{hb(f.expected_effect_bytes)} at stake]" if f.expected_effect_bytes else ""
+        print(f"  {i}. {f.severity}: {f.title}{stake}", file=out)
+        if f.knob is not None:
+            k = f.knob
+            line = f"     knob {k.name}"
+            if k.current is not None:
+                line += f" = {k.current} ({k.source})"
+            if k.suggested:
+                line += f"; suggested: {k.suggested}"
+            print(line, file=out)
+            if k.how:
+                print(f"     how: {k.how}", file=out)
+    print("\nWhat dashboards show:", file=out)
+    print(f"  an RSS panel (ps, top, process_resident_memory_bytes) shows {hb(p.rss)}", file=out)
+    if c.usage is not None:
+        print(f"  a cgroup working-set panel (kubectl top, cAdvisor) shows {hb(c.working_set)} for "
+              f"the whole cgroup: usage {hb(c.usage)} minus inactive_file {hb(c.inactive_file)}", file=out)
+        if p.lazyfree:
+            print(f"  they differ partly because {hb(p.lazyfree)} of LazyFree pages count in RSS but sit "
+                  "on the cgroup's inactive list, so the working set leaves them out", file=out)
+        else:
+            print("  the cgroup also counts page cache and other processes, and drops inactive file "
+                  "pages; RSS counts only this process's mapped pages", file=out)
+
+
+def _stack_rows(snap):
+    hb = render.human_bytes
+    p = snap.process
+    rows = [("RSS", p.rss), ("anon", p.rss_anon), ("LazyFree", p.lazyfree)]
+    for name in ("allocated", "active", "resident", "mapped", "dirty", "muzzy", "retained"):
+        v = snap.stats.get(name)
+        if v is not None and v.value is not None:
+            rows.append((render.label(name), v.value))
+    return rows
+
+
+def cmd_release(args):
+    from diag import actions
+    kind, call = actions.describe_release(args.pid)
+    if call is None:
+        raise Unsupported(f"{kind}: allocdiag knows no release call for this allocator", pid=args.pid)
+    if not _confirm(f"call {call} in pid {args.pid} ({kind})?", args):
+        print("nothing done", file=sys.stderr)
+        return EXIT_OK
+    r = actions.release(args.pid)
+    before, after = r["before"], r["after"]
+    if args.json:
+        _dump({"pid": args.pid, "call": r["call"], "return": r["return"], "pause_us": r["pause_us"],
+               "before": before.to_json(), "after": after.to_json()})
+        return EXIT_OK
+    print(f"pid {args.pid}: {r['call']} returned {r['return']} "
+          f"(thread stopped {max(r['pause_us'] or [0])} us)")
+    b, a = dict(_stack_rows(before)), dict(_stack_rows(after))
+    rows = []
+    for name, _ in _stack_rows(before):
+        if name in a:
+            delta = (a[name] or 0) - (b[name] or 0)
+            rows.append([name, render.human_bytes(b[name]), render.human_bytes(a[name]),
+                         ("-" if delta < 0 else "+") + render.human_bytes(abs(delta))])
+    render.table(rows, ["", "before", "after", "change"], right={1, 2, 3})
+    return EXIT_OK
+
+
+def cmd_set(args):
+    from diag import actions
+    name, sep, value = args.assignment.partition("=")
+    if not sep or not name:
+        raise UsageError(f"expected KNOB=VALUE, got {args.assignment!r}")
+    if not _confirm(f"set {name}={value} in pid {args.pid}?", args):
+        print("nothing done", file=sys.stderr)
+        return EXIT_OK
+    r = actions.set_knob(args.pid, name, value)
+    if args.json:
+        _dump({"pid": args.pid, **r})
+    else:
+        print(f"pid {args.pid} ({r['allocator']}): {name} {r['old'] if r['old'] is not None else '?'} "
+              f"-> {r['new']}")
+        print(f"  via {r['detail']}")
+    return EXIT_OK
+
+
+COMMANDS = {"ps": cmd_ps, "inspect": cmd_inspect, "preload": cmd_preload, "explain": cmd_explain,
+            "release": cmd_release, "set": cmd_set}

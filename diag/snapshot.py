@@ -6,9 +6,10 @@ partial, not absent).  A vanished process is the exception: NoSuchProcess
 propagates, because there is nothing left to describe.
 """
 
+import dataclasses
 import time
 
-from collectors import livestats
+from collectors import config, livestats
 from collectors import preload as preload_mod
 from collectors.detect import detect
 from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess, Unsupported
@@ -16,6 +17,7 @@ from collectors.image import ProcessImage
 from collectors.procfs import ProcFS, cgroup_memory
 from diag.model import (Allocator, CgroupMemory, CollectorStatus, Preload, ProcessMemory,
                         Snapshot, Value)
+from diag import findings, knobs
 from diag.fields import STATS_FIELDS
 
 
@@ -126,8 +128,32 @@ def take(pid, procfs=None, cgroup_root="/sys/fs/cgroup", expect=None, rollup=Tru
             stats.update(live.stats)
             native = live.native
             native["borrowed_thread"] = live.thread
+    if image is not None and det is not None:
+        native["config"] = col.run("config", lambda: _config(image, det), {})
+        native["knobs"] = {k: v.to_json() for k, v in
+                           knobs.knobs(allocator.kind, native).items()}
     snap = Snapshot(pid=pid, comm=comm, exe=exe, taken_at=taken_at, allocator=allocator,
                     preload=preload, process=process or ProcessMemory(),
                     cgroup=cgroup or CgroupMemory(), stats=stats, native=native,
                     findings=(), collectors=dict(col.status))
+    snap = dataclasses.replace(snap, findings=findings.evaluate(snap))
     return snap, col
+
+
+def _config(image, det):
+    """Allocator configuration sources (no stop): the allocator variables
+    of the initial environment and, for jemalloc, its conf strings."""
+    out = {"env": dict(image.environ or {})}
+    a = det.allocator
+    je = det.serving if a.kind == "jemalloc" else None
+    prefix = a.prefix if je is not None else None
+    if je is None:
+        for o in a.others:
+            if o.kind == "jemalloc":
+                je = next((x for x in image.objects if x.path == o.path), None)
+                prefix = o.prefix
+                break
+    if je is not None:
+        out["jemalloc"] = config.jemalloc_sources(image, je, prefix)
+        out["prefix"] = prefix or ""
+    return out

@@ -1,0 +1,44 @@
+"""``allocdiag release`` and ``allocdiag set``: explicit actions with
+before/after measurements, so the gain is measured, not guessed."""
+
+import time
+
+from collectors import actions as remote_actions
+from collectors.detect import detect
+from collectors.image import ProcessImage
+from collectors.procfs import ProcFS
+from diag import snapshot
+
+
+def _image(pid, procfs):
+    image = ProcessImage(pid, procfs)
+    return image, detect(image)
+
+
+def release(pid, procfs=None, settle_s=0.2):
+    """Snapshot, release call, settle, snapshot.  Returns a dict with
+    ``before``/``after`` Snapshots, the ``call`` made, its return value and
+    the pause."""
+    procfs = procfs or ProcFS()
+    before, _ = snapshot.take(pid, procfs=procfs)
+    image, det = _image(pid, procfs)
+    call, rv, pause = remote_actions.release(image, det)
+    # madvise is synchronous, but let the kernel's counters settle.
+    time.sleep(settle_s)
+    after, _ = snapshot.take(pid, procfs=procfs)
+    return {"call": call, "return": rv, "pause_us": pause, "before": before, "after": after}
+
+
+def set_knob(pid, name, value, procfs=None):
+    procfs = procfs or ProcFS()
+    image, det = _image(pid, procfs)
+    old, new, detail = remote_actions.set_knob(image, det, name, value)
+    return {"knob": name, "old": old, "new": new, "detail": detail,
+            "allocator": det.allocator.kind}
+
+
+def describe_release(pid, procfs=None):
+    """What `release` would call, for the confirmation prompt."""
+    image, det = _image(pid, procfs or ProcFS())
+    kind = det.allocator.kind
+    return kind, remote_actions.RELEASE_CALLS.get(kind)

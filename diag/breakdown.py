@@ -1,0 +1,66 @@
+"""Where a process's RSS goes, as one list of layers that add up.
+
+RSS = rss_anon + rss_file + rss_shmem (kernel).  Inside rss_anon:
+LazyFree (MADV_FREE pages, still counted), what the allocator holds
+(its ``resident``; for glibc, which has no resident figure, ``mapped`` =
+arena system bytes + mmapped chunks, an upper bound), and the rest:
+runtime heaps, stacks, other mappings.  Inside the allocator's share:
+live ``allocated``, ``active - allocated`` (fragmentation and caches), and
+the remainder (dirty free pages, metadata).  Every layer says whether it
+is measured or derived; a layer that cannot be computed is left out rather
+than guessed.
+"""
+
+from collections import namedtuple
+
+Layer = namedtuple("Layer", "name label bytes depth note")
+
+
+def allocator_held(snap):
+    """(bytes, label) of what the allocator holds resident, or (None, None)."""
+    res = snap.stats.get("resident")
+    if res is not None and res.value is not None:
+        return res.value, f"{snap.allocator.kind} resident"
+    if snap.allocator.kind == "glibc":
+        m = snap.stats.get("mapped")
+        if m is not None and m.value is not None:
+            return m.value, "glibc arenas and mmapped chunks, upper bound"
+    return None, None
+
+
+def layers(snap):
+    p = snap.process
+    if not p.rss:
+        return []
+    out = []
+    anon = p.rss_anon or 0
+    lazy = p.lazyfree or 0
+    held, held_label = allocator_held(snap)
+    if held is not None:
+        held = min(held, max(anon - lazy, 0))
+        out.append(Layer("allocator", f"allocator-held ({held_label})", held, 0, None))
+        alloc = snap.stats.get("allocated")
+        active = snap.stats.get("active")
+        if alloc is not None and alloc.value is not None:
+            a = min(alloc.value, held)
+            out.append(Layer("allocated", "live (allocated)", a, 1, alloc.provenance))
+            rest = held - a
+            if active is not None and active.value is not None and active.value > alloc.value:
+                frag = min(active.value - alloc.value, rest)
+                out.append(Layer("fragmentation", "fragmentation and caches (active - allocated)",
+                                 frag, 1, "derived"))
+                rest -= frag
+            if rest > 0:
+                out.append(Layer("held_free", "free pages held, metadata", rest, 1, "derived"))
+    if lazy:
+        out.append(Layer("lazyfree", "LazyFree (kernel reclaims under pressure)", lazy, 0, "measured"))
+    other = anon - lazy - (held or 0)
+    if other > 0:
+        label = "other anonymous (runtime heaps, stacks, mmaps)" if held is not None else \
+            "anonymous (allocator share unknown)"
+        out.append(Layer("other_anon", label, other, 0, "derived"))
+    if p.rss_file:
+        out.append(Layer("file", "file-backed (code, mapped files)", p.rss_file, 0, "measured"))
+    if p.rss_shmem:
+        out.append(Layer("shmem", "shared memory", p.rss_shmem, 0, "measured"))
+    return out

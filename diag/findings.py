@@ -1,0 +1,416 @@
+"""Findings: pure functions from a snapshot (or a series of them) to advice.
+
+Every rule needs both a ratio and an absolute byte floor (Redis MEMORY
+DOCTOR's lesson: no advice about a 3 MiB process).  Each finding carries its
+evidence as numbers, the knob (current value and source, from diag.knobs)
+with a suggested value and how to apply it, the bytes at stake, and a
+confidence.  Rules never read /proc or call into a process.
+"""
+
+from diag.knobs import knobs as knob_table
+from diag.model import Finding, Knob
+
+MiB = 1 << 20
+FLOOR = 64 * MiB          # absolute floor for "worth an operator's time"
+
+
+def _v(snap, name):
+    v = snap.stats.get(name)
+    return v.value if v is not None else None
+
+
+def _knob(table, name, suggested, how=None):
+    k = table.get(name) or Knob(name=name)
+    return Knob(name=k.name, current=k.current, source=k.source, suggested=suggested,
+                how=how or k.how)
+
+
+def _pct(part, whole):
+    return round(100.0 * part / whole, 1) if whole else None
+
+
+def evaluate(snap, floor=FLOOR):
+    """Findings for one snapshot, most bytes at stake first."""
+    kind = snap.allocator.kind
+    table = knob_table(kind, snap.native)
+    out = []
+    for rule in RULES:
+        f = rule(snap, table, floor)
+        if f is not None:
+            out.append(f)
+    out.sort(key=lambda f: -(f.expected_effect_bytes or 0))
+    return tuple(out)
+
+
+# -- kernel layer -----------------------------------------------------------------
+
+def lazyfree_rss(snap, table, floor):
+    p, c = snap.process, snap.cgroup
+    if not p.lazyfree or not p.rss or p.lazyfree < floor or p.lazyfree < 0.2 * p.rss:
+        return None
+    kind = snap.allocator.kind
+    knob, cause = None, "an allocator or runtime that frees with MADV_FREE"
+    if kind == "jemalloc":
+        knob = _knob(table, "muzzy_decay_ms", "0",
+                     "set muzzy_decay_ms:0 so purged pages are MADV_DONTNEED'd (leave RSS at once), "
+                     "or a short finite value so the kernel view catches up quickly")
+        cause = (f"jemalloc muzzy decay (muzzy_decay_ms={knob.current}, {knob.source}): dirty pages "
+                 "are first purged with MADV_FREE")
+    elif kind == "mimalloc":
+        knob = _knob(table, "page_reset", "0", "MIMALLOC_PAGE_RESET=0; resets use MADV_FREE")
+        cause = "mimalloc page/segment reset (MADV_FREE)"
+    elif kind == "go":
+        cause = "the Go runtime (MADV_FREE before Go 1.16, or GODEBUG=madvdontneed=0)"
+    ev = {"lazyfree": p.lazyfree, "rss": p.rss, "rss_anon": p.rss_anon,
+          "lazyfree_pct_of_rss": _pct(p.lazyfree, p.rss)}
+    panel = ""
+    if c.usage is not None and c.working_set is not None:
+        ev.update(cgroup_usage=c.usage, cgroup_working_set=c.working_set,
+                  cgroup_inactive_file=c.inactive_file)
+        panel = (f"; a cgroup working-set panel (usage - inactive_file) shows "
+                 f"{_mib(c.working_set)} because lazy-free pages sit on the inactive list")
+    return Finding(
+        id="lazyfree-inflates-rss", severity="warning",
+        title=f"{_mib(p.lazyfree)} of RSS is LazyFree: counted in RSS, but the kernel takes it back "
+              f"under pressure without swapping{panel}",
+        evidence={**ev, "cause": cause}, knob=knob, expected_effect_bytes=p.lazyfree,
+        confidence="high")
+
+
+def outside_allocator(snap, table, floor):
+    """Anonymous memory the allocator does not account for: runtime heaps
+    (pymalloc arenas, Go, JVM, V8), stacks, other mmaps."""
+    p = snap.process
+    held = _v(snap, "resident")
+    if held is None and snap.allocator.kind == "glibc":
+        held = _v(snap, "mapped")      # glibc: arena system bytes + mmapped chunks (upper bound)
+    if held is None or not p.rss_anon:
+        return None
+    outside = p.rss_anon - (p.lazyfree or 0) - held
+    if outside < floor or outside < 0.5 * p.rss_anon:
+        return None
+    return Finding(
+        id="memory-outside-malloc", severity="info",
+        title=f"{_mib(outside)} of anonymous RSS is not held by {snap.allocator.kind}: tuning malloc "
+              "will not reduce it (runtime heaps such as pymalloc arenas, the JVM or V8 heap, "
+              "thread stacks, direct mmaps)",
+        evidence={"rss_anon": p.rss_anon, "allocator_resident": held, "lazyfree": p.lazyfree,
+                  "outside": outside, "outside_pct_of_anon": _pct(outside, p.rss_anon)},
+        expected_effect_bytes=0, confidence="medium")
+
+
+# -- jemalloc -------------------------------------------------------------------------
+
+def jemalloc_dirty(snap, table, floor):
+    if snap.allocator.kind != "jemalloc":
+        return None
+    dirty, resident = _v(snap, "dirty"), _v(snap, "resident")
+    if dirty is None or not resident or dirty < floor or dirty < 0.2 * resident:
+        return None
+    bg = table.get("background_thread")
+    idle_note = ""
+    if bg is not None and bg.current == "false":
+        idle_note = (" With background_thread off, decay only runs when the program allocates: "
+                     "an idle process never gives these pages back.")
+    return Finding(
+        id="jemalloc-dirty-pages", severity="warning",
+        title=f"jemalloc holds {_mib(dirty)} of dirty pages (free, still resident): "
+              f"{_pct(dirty, resident)}% of its resident memory.{idle_note}",
+        evidence={"dirty": dirty, "resident": resident, "active": _v(snap, "active"),
+                  "dirty_pct_of_resident": _pct(dirty, resident),
+                  "background_thread": bg.current if bg else None},
+        knob=_knob(table, "dirty_decay_ms", "1000"),
+        expected_effect_bytes=dirty, confidence="high")
+
+
+def jemalloc_background_thread(snap, table, floor):
+    if snap.allocator.kind != "jemalloc":
+        return None
+    bg = table.get("background_thread")
+    dirty, muzzy = _v(snap, "dirty") or 0, _v(snap, "muzzy") or 0
+    if bg is None or bg.current != "false" or dirty + muzzy < floor:
+        return None
+    resident = _v(snap, "resident") or 0
+    if dirty + muzzy < 0.1 * resident:
+        return None
+    return Finding(
+        id="jemalloc-background-thread-off", severity="warning",
+        title="jemalloc's background_thread is off: unused pages are only purged when the program "
+              "calls into the allocator, so memory freed before an idle period stays resident",
+        evidence={"dirty": dirty, "muzzy": muzzy, "resident": resident},
+        knob=_knob(table, "background_thread", "true"),
+        expected_effect_bytes=dirty + muzzy, confidence="high")
+
+
+def jemalloc_muzzy(snap, table, floor):
+    if snap.allocator.kind != "jemalloc":
+        return None
+    muzzy, resident = _v(snap, "muzzy"), _v(snap, "resident")
+    if not muzzy or muzzy < floor or muzzy < 0.1 * (resident or 1):
+        return None
+    return Finding(
+        id="jemalloc-muzzy-pages", severity="info",
+        title=f"jemalloc has {_mib(muzzy)} of muzzy pages (MADV_FREE'd): they stay in RSS as "
+              "LazyFree until the kernel needs memory",
+        evidence={"muzzy": muzzy, "resident": resident, "lazyfree": snap.process.lazyfree},
+        knob=_knob(table, "muzzy_decay_ms", "0"), expected_effect_bytes=muzzy, confidence="high")
+
+
+def jemalloc_fragmentation(snap, table, floor):
+    if snap.allocator.kind != "jemalloc":
+        return None
+    alloc, active = _v(snap, "allocated"), _v(snap, "active")
+    if not alloc or not active or active - alloc < floor or active < 1.4 * alloc:
+        return None
+    return Finding(
+        id="jemalloc-fragmentation", severity="warning",
+        title=f"jemalloc fragmentation: {_mib(active - alloc)} of active pages hold no live data "
+              f"(active/allocated = {active / alloc:.2f})",
+        evidence={"allocated": alloc, "active": active, "ratio": round(active / alloc, 2)},
+        knob=_knob(table, "narenas", "fewer arenas (e.g. 2 x CPUs)",
+                   "fewer arenas mix object lifetimes less; see jemalloc TUNING.md"),
+        expected_effect_bytes=active - alloc, confidence="medium")
+
+
+def jemalloc_arenas(snap, table, floor):
+    if snap.allocator.kind != "jemalloc":
+        return None
+    n = snap.native.get("mallctl", {}).get("arenas.narenas")
+    threads = snap.process.threads
+    held = (_v(snap, "dirty") or 0) + ((_v(snap, "active") or 0) - (_v(snap, "allocated") or 0))
+    if not n or not threads or n <= 4 * threads or n < 16 or held < floor:
+        return None
+    return Finding(
+        id="jemalloc-too-many-arenas", severity="info",
+        title=f"{n} jemalloc arenas for {threads} threads: each arena keeps its own free pages",
+        evidence={"narenas": n, "threads": threads, "held_free": held},
+        knob=_knob(table, "narenas", str(max(1, 2 * threads))),
+        expected_effect_bytes=None, confidence="low")
+
+
+# -- glibc -----------------------------------------------------------------------------
+
+def _glibc_arenas(snap):
+    return (snap.native.get("malloc_info") or {}).get("arenas") or []
+
+
+def glibc_trimmable(snap, table, floor):
+    if snap.allocator.kind != "glibc":
+        return None
+    free, mapped, alloc = _v(snap, "dirty"), _v(snap, "mapped"), _v(snap, "allocated")
+    if free is None or not mapped or free < floor or free < 0.25 * mapped:
+        return None
+    # glibc's free-chunk bookkeeping does not change when malloc_trim
+    # madvises pages away (JDK-8286198 notes the same): only what is still
+    # resident can be given back, i.e. at most rss_anon - allocated.
+    anon = snap.process.rss_anon
+    resident_free = min(free, max(0, anon - (alloc or 0))) if anon is not None else free
+    if resident_free < floor:
+        return None
+    return Finding(
+        id="glibc-free-held", severity="warning",
+        title=f"glibc holds {_mib(free)} of free memory in its arenas ({_pct(free, mapped)}% of "
+              f"what it maps), up to {_mib(resident_free)} of it resident; malloc_trim(0) returns "
+              "the free pages inside the heap, not only the top",
+        evidence={"free_in_arenas": free, "mapped": mapped, "allocated": alloc,
+                  "rss_anon": anon, "resident_free_upper_bound": resident_free,
+                  "arenas": len(_glibc_arenas(snap)) or None},
+        knob=_knob(table, "trim_threshold", "a lower value, or a periodic malloc_trim(0)",
+                   "measure first: `allocdiag release PID` calls malloc_trim(0) and prints RSS "
+                   "before/after; GLIBC_TUNABLES=glibc.malloc.trim_threshold=N disables the "
+                   "dynamic thresholds"),
+        expected_effect_bytes=resident_free, confidence="medium")
+
+
+def glibc_arena_sprawl(snap, table, floor):
+    if snap.allocator.kind != "glibc":
+        return None
+    arenas = _glibc_arenas(snap)
+    if len(arenas) < 8:
+        return None
+    non_main = [a for a in arenas[1:]]
+    held = sum((a.get("system") or {}).get("current", 0) for a in non_main)
+    free = sum(a.get("free_bytes", 0) for a in non_main)
+    if held < floor:
+        return None
+    return Finding(
+        id="glibc-arena-sprawl", severity="warning",
+        title=f"{len(arenas)} glibc arenas hold {_mib(held)} outside the main arena "
+              f"({_mib(free)} of it free): each thread-contended arena keeps its own heap",
+        evidence={"arenas": len(arenas), "non_main_system": held, "non_main_free": free,
+                  "threads": snap.process.threads},
+        knob=_knob(table, "arena_max", "2 to 4 x CPUs (often 2)"),
+        expected_effect_bytes=free, confidence="medium")
+
+
+def glibc_top_not_trimmed(snap, table, floor):
+    if snap.allocator.kind != "glibc":
+        return None
+    keep = (snap.native.get("mallinfo2") or {}).get("keepcost")
+    if not keep or keep < floor:
+        return None
+    return Finding(
+        id="glibc-top-chunk", severity="info",
+        title=f"{_mib(keep)} at the top of the main heap is free but not trimmed: glibc's dynamic "
+              "trim threshold rose after large mmapped chunks were freed (2 x mmap_threshold)",
+        evidence={"keepcost": keep},
+        knob=_knob(table, "trim_threshold", "e.g. 16777216",
+                   "GLIBC_TUNABLES=glibc.malloc.trim_threshold=N (fixes both thresholds: "
+                   "the mmap threshold then stays at its default unless set too)"),
+        expected_effect_bytes=keep, confidence="medium")
+
+
+# -- tcmalloc ----------------------------------------------------------------------------
+
+def tcmalloc_pageheap(snap, table, floor):
+    if snap.allocator.kind != "tcmalloc":
+        return None
+    free, resident = _v(snap, "dirty"), _v(snap, "resident")
+    if free is None or not resident or free < floor or free < 0.2 * resident:
+        return None
+    return Finding(
+        id="tcmalloc-pageheap-free", severity="warning",
+        title=f"tcmalloc's page heap holds {_mib(free)} free and still mapped "
+              f"({_pct(free, resident)}% of its resident memory)",
+        evidence={"pageheap_free": free, "resident": resident, "retained": _v(snap, "retained")},
+        knob=_knob(table, "TCMALLOC_RELEASE_RATE", "10",
+                   "TCMALLOC_RELEASE_RATE=10 at start (faster return); `allocdiag release PID` "
+                   "(MallocExtension_ReleaseFreeMemory) now"),
+        expected_effect_bytes=free, confidence="high")
+
+
+def tcmalloc_thread_caches(snap, table, floor):
+    if snap.allocator.kind != "tcmalloc":
+        return None
+    props = snap.native.get("properties") or {}
+    tc = props.get("tcmalloc.thread_cache_free_bytes")
+    resident = _v(snap, "resident")
+    if not tc or not resident or tc < floor or tc < 0.1 * resident:
+        return None
+    return Finding(
+        id="tcmalloc-thread-caches", severity="info",
+        title=f"{_mib(tc)} sits in tcmalloc's per-thread caches",
+        evidence={"thread_cache_free": tc, "resident": resident,
+                  "max_total_thread_cache_bytes": props.get("tcmalloc.max_total_thread_cache_bytes")},
+        knob=_knob(table, "TCMALLOC_MAX_TOTAL_THREAD_CACHE_BYTES", str(max(tc // 4, 16 * MiB))),
+        expected_effect_bytes=tc, confidence="medium")
+
+
+# -- mimalloc ------------------------------------------------------------------------------
+
+def mimalloc_held(snap, table, floor):
+    if snap.allocator.kind != "mimalloc":
+        return None
+    committed = _v(snap, "resident")
+    anon = snap.process.rss_anon
+    if not committed or not anon or committed < floor or committed < 0.5 * anon:
+        return None
+    dd = table.get("decommit_delay")
+    if dd is None or dd.current in (None, "0"):
+        return None
+    return Finding(
+        id="mimalloc-decommit-delay", severity="info",
+        title=f"mimalloc keeps {_mib(committed)} committed; freed segments are decommitted only after "
+              f"decommit_delay={dd.current} ms ({dd.source})",
+        evidence={"committed": committed, "rss_anon": anon},
+        knob=_knob(table, "decommit_delay", "0"), expected_effect_bytes=None, confidence="low")
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+def preload_not_in_effect(snap, table, floor):
+    p = snap.preload
+    if p.effective is not False:
+        return None
+    return Finding(
+        id="preload-not-in-effect", severity="critical" if p.requested else "warning",
+        title=f"LD_PRELOAD {p.verdict}",
+        evidence={"requested": list(p.requested), "reasons": list(p.reasons),
+                  "serving": snap.allocator.kind},
+        knob=Knob(name="LD_PRELOAD", current=":".join(p.requested) or None,
+                  source="env LD_PRELOAD" if p.requested else None,
+                  how="fix what the reasons name, restart the process, and re-run `allocdiag "
+                      "preload PID`"),
+        confidence="high")
+
+
+def two_allocators(snap, table, floor):
+    others = [o for o in snap.allocator.others if o.kind not in ("glibc",) or o.prefix]
+    interesting = [o for o in snap.allocator.others
+                   if (o.kind == "jemalloc" and o.prefix) or o.linkage == "dlopen"]
+    if not interesting:
+        return None
+    o = interesting[0]
+    return Finding(
+        id="two-allocators", severity="info",
+        title=f"two allocators serve this process: malloc goes to {snap.allocator.kind}, while "
+              f"{o.kind}{' (prefix ' + o.prefix + ')' if o.prefix else ''} serves "
+              f"{'its own callers' if o.prefix else 'nothing (loaded by dlopen)'}",
+        evidence={"serving": snap.allocator.kind,
+                  "others": [{"kind": x.kind, "prefix": x.prefix, "linkage": x.linkage, "path": x.path}
+                             for x in others or interesting]},
+        knob=_knob(table, "MALLOC_CONF", None,
+                   f"configure the prefixed one with {(o.prefix or '').upper()}MALLOC_CONF") if o.prefix else None,
+        confidence="high")
+
+
+RULES = (lazyfree_rss, outside_allocator, jemalloc_dirty, jemalloc_background_thread,
+         jemalloc_muzzy, jemalloc_fragmentation, jemalloc_arenas, glibc_trimmable,
+         glibc_arena_sprawl, glibc_top_not_trimmed, tcmalloc_pageheap, tcmalloc_thread_caches,
+         mimalloc_held, preload_not_in_effect, two_allocators)
+
+
+# -- trends over a series of snapshots --------------------------------------------------------
+
+def trends(series, floor=FLOOR, min_samples=5):
+    """Findings over a watch window (snapshots of one process, oldest first):
+    steady growth of allocated (leak suspect), resident ratcheting while
+    allocated is flat (fragmentation staircase), resident held near its
+    peak after allocated fell (peak retention)."""
+    pts = [(s.taken_at, _v(s, "allocated"), _v(s, "resident") or s.process.rss_anon)
+           for s in series if _v(s, "allocated") is not None]
+    if len(pts) < min_samples:
+        return ()
+    out = []
+    allocs = [a for _, a, _ in pts]
+    res = [r for _, _, r in pts if r is not None]
+    span = pts[-1][0] - pts[0][0] if pts[-1][0] and pts[0][0] else None
+    grew = allocs[-1] - allocs[0]
+    rises = sum(1 for a, b in zip(allocs, allocs[1:]) if b > a)
+    if grew >= floor and grew >= 0.2 * max(allocs[0], 1) and rises >= 0.8 * (len(allocs) - 1):
+        out.append(Finding(
+            id="trend-leak-suspect", severity="warning",
+            title=f"allocated grew by {_mib(grew)} over {len(pts)} samples and rose in "
+                  f"{rises} of {len(pts) - 1} intervals: a leak suspect",
+            evidence={"allocated_first": allocs[0], "allocated_last": allocs[-1], "samples": len(pts),
+                      "seconds": span},
+            expected_effect_bytes=grew, confidence="medium"))
+    if len(res) == len(pts):
+        r_grew = res[-1] - res[0]
+        ratchets = sum(1 for a, b in zip(res, res[1:]) if b > a)
+        falls = sum(1 for a, b in zip(res, res[1:]) if b < a)
+        flat = abs(grew) < 0.1 * max(allocs[0], 1) + floor / 4
+        if r_grew >= floor and flat and ratchets >= 2 and falls <= ratchets // 3:
+            out.append(Finding(
+                id="trend-fragmentation-staircase", severity="warning",
+                title=f"resident rose by {_mib(r_grew)} in steps while allocated stayed flat: "
+                      "a fragmentation staircase",
+                evidence={"resident_first": res[0], "resident_last": res[-1],
+                          "allocated_first": allocs[0], "allocated_last": allocs[-1],
+                          "steps_up": ratchets, "samples": len(pts)},
+                expected_effect_bytes=r_grew, confidence="medium"))
+        peak_a = max(allocs)
+        if peak_a - allocs[-1] >= floor and res[-1] >= 0.9 * max(res) and \
+                allocs[-1] < 0.6 * peak_a:
+            out.append(Finding(
+                id="trend-peak-retention", severity="info",
+                title=f"allocated fell {_mib(peak_a - allocs[-1])} from its peak but resident "
+                      "stays near its peak: memory freed after the peak was not returned",
+                evidence={"allocated_peak": peak_a, "allocated_last": allocs[-1],
+                          "resident_peak": max(res), "resident_last": res[-1]},
+                expected_effect_bytes=res[-1] - allocs[-1], confidence="medium"))
+    return tuple(out)
+
+
+def _mib(n):
+    return f"{n / MiB:.1f} MiB"

@@ -1,0 +1,315 @@
+"""Record a process's snapshots to a file and read them back (replay).
+
+Format: JSON Lines, one snapshot per line, each line exactly the document of
+``Snapshot.to_json()`` (the ``inspect --json`` contract of DESIGN.md).  A
+name ending in ``.gz`` is gzip-compressed.  Each line is flushed as it is
+written, so a recording cut off by a crash loses at most its last line.
+
+``snapshot_from_json`` is the inverse of ``Snapshot.to_json``: for any
+document ``doc`` read from a recording,
+``json.dumps(snapshot_from_json(doc).to_json()) == json.dumps(doc)``.
+(``taken_at`` is stored as an ISO-8601 string with microseconds, so a
+Snapshot whose ``taken_at`` had finer precision comes back rounded to the
+microsecond; ``native`` comes back as JSON has it: lists, string keys.)
+
+A file that is not such a recording raises ``collectors.errors.MalformedData``
+naming the line, never a bare JSON or gzip traceback.
+"""
+
+import datetime
+import gzip
+import json
+import time
+import zlib
+
+from collectors.errors import MalformedData, NoSuchProcess
+from diag.model import (SCHEMA_VERSION, Allocator, AllocatorRef, Binding, CgroupMemory,
+                        CollectorStatus, Finding, Knob, Preload, ProcessMemory, Snapshot,
+                        Value)
+
+__all__ = ["Recorder", "read_recording", "snapshot_from_json", "record"]
+
+
+def _open(path, mode):
+    if str(path).endswith(".gz"):
+        return gzip.open(path, mode + "t", encoding="utf-8")
+    return open(path, mode, encoding="utf-8")
+
+
+class Recorder:
+    """Append snapshots to PATH, one JSON document per line.
+
+    Use as a context manager or call ``close()``.  ``count`` is the number of
+    snapshots written so far.
+    """
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.count = 0
+        self._f = _open(self.path, "w")
+
+    def write(self, snapshot):
+        self._f.write(json.dumps(snapshot.to_json(), separators=(",", ":")) + "\n")
+        self._f.flush()
+        self.count += 1
+
+    def close(self):
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    @property
+    def closed(self):
+        return self._f is None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# -- JSON -> model ---------------------------------------------------------
+
+class _Bad(Exception):
+    """Internal: a document that does not describe a snapshot."""
+
+
+def _obj(doc, what):
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise _Bad(f"{what} is not an object")
+    return doc
+
+
+def _int_or_none(v, what):
+    if v is None or (isinstance(v, int) and not isinstance(v, bool)):
+        return v
+    raise _Bad(f"{what} is not an integer: {v!r}")
+
+
+def _str_or_none(v, what):
+    if v is None or isinstance(v, str):
+        return v
+    raise _Bad(f"{what} is not a string: {v!r}")
+
+
+def _tuple(v, what):
+    if v is None:
+        return ()
+    if not isinstance(v, list):
+        raise _Bad(f"{what} is not a list")
+    return tuple(v)
+
+
+def _ints(cls, doc, what, text=("path", "error", "source")):
+    """A dataclass of optional ints (plus a few text fields) from DOC."""
+    doc = _obj(doc, what)
+    kwargs = {}
+    for name in cls.__dataclass_fields__:
+        if name not in doc:
+            continue
+        v = doc[name]
+        kwargs[name] = (_str_or_none(v, f"{what}.{name}") if name in text
+                        else _int_or_none(v, f"{what}.{name}"))
+    return cls(**kwargs)
+
+
+def _allocator_ref(doc, what, cls=AllocatorRef):
+    doc = _obj(doc, what)
+    kwargs = {k: _str_or_none(doc.get(k), f"{what}.{k}")
+              for k in ("version", "linkage", "path", "prefix", "variant")}
+    kwargs["kind"] = _str_or_none(doc.get("kind", "unknown"), f"{what}.kind") or "unknown"
+    kwargs["evidence"] = _tuple(doc.get("evidence"), f"{what}.evidence")
+    if cls is Allocator:
+        kwargs["others"] = tuple(_allocator_ref(o, f"{what}.others[{i}]")
+                                 for i, o in enumerate(_tuple(doc.get("others"),
+                                                              f"{what}.others")))
+    return cls(**kwargs)
+
+
+def _preload(doc):
+    doc = _obj(doc, "preload")
+    bindings = []
+    for i, b in enumerate(_tuple(doc.get("bindings"), "preload.bindings")):
+        b = _obj(b, f"preload.bindings[{i}]")
+        try:
+            bindings.append(Binding(**{k: b[k] for k in Binding.__dataclass_fields__ if k in b}))
+        except TypeError as exc:
+            raise _Bad(f"preload.bindings[{i}]: {exc}") from None
+    eff = doc.get("effective")
+    if eff is not None and not isinstance(eff, bool):
+        raise _Bad(f"preload.effective is not true/false/null: {eff!r}")
+    return Preload(requested=_tuple(doc.get("requested"), "preload.requested"),
+                   effective=eff,
+                   verdict=_str_or_none(doc.get("verdict", "none requested"), "preload.verdict"),
+                   reasons=_tuple(doc.get("reasons"), "preload.reasons"),
+                   notes=_tuple(doc.get("notes"), "preload.notes"),
+                   bindings=tuple(bindings))
+
+
+def _value(doc, what):
+    doc = _obj(doc, what)
+    return Value(value=_int_or_none(doc.get("value"), f"{what}.value"),
+                 provenance=_str_or_none(doc.get("provenance", "unknown"),
+                                         f"{what}.provenance"),
+                 source=_str_or_none(doc.get("source"), f"{what}.source"))
+
+
+def _finding(doc, what):
+    doc = _obj(doc, what)
+    if not isinstance(doc.get("id"), str) or not isinstance(doc.get("title"), str):
+        raise _Bad(f"{what} has no id/title")
+    knob = doc.get("knob")
+    if knob is not None:
+        knob = _obj(knob, f"{what}.knob")
+        if not isinstance(knob.get("name"), str):
+            raise _Bad(f"{what}.knob has no name")
+        knob = Knob(**{k: knob[k] for k in Knob.__dataclass_fields__ if k in knob})
+    return Finding(id=doc["id"], severity=doc.get("severity", "info"), title=doc["title"],
+                   evidence=_obj(doc.get("evidence"), f"{what}.evidence"), knob=knob,
+                   expected_effect_bytes=_int_or_none(doc.get("expected_effect_bytes"),
+                                                      f"{what}.expected_effect_bytes"),
+                   confidence=doc.get("confidence", "medium"))
+
+
+def _collector(doc, what):
+    doc = _obj(doc, what)
+    dur = doc.get("duration_s", 0.0)
+    if not isinstance(dur, (int, float)) or isinstance(dur, bool):
+        raise _Bad(f"{what}.duration_s is not a number")
+    return CollectorStatus(ok=bool(doc.get("ok", True)),
+                           error=_str_or_none(doc.get("error"), f"{what}.error"),
+                           duration_s=dur,
+                           pause_us=_int_or_none(doc.get("pause_us"), f"{what}.pause_us"))
+
+
+def _taken_at(text):
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise _Bad(f"taken_at is not an ISO-8601 string: {text!r}")
+    try:
+        dt = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise _Bad(f"taken_at is not an ISO-8601 time: {text!r}") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=datetime.timezone.utc)
+    return dt.timestamp()
+
+
+def snapshot_from_json(doc):
+    """The Snapshot whose ``to_json()`` is DOC.  Raises MalformedData."""
+    try:
+        return _snapshot(doc)
+    except _Bad as exc:
+        raise MalformedData(f"not an allocdiag snapshot: {exc}") from None
+
+
+def _snapshot(doc):
+    doc = _obj(doc, "snapshot")
+    version = doc.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise _Bad(f"schema_version {version!r} (this allocdiag reads {SCHEMA_VERSION})")
+    pid = doc.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool):
+        raise _Bad(f"pid is not an integer: {pid!r}")
+    stats = {k: _value(v, f"stats.{k}") for k, v in _obj(doc.get("stats"), "stats").items()}
+    collectors = {k: _collector(v, f"collectors.{k}")
+                  for k, v in _obj(doc.get("collectors"), "collectors").items()}
+    return Snapshot(
+        pid=pid, comm=_str_or_none(doc.get("comm"), "comm"),
+        exe=_str_or_none(doc.get("exe"), "exe"),
+        taken_at=_taken_at(doc.get("taken_at")),
+        allocator=_allocator_ref(doc.get("allocator"), "allocator", Allocator),
+        preload=_preload(doc.get("preload")),
+        process=_ints(ProcessMemory, doc.get("process"), "process"),
+        cgroup=_ints(CgroupMemory, doc.get("cgroup"), "cgroup"),
+        stats=stats, native=_obj(doc.get("native"), "native"),
+        findings=tuple(_finding(f, f"findings[{i}]")
+                       for i, f in enumerate(_tuple(doc.get("findings"), "findings"))),
+        collectors=collectors, schema_version=version)
+
+
+def read_recording(path):
+    """All snapshots of the recording at PATH, in order.
+
+    Raises MalformedData (with the line number) for a file that is not a
+    recording, a truncated line, or an empty file; OSError when it cannot be
+    opened at all.
+    """
+    out = []
+    lineno = 0
+    try:
+        with _open(path, "r") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                truncated = not line.endswith("\n")
+                try:
+                    doc = json.loads(line)
+                except ValueError as exc:
+                    what = "truncated (the recording was cut off?)" if truncated else str(exc)
+                    raise MalformedData(f"{path}: line {lineno}: {what}") from None
+                try:
+                    out.append(snapshot_from_json(doc))
+                except MalformedData as exc:
+                    raise MalformedData(f"{path}: line {lineno}: {exc.msg}") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError) as exc:
+        raise MalformedData(f"{path}: after line {lineno}: not a readable recording "
+                            f"({exc.__class__.__name__}: {exc})") from None
+    if not out:
+        raise MalformedData(f"{path}: no snapshots in the recording")
+    return out
+
+
+def _default_sampler(no_attach):
+    from diag import snapshot as snapshot_mod
+    import inspect
+    params = inspect.signature(snapshot_mod.take).parameters
+    kwargs = {}
+    if "no_attach" in params:
+        kwargs["no_attach"] = no_attach
+    elif "attach" in params:
+        kwargs["attach"] = not no_attach
+    return lambda pid: snapshot_mod.take(pid, **kwargs)[0]
+
+
+def record(pid, path, interval=2.0, duration=None, progress_cb=None, no_attach=False,
+           sampler=None, stop=None):
+    """Sample PID every INTERVAL seconds into the recording PATH.
+
+    Stops after DURATION seconds (None: until interrupted or the process
+    exits), or when ``stop()`` returns true.  ``progress_cb(count, snapshot)``
+    is called after each written sample.  A process that exits after the
+    first sample ends the recording normally; one that does not exist at the
+    start raises NoSuchProcess.  Returns the number of snapshots written.
+    ``sampler(pid) -> Snapshot`` replaces ``diag.snapshot.take`` (tests,
+    library use).
+    """
+    sampler = sampler or _default_sampler(no_attach)
+    start = time.monotonic()
+    next_at = start
+    with Recorder(path) as rec:
+        while True:
+            try:
+                snap = sampler(pid)
+            except NoSuchProcess:
+                if rec.count == 0:
+                    raise
+                break
+            rec.write(snap)
+            if progress_cb is not None:
+                progress_cb(rec.count, snap)
+            next_at += interval
+            now = time.monotonic()
+            if duration is not None and next_at - start > duration + 1e-9:
+                break
+            if stop is not None and stop():
+                break
+            if next_at > now:
+                time.sleep(next_at - now)
+            else:
+                next_at = now   # sampling is slower than the interval: don't burst
+        return rec.count
