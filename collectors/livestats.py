@@ -36,6 +36,9 @@ LiveStats = namedtuple("LiveStats", "kind native stats pause_us thread")
 
 SCRATCH_TEXT = 48 * 1024      # bytes of scratch for text/XML outputs
 _IONBF = 2                    # stdio.h
+LARGE_TEXT = 4 << 20          # malloc_info of hundreds of arenas
+_PROT_READ, _PROT_WRITE = 1, 2
+_MAP_PRIVATE, _MAP_ANONYMOUS = 0x02, 0x20
 
 # mimalloc 2.0.x option enum (include/mimalloc.h of 2.0.9, Debian's
 # libmimalloc-dev); index = mi_option_t value.  2.1+ renamed the purge
@@ -244,6 +247,7 @@ def _glibc_plan(res, obj, alloc, opts):
     if opts["glibc_xml"]:
         a["malloc_info"] = _need(res.address(obj, "malloc_info"), "malloc_info", "glibc")
         a.update(_libc_stdio(res))
+        a["mmap"], a["munmap"] = res.libc("mmap"), res.libc("munmap")
     return a
 
 
@@ -257,7 +261,33 @@ def _glibc_gather(c, a, opts):
         raw["malloc_info_rc"] = c.call(a["malloc_info"], 0, f) & 0xFFFFFFFF
         c.call(a["fclose"], f)
         raw["malloc_info"] = c.cstring(buf, SCRATCH_TEXT)
+        if len(raw["malloc_info"]) >= SCRATCH_TEXT - 1 and a["mmap"] and a["munmap"]:
+            # Many arenas: too big for the stack scratch.  Retry into a
+            # private anonymous mapping (not malloc: no allocator side
+            # effect), unmapped again before the thread is released.
+            raw["malloc_info"] = _malloc_info_mmap(c, a, raw)
     return raw
+
+
+def _malloc_info_mmap(c, a, raw):
+    size = LARGE_TEXT
+    mem = c.call(a["mmap"], 0, size, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE | _MAP_ANONYMOUS,
+                 (1 << 64) - 1, 0)
+    if mem >= (1 << 64) - 4096 or mem == 0:        # MAP_FAILED
+        return raw["malloc_info"]
+    try:
+        mode = c.scratch(16)
+        c.write(mode, b"w\0")
+        f = c.call(a["fmemopen"], mem, size, mode)
+        if f == 0:
+            return raw["malloc_info"]
+        c.call(a["setvbuf"], f, 0, _IONBF, 0)
+        raw["malloc_info_rc"] = c.call(a["malloc_info"], 0, f) & 0xFFFFFFFF
+        c.call(a["fclose"], f)
+        raw["malloc_info_mmap"] = size
+        return c.cstring(mem, size)
+    finally:
+        c.call(a["munmap"], mem, size)
 
 
 def _glibc_parse(raw, alloc):
@@ -266,11 +296,15 @@ def _glibc_parse(raw, alloc):
         xml, rc = raw["malloc_info"], raw["malloc_info_rc"]
         native["side_effects"] = ["fmemopen: one FILE (~500 bytes) malloc'd and freed in the "
                                   "borrowed thread's arena"]
+        if "malloc_info_mmap" in raw:
+            native["side_effects"].append(f"a {raw['malloc_info_mmap']}-byte anonymous mapping "
+                                          "for the XML, unmapped before the thread was released")
         if rc != 0:
             native["malloc_info_error"] = f"malloc_info returned {rc}"
-        elif len(xml) >= SCRATCH_TEXT - 1:
-            native["malloc_info_error"] = (f"malloc_info output did not fit {SCRATCH_TEXT} bytes "
-                                           "of scratch (many arenas); per-arena detail omitted")
+        elif len(xml) >= raw.get("malloc_info_mmap", SCRATCH_TEXT) - 1:
+            native["malloc_info_error"] = (f"malloc_info output did not fit "
+                                           f"{raw.get('malloc_info_mmap', SCRATCH_TEXT)} bytes; "
+                                           "per-arena detail omitted")
         else:
             native["malloc_info"] = glibc_stats.parse_malloc_info(xml)
     return native

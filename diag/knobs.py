@@ -65,13 +65,13 @@ def jemalloc_knobs(native):
         if "2_conf_harder" in label:
             sources.append((label, parse_conf(text)))
     out = {}
-    live = {"dirty_decay_ms": ("opt.dirty_decay_ms", "arenas.dirty_decay_ms",
-                               "stats.arenas.4096.dirty_decay_ms"),
-            "muzzy_decay_ms": ("opt.muzzy_decay_ms", "arenas.muzzy_decay_ms",
-                               "stats.arenas.4096.muzzy_decay_ms"),
-            "background_thread": ("opt.background_thread", "background_thread", None),
-            "narenas": ("opt.narenas", None, None),
-            "tcache": ("opt.tcache", None, None)}
+    # (opt.* as configured at start, the runtime value).  The merged
+    # pseudo-arena 4096 reports -1 for decay times: it has none of its own.
+    live = {"dirty_decay_ms": ("opt.dirty_decay_ms", "arenas.dirty_decay_ms"),
+            "muzzy_decay_ms": ("opt.muzzy_decay_ms", "arenas.muzzy_decay_ms"),
+            "background_thread": ("opt.background_thread", "background_thread"),
+            "narenas": ("opt.narenas", None),
+            "tcache": ("opt.tcache", None)}
     how = {"dirty_decay_ms": f"{env_name}=dirty_decay_ms:N at start, or `allocdiag set PID "
                              "dirty_decay_ms=N` (arena.<i>.dirty_decay_ms) at runtime",
            "muzzy_decay_ms": f"{env_name}=muzzy_decay_ms:N at start, or `allocdiag set PID "
@@ -80,7 +80,7 @@ def jemalloc_knobs(native):
                                 "PID background_thread=true` at runtime",
            "narenas": f"{env_name}=narenas:N at start (not changeable at runtime)",
            "tcache": f"{env_name}=tcache:false at start"}
-    for name, (opt, runtime, merged) in live.items():
+    for name, (opt, runtime) in live.items():
         conf_value, conf_source = _winner(name, sources, JEMALLOC_DEFAULTS.get(name))
         current, source = conf_value, conf_source
         if opt in m:
@@ -90,10 +90,8 @@ def jemalloc_knobs(native):
                 source = f"{conf_source} asked for {conf_value}, but opt.{name} is {current}: ignored"
             elif conf_source == "compiled default":
                 source = "compiled default"
-        for key in (runtime, merged):
-            if key and key in m and opt in m and _fmt(m[key]) != _fmt(m[opt]):
-                current, source = _fmt(m[key]), f"changed at runtime ({key})"
-                break
+        if runtime and runtime in m and opt in m and _fmt(m[runtime]) != _fmt(m[opt]):
+            current, source = _fmt(m[runtime]), f"changed at runtime ({runtime})"
         out[name] = Knob(name=name, current=current, source=source, how=how[name])
     env = config.get("env") or {}
     if prefix and env.get("MALLOC_CONF") and not env.get(env_name):

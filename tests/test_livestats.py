@@ -181,3 +181,22 @@ def test_inspect_from_unknown_or_missing_file(tmp_path):
     assert r.returncode == 5 and "not a recognised stats file" in r.stderr
     r = run_cli("inspect", "--from", str(tmp_path / "nope"))
     assert r.returncode == 5 and "no such file" in r.stderr
+
+
+def test_many_arenas_xml_via_mmap_leaves_no_mapping():
+    # 16 arenas: malloc_info does not fit the stack scratch; the retry uses a
+    # private mapping that must be gone when the thread is released.
+    from examples import launch
+    p = launch.start("arena_sprawl", "glibc")
+    try:
+        launch.wait_ready(p, 60)
+        with open(f"/proc/{p.pid}/maps") as f:
+            before = f.read()
+        det, ls = live(p.pid)
+        with open(f"/proc/{p.pid}/maps") as f:
+            after = f.read()
+    finally:
+        launch.stop(p)
+    assert len(ls.native["malloc_info"]["arenas"]) >= 8
+    assert any("anonymous mapping" in s for s in ls.native["side_effects"])
+    assert before == after
