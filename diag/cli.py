@@ -146,6 +146,19 @@ def build_parser():
     st.add_argument("assignment", metavar="KNOB=VALUE")
     st.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     st.add_argument("--json", action="store_true", help="print one JSON document")
+    dm = sub.add_parser(
+        "demo", help="run the classic allocator situations from examples/ and look at them",
+        description="Start a set of the example workloads (LazyFree-inflated RSS under jemalloc, "
+                    "glibc holding freed memory, arena sprawl, a fragmentation staircase, a "
+                    "preload typo) under the installed allocators, then open the terminal UI on "
+                    "them; with --no-tui print `explain` for each.  Every workload is stopped when "
+                    "the demo ends.  Needs about 1 GiB of memory.",
+        epilog="examples:\n  allocdiag demo\n  allocdiag demo --no-tui --only glibc_held\n\n"
+               + EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    dm.add_argument("--no-tui", action="store_true", help="print explain for each instead")
+    dm.add_argument("--only", action="append", metavar="WORKLOAD",
+                    help="run only this workload (repeatable); see --list")
+    dm.add_argument("--list", action="store_true", help="list the workloads and exit")
     return p
 
 
@@ -480,5 +493,14 @@ def cmd_set(args):
     return EXIT_OK
 
 
-COMMANDS = {"ps": cmd_ps, "inspect": cmd_inspect, "preload": cmd_preload, "explain": cmd_explain,
+def cmd_demo(args):
+    from diag import demo
+    if args.list:
+        for name, alloc, dargs, what in demo.SCENES:
+            print(f"{name:18} {alloc:10} {what}")
+        return EXIT_OK
+    return demo.run(only=args.only, tui=not args.no_tui)
+
+
+COMMANDS = {"demo": cmd_demo, "ps": cmd_ps, "inspect": cmd_inspect, "preload": cmd_preload, "explain": cmd_explain,
             "release": cmd_release, "set": cmd_set}
