@@ -150,7 +150,10 @@ def test_inspect_json_carries_live_stats_and_pause():
     assert doc["collectors"]["remote"]["ok"] and doc["collectors"]["remote"]["pause_us"] > 0
     assert doc["native"]["mallctl"]["stats.allocated"] == doc["stats"]["allocated"]["value"]
     nd = json.loads(n.stdout)
-    assert "remote" not in nd["collectors"] and nd["native"] == {}
+    # No remote call: nothing the allocator said, only what /proc and the
+    # ELF files give (configuration sources, knob defaults).
+    assert "remote" not in nd["collectors"]
+    assert set(nd["native"]) <= {"config", "knobs"}
     assert all(v["provenance"] == "unknown" for v in nd["stats"].values())
 
 
