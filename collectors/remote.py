@@ -36,6 +36,9 @@ call_timeout_s=1.0, block_signals=True)``
 ``Call.cstring(addr, limit=1<<20) -> bytes``   NUL-terminated string
 ``Call.tid``, ``Call.kind`` ("idle" or "running"), ``Call.syscall`` (wait name or None)
 
+A borrow must run start to end in one OS thread (ptrace requests are only
+accepted from the tracing thread); different borrows may use different threads.
+
 ``is_quarantined(pid) -> bool`` / ``quarantine_reason(pid) -> str | None``
     After any call timeout or crash the process (pid + start time) is
     quarantined for the rest of this run: every later borrow raises
@@ -119,6 +122,10 @@ def _bit(sig):
 _SYNC_BITS = sum(_bit(s) for s in _SYNC)
 _ALL_BLOCKABLE = ((1 << 64) - 1) & ~(_bit(signal.SIGKILL) | _bit(signal.SIGSTOP))
 
+# Libraries whose syscall wrappers an idle thread legitimately sits in.
+_LIBC_PREFIXES = ("libc.so", "libc-", "ld-linux", "ld-musl", "libc.musl",
+                  "libpthread")
+
 ERESTART = {-512: "ERESTARTSYS", -513: "ERESTARTNOINTR",
             -514: "ERESTARTNOHAND", -516: "ERESTART_RESTARTBLOCK"}
 
@@ -141,6 +148,10 @@ class SigInfo:
 
     def __repr__(self):
         return f"SigInfo({_signame(self.signo)}, code={self.code}, pid={self.pid})"
+
+
+def _our_ids():
+    return (os.getpid(), threading.get_native_id())
 
 
 def _signame(sig):
@@ -294,7 +305,7 @@ class RemoteProcess:
     MAX_SCRATCH = 64 * 1024
 
     def __init__(self, pid, *, forbidden_ranges=(), deadline_s=2.0, procfs="/proc",
-                 call_timeout_s=1.0, block_signals=True, stack_window=512,
+                 call_timeout_s=1.0, block_signals=True, stack_window=2048,
                  stack_headroom=16 * 1024, _unsafe=()):
         self.pid = int(pid)
         self.procfs = procfs
@@ -350,7 +361,7 @@ class RemoteProcess:
                 "the process is stopped (SIGSTOP / job control); allocdiag never "
                 "resumes a stopped process: send it SIGCONT first", pid=self.pid)
         tracer = int(st.get("TracerPid", "0") or 0)
-        if tracer not in (0, os.getpid()):
+        if tracer and tracer not in _our_ids():
             raise RemoteCallError(f"the process is already traced by pid {tracer} "
                                   "(a debugger?)", pid=self.pid)
         if int(st.get("SigIgn", "0"), 16) & _bit(SIGSEGV):
@@ -457,26 +468,38 @@ class RemoteProcess:
         except (NoSuchProcess, RemoteCallError):
             st.gone = True
             raise self._gone_error(st) from None
-        if int(f.get("TracerPid", "0") or 0) != os.getpid():
+        # TracerPid names the tracer *thread* (our tid), not our tgid
+        if int(f.get("TracerPid", "0") or 0) not in _our_ids():
             st.gone = True
             raise self._gone_error(st)
 
     def _gone_error(self, st, when="while stopped"):
-        if not ptrace.process_exists(self.pid, self.procfs) or \
-                _starttime(self.pid, self.procfs) != self._start:
-            return NoSuchProcess(self.pid, f"the process exited {when}")
-        try:
-            st_ = _status_fields(_read_text(f"{self.procfs}/{self.pid}/status", self.pid))
-            if st_.get("State", "")[:1] in ("Z", "X"):
+        """Classify a vanished tracee: process exited, exec'd, or only the
+        thread exited.  The process state lags the thread's exit a little
+        (exit_group kills threads one by one), so look for up to 0.3 s."""
+        t_end = time.monotonic() + 0.3
+        while True:
+            if not ptrace.process_exists(self.pid, self.procfs) or \
+                    _starttime(self.pid, self.procfs) != self._start:
                 return NoSuchProcess(self.pid, f"the process exited {when}")
-            if self._read_auxv() != self._auxv:
-                return RemoteCallError(f"the process executed a new program {when}",
-                                       pid=self.pid)
-        except NoSuchProcess:
-            return NoSuchProcess(self.pid, f"the process exited {when}")
-        except Exception:
-            pass
-        return RemoteCallError(f"thread {st.tid} exited {when}", pid=self.pid)
+            try:
+                f = _status_fields(_read_text(f"{self.procfs}/{self.pid}/status",
+                                              self.pid))
+                if f.get("State", "")[:1] in ("Z", "X"):
+                    return NoSuchProcess(self.pid, f"the process exited {when}")
+                if self._read_auxv() != self._auxv:
+                    return RemoteCallError(f"the process executed a new program {when}",
+                                           pid=self.pid)
+            except NoSuchProcess:
+                return NoSuchProcess(self.pid, f"the process exited {when}")
+            except Exception:
+                pass
+            if time.monotonic() >= t_end:
+                return RemoteCallError(f"thread {st.tid} exited {when}", pid=self.pid)
+            # reap our tracee if it is a zombie, then look again
+            with contextlib.suppress(Exception):
+                ptrace.waitpid_nohang(st.tid, self.pid)
+            time.sleep(0.005)
 
     # ---- acquiring a thread ---------------------------------------------------
     def _stop(self, tid, kind):
@@ -554,6 +577,12 @@ class RemoteProcess:
             name = self.arch.SYSCALL_NAMES.get(nr, f"syscall {nr}")
             if nr not in self.arch.IDLE_SYSCALLS:
                 return f"in {name}"
+            # The wait must not have been issued by the allocator itself (e.g.
+            # a spin-lock back-off sleep): PC may be in libc's syscall wrapper,
+            # but no forbidden non-libc text on the top of the stack.
+            bad = self._idle_caller_check(st)
+            if bad:
+                return f"{name} {bad}"
             st.syscall = name
             st.boundary = ret not in ERESTART
             st.kind = "idle"
@@ -570,6 +599,17 @@ class RemoteProcess:
             if where:
                 return f"return address into {where} at sp+{addr - sp:#x}"
         st.kind = "running"
+        return None
+
+    def _idle_caller_check(self, st):
+        """An idle wait must not be a raw syscall instruction inside allocator
+        text.  (The stack above a libc wrapper is not scanned: its frame holds
+        stale words -- an idle main thread in read() had a stale tcmalloc
+        return address at sp+0 -- and allocators park on futexes, which are
+        never borrowed anyway.)"""
+        pc_where = self._in_forbidden(self.arch.pc(st.regs))
+        if pc_where and not pc_where.startswith(_LIBC_PREFIXES):
+            return f"issued from {pc_where}"
         return None
 
     def _stack_words(self, sp, window):
@@ -747,6 +787,12 @@ class RemoteProcess:
                 raise self._gone_error(st, "during the call")
             if event == ptrace.PTRACE_EVENT_STOP:
                 st.at = "group" if sig in _STOP_SIGNALS else "interrupt"
+                with contextlib.suppress(Exception):
+                    regs = self.arch.get_regs(st.tid, self.pid)
+                    nr, _ = self.arch.syscall_state(regs)
+                    where = (f"in {self.arch.SYSCALL_NAMES.get(nr, nr)}" if nr >= 0
+                             else "running")
+                    why += f" [it was {where} at pc {self.arch.pc(regs):#x}]"
                 break
             if event:
                 ptrace.cont(st.tid, self.pid, 0)
