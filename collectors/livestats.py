@@ -35,6 +35,12 @@ from collectors.remote import RemoteProcess
 LiveStats = namedtuple("LiveStats", "kind native stats pause_us thread")
 
 SCRATCH_TEXT = 48 * 1024      # bytes of scratch for text/XML outputs
+# A stats call that has not returned by then is abandoned: the thread is
+# restored and the process quarantined.  Generous on purpose: under arena
+# contention glibc's mallinfo2 took up to 1.3 s in-process on a saturated
+# 2-core box, and abandoning a call that holds an allocator lock would leave
+# it held.  A timeout is for a call that is truly stuck.
+CALL_TIMEOUT_S = 5.0
 _IONBF = 2                    # stdio.h
 LARGE_TEXT = 4 << 20          # malloc_info of hundreds of arenas
 _PROT_READ, _PROT_WRITE = 1, 2
@@ -157,7 +163,7 @@ def forbidden_ranges(image, detection):
     return out
 
 
-def collect(image, detection, *, deadline_s=2.0, call_timeout_s=1.0, glibc_xml=True,
+def collect(image, detection, *, deadline_s=2.0, call_timeout_s=CALL_TIMEOUT_S, glibc_xml=True,
             per_arena=False, procfs=None):
     """LiveStats for the allocator that serves malloc in IMAGE.
 

@@ -159,6 +159,55 @@ def build_parser():
     dm.add_argument("--only", action="append", metavar="WORKLOAD",
                     help="run only this workload (repeatable); see --list")
     dm.add_argument("--list", action="store_true", help="list the workloads and exit")
+    top = sub.add_parser(
+        "top", help="the host view (terminal UI); also what plain `allocdiag` runs",
+        description="A live table of every readable process: allocator, preload verdict, RSS, "
+                    "anonymous RSS, LazyFree and the top finding; sortable, filterable with /; "
+                    "Enter opens the process view.  Nothing is stopped for the table; the process "
+                    "view borrows one idle thread of its target per sample (--no-attach: never).",
+        epilog="keys: ? help, q quit\n\n" + EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    top.add_argument("--no-attach", action="store_true", help="never stop a thread of any target")
+
+    wa = sub.add_parser(
+        "watch", help="live process view: allocator stacks, history, findings, actions",
+        description="The process view of the terminal UI for PID: the allocator stack "
+                    "(allocated / active / resident, mapped shown apart), the RSS split "
+                    "(allocator-held / LazyFree / other anon / file / shmem), cgroup usage and "
+                    "working set, a history of the layers, the allocator's own tables, findings "
+                    "with their knobs, and actions (release now, set a knob, pause, interval, "
+                    "record).  Each sample borrows one idle thread of the target for about a "
+                    "millisecond; the default interval keeps that far below 1% of wall time.",
+        epilog="examples:\n  allocdiag watch 1234\n  allocdiag watch --interval 5 --no-attach 1234\n\n"
+               "keys: ? help, space pause, i interval, r release, k knob, w record, q quit\n\n"
+               + EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    wa.add_argument("pid", type=_pid)
+    wa.add_argument("--interval", type=float, default=2.0, metavar="S",
+                    help="seconds between samples (default 2)")
+    wa.add_argument("--no-attach", action="store_true", help="read /proc only; never stop a thread")
+
+    rc = sub.add_parser(
+        "record", help="record snapshots of PID to a JSON Lines file (gzip with .gz)",
+        description="Write one snapshot per line -- the same document as `inspect --json` -- every "
+                    "INTERVAL seconds until DURATION passes, the process exits, or Ctrl-C.  A "
+                    "recording is how an incident is shared: `allocdiag replay FILE` opens it in "
+                    "the process view.",
+        epilog="examples:\n  allocdiag record 1234 -o incident.jsonl.gz --duration 600\n\n"
+               + EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    rc.add_argument("pid", type=_pid)
+    rc.add_argument("-o", "--output", required=True, metavar="FILE")
+    rc.add_argument("--interval", type=float, default=2.0, metavar="S")
+    rc.add_argument("--duration", type=float, default=None, metavar="S",
+                    help="stop after S seconds (default: until the process exits or Ctrl-C)")
+    rc.add_argument("--no-attach", action="store_true", help="read /proc only; never stop a thread")
+
+    rp = sub.add_parser(
+        "replay", help="open a recording in the process view, with time navigation",
+        description="Open a recording made by `allocdiag record` (or the TUI's w key) in the "
+                    "process view; left/right step through samples, Home/End jump.",
+        epilog="examples:\n  allocdiag replay incident.jsonl.gz\n\n" + EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    rp.add_argument("file")
     return p
 
 
@@ -166,7 +215,7 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        args = parser.parse_args(["ps"] + (argv or sys.argv[1:]))
+        args = parser.parse_args(["top"] + (argv if argv is not None else sys.argv[1:]))
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
@@ -502,5 +551,51 @@ def cmd_demo(args):
     return demo.run(only=args.only, tui=not args.no_tui)
 
 
-COMMANDS = {"demo": cmd_demo, "ps": cmd_ps, "inspect": cmd_inspect, "preload": cmd_preload, "explain": cmd_explain,
+def cmd_top(args):
+    from tui import app
+    return app.run_host(no_attach=args.no_attach)
+
+
+def cmd_watch(args):
+    from tui import app
+    if args.interval < 0.2:
+        raise UsageError("--interval must be at least 0.2 seconds")
+    return app.run_watch(args.pid, interval=args.interval, no_attach=args.no_attach)
+
+
+def cmd_replay(args):
+    from tui import app
+    return app.run_replay(args.file)
+
+
+def cmd_record(args):
+    from diag import recording
+    if args.interval < 0.2:
+        raise UsageError("--interval must be at least 0.2 seconds")
+    tty = sys.stderr.isatty()
+    t0 = time.monotonic()
+
+    def progress(count, snap):
+        rss = render.human_bytes(snap.process.rss)
+        msg = f"{count} snapshots, {time.monotonic() - t0:.0f} s, RSS {rss} -> {args.output}"
+        if tty:
+            print("\r" + msg, end="", file=sys.stderr, flush=True)
+        elif count == 1 or count % 30 == 0:
+            print(msg, file=sys.stderr)
+
+    try:
+        n = recording.record(args.pid, args.output, interval=args.interval,
+                             duration=args.duration, progress_cb=progress,
+                             no_attach=args.no_attach)
+    except KeyboardInterrupt:
+        n = None
+    if tty:
+        print(file=sys.stderr)
+    print(f"recorded {'' if n is None else n} snapshots of pid {args.pid} to {args.output}",
+          file=sys.stderr)
+    return EXIT_OK
+
+
+COMMANDS = {"top": cmd_top, "watch": cmd_watch, "record": cmd_record, "replay": cmd_replay,
+            "demo": cmd_demo, "ps": cmd_ps, "inspect": cmd_inspect, "preload": cmd_preload, "explain": cmd_explain,
             "release": cmd_release, "set": cmd_set}

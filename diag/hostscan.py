@@ -10,6 +10,8 @@ from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess
 from collectors.image import ProcessImage
 from collectors.preload import verdict
 from collectors.procfs import ProcFS
+from diag import findings
+from diag.model import Snapshot
 
 
 class ScanResult:
@@ -35,6 +37,9 @@ def scan_one(pid, procfs):
     det = detect(image)
     pre = verdict(image, det)
     a = det.allocator
+    # Findings that need no stop (LazyFree, preload, two allocators): the
+    # same rules as a full snapshot, on what /proc says.
+    top = findings.evaluate(Snapshot(pid=pid, allocator=a, preload=pre, process=mem))
     return {
         "pid": pid, "comm": image.comm,
         "allocator": {"kind": a.kind, "linkage": a.linkage, "version": a.version,
@@ -42,6 +47,8 @@ def scan_one(pid, procfs):
         "preload": {"effective": pre.effective, "verdict": pre.verdict},
         "rss": mem.rss, "rss_anon": mem.rss_anon, "lazyfree": mem.lazyfree,
         "threads": mem.threads,
+        "top_finding": top[0].title if top else None,
+        "findings": [f.id for f in top],
     }
 
 

@@ -1,0 +1,116 @@
+"""diag.recording: JSON Lines record/replay of Snapshot documents."""
+
+import gzip
+import json
+import os
+
+import pytest
+
+from collectors.errors import MalformedData, NoSuchProcess
+from diag.model import Snapshot
+from diag.recording import Recorder, read_recording, record, snapshot_from_json
+from test_tui import SNAPSHOTS, jemalloc_snapshot, staircase
+
+
+def _line(snap):
+    return json.dumps(snap.to_json(), separators=(",", ":"))
+
+
+@pytest.mark.parametrize("kind", sorted(SNAPSHOTS))
+def test_round_trip_is_exact(kind, tmp_path):
+    # GIVEN a snapshot of each allocator (findings, knobs, native dicts, unknowns)
+    snap = SNAPSHOTS[kind]()
+    path = tmp_path / "r.jsonl"
+    with Recorder(path) as rec:
+        rec.write(snap)
+    # WHEN read back
+    (back,) = read_recording(path)
+    # THEN its document is byte-for-byte the recorded line
+    text = path.read_text()
+    assert _line(back) + "\n" == text
+    # and the model is equal where JSON can say it (taken_at at µs resolution)
+    assert back.stats == snap.stats and back.process == snap.process
+    assert back.findings == snap.findings and back.allocator == snap.allocator
+    assert back.preload == snap.preload and back.collectors == snap.collectors
+    assert back.taken_at == snap.taken_at
+
+
+def test_snapshot_equality_when_native_is_json_shaped():
+    snap = jemalloc_snapshot()          # native: str keys, lists only
+    assert snapshot_from_json(json.loads(_line(snap))) == snap
+
+
+def test_gzip(tmp_path):
+    path = tmp_path / "r.jsonl.gz"
+    snaps = staircase(5)
+    with Recorder(path) as rec:
+        for s in snaps:
+            rec.write(s)
+    assert rec.count == 5
+    with gzip.open(path, "rt") as f:
+        assert len(f.readlines()) == 5
+    assert [s.process.rss for s in read_recording(path)] == [s.process.rss for s in snaps]
+
+
+def test_malformed_and_truncated(tmp_path):
+    good = _line(jemalloc_snapshot())
+    cases = {
+        "truncated.jsonl": good + "\n" + good[: len(good) // 2],
+        "garbage.jsonl": "hello\n",
+        "notasnapshot.jsonl": json.dumps({"schema_version": 1, "pid": "x"}) + "\n",
+        "wrongversion.jsonl": good.replace('"schema_version":1', '"schema_version":99') + "\n",
+        "badnumber.jsonl": good.replace('"rss":4294967296', '"rss":"4 GiB"') + "\n",
+        "empty.jsonl": "",
+        "list.jsonl": "[1,2]\n",
+    }
+    for name, text in cases.items():
+        p = tmp_path / name
+        p.write_text(text)
+        with pytest.raises(MalformedData) as info:
+            read_recording(p)
+        assert name in str(info.value)
+    with pytest.raises(MalformedData, match="line 2: truncated"):
+        read_recording(tmp_path / "truncated.jsonl")
+    with pytest.raises(MalformedData, match="rss is not an integer"):
+        read_recording(tmp_path / "badnumber.jsonl")
+    # a gzip file cut off mid-stream
+    gz = tmp_path / "cut.jsonl.gz"
+    with gzip.open(gz, "wt") as f:
+        for s in staircase(20):
+            f.write(_line(s) + "\n")
+    data = gz.read_bytes()
+    gz.write_bytes(data[: len(data) // 2])
+    with pytest.raises(MalformedData, match="not a readable recording"):
+        read_recording(gz)
+    # not gzip at all, but named .gz
+    bad = tmp_path / "plain.jsonl.gz"
+    bad.write_text(good + "\n")
+    with pytest.raises(MalformedData):
+        read_recording(bad)
+
+
+def test_record_this_process(tmp_path):
+    # real sampling (diag.snapshot.take) of the test process itself
+    path = tmp_path / "self.jsonl.gz"
+    seen = []
+    n = record(os.getpid(), path, interval=0.05, duration=0.15, no_attach=True,
+               progress_cb=lambda count, snap: seen.append(count))
+    assert n == len(seen) and n >= 2      # at least the first and one more
+    snaps = read_recording(path)
+    assert len(snaps) == n and all(s.pid == os.getpid() and s.process.rss for s in snaps)
+
+
+def test_record_stops_when_the_process_exits(tmp_path):
+    snaps = staircase(3)
+    calls = iter(snaps)
+
+    def sampler(pid):
+        try:
+            return next(calls)
+        except StopIteration:
+            raise NoSuchProcess(pid) from None
+
+    assert record(4242, tmp_path / "r.jsonl", interval=0, sampler=sampler) == 3
+    with pytest.raises(NoSuchProcess):
+        record(4242, tmp_path / "r2.jsonl", interval=0,
+               sampler=lambda pid: (_ for _ in ()).throw(NoSuchProcess(pid)))

@@ -1,0 +1,151 @@
+"""Where the TUI gets its data.  The app never reads /proc or ptrace itself.
+
+Three roles, each a small duck-typed interface (tests inject fakes built
+from constructed Snapshots):
+
+``HostSource``
+    ``scan() -> ScanResult``-like object: ``.rows`` (dicts as in
+    ``diag.hostscan``), ``.denied``, ``.vanished``.
+
+``ProcessSource``
+    ``sample() -> Snapshot`` (raises NoSuchProcess / AccessDenied /
+    other AllocdiagError); ``release() -> dict`` (before/after);
+    ``set_knob(name, value) -> (old, new)``; ``backlog() -> [Snapshot]``
+    (samples taken before the view opened; empty for a live process);
+    ``close()`` (detach).  Attributes: ``pid``, ``live`` (True: poll it;
+    False: a fixed series to navigate), ``no_attach``, ``label``.
+
+``ReplaySource``
+    A ProcessSource over a recording: ``live`` is False, ``backlog()`` is
+    the whole recording, ``sample()`` returns its last snapshot, actions
+    raise ActionUnavailable.
+
+Sources are called from worker threads; they must not touch the UI.
+"""
+
+import importlib
+import inspect
+
+from collectors.errors import AllocdiagError
+
+
+class ActionUnavailable(AllocdiagError):
+    """An action the source cannot perform (yet, or in this mode)."""
+
+    exit_code = 5
+
+
+def _actions_module():
+    """``diag.actions`` when it exists (implemented separately), else None."""
+    try:
+        return importlib.import_module("diag.actions")
+    except ModuleNotFoundError as exc:
+        if exc.name in ("diag.actions",):
+            return None
+        raise
+
+
+class HostSource:
+    """Every readable process on this host (``diag.hostscan.scan``)."""
+
+    def __init__(self, procfs_root="/proc", pids=None):
+        self.procfs_root = procfs_root
+        self.pids = list(pids) if pids is not None else None   # demo: only these
+
+    def scan(self):
+        from diag import hostscan
+        return hostscan.scan(self.procfs_root, pids=self.pids)
+
+
+class ProcessSource:
+    """One live process, sampled with ``diag.snapshot.take``."""
+
+    live = True
+
+    def __init__(self, pid, no_attach=False):
+        self.pid = int(pid)
+        self.no_attach = bool(no_attach)
+        self.label = f"pid {self.pid}" + (" (--no-attach)" if self.no_attach else "")
+        self._take_kwargs = None
+
+    def _kwargs(self, take):
+        # diag.snapshot.take grows its remote-stats switch separately; pass
+        # --no-attach under whichever name it has, or not at all (procfs only).
+        if self._take_kwargs is None:
+            params = inspect.signature(take).parameters
+            if "no_attach" in params:
+                self._take_kwargs = {"no_attach": self.no_attach}
+            elif "attach" in params:
+                self._take_kwargs = {"attach": not self.no_attach}
+            else:
+                self._take_kwargs = {}
+        return self._take_kwargs
+
+    def sample(self):
+        from diag import snapshot
+        snap, _collected = snapshot.take(self.pid, **self._kwargs(snapshot.take))
+        return snap
+
+    def backlog(self):
+        return []
+
+    def _action(self, name):
+        if self.no_attach:
+            raise ActionUnavailable(f"{name} needs to call into the process; "
+                                    "started with --no-attach", pid=self.pid)
+        mod = _actions_module()
+        fn = getattr(mod, name, None) if mod is not None else None
+        if fn is None:
+            raise ActionUnavailable(f"{name} is not available yet in this allocdiag "
+                                    "(diag.actions is not installed)", pid=self.pid)
+        return fn
+
+    def release(self):
+        """``diag.actions.release``: a dict with ``before``/``after`` (Snapshots or
+        dicts of numbers), ``call`` and the pause."""
+        return self._action("release")(self.pid)
+
+    def set_knob(self, name, value):
+        """``diag.actions.set_knob`` -> (old, new)."""
+        result = self._action("set_knob")(self.pid, name, value)
+        if isinstance(result, dict):
+            return result.get("old"), result.get("new")
+        return tuple(result)
+
+    def close(self):
+        mod = _actions_module()
+        detach = getattr(mod, "detach", None) if mod is not None else None
+        if detach is not None:
+            detach(self.pid)
+
+
+class ReplaySource:
+    """A recording (``diag.recording``) seen through the ProcessSource interface."""
+
+    live = False
+    no_attach = True
+
+    def __init__(self, path=None, snapshots=None):
+        if snapshots is None:
+            from diag.recording import read_recording
+            snapshots = read_recording(path)   # MalformedData on a bad file
+        self.path = path
+        self.snapshots = list(snapshots)
+        first = self.snapshots[0]
+        self.pid = first.pid
+        self.label = f"replay {path}" if path else "replay"
+
+    def sample(self):
+        return self.snapshots[-1]
+
+    def backlog(self):
+        return list(self.snapshots)
+
+    def release(self):
+        raise ActionUnavailable("a recording cannot release memory")
+
+    def set_knob(self, name, value):
+        raise ActionUnavailable("a recording has no knobs to set")
+
+    def close(self):
+        pass
