@@ -144,14 +144,22 @@ def syscall_state(regs):
     return _signed(regs.orig_rax), _signed(regs.rax)
 
 
+MAX_ARGS = 12   # six in registers, the rest on the stack
+
+
 def prepare_call(regs, func, args, top):
     """Registers and memory writes for calling FUNC(*ARGS) with the frame
     entirely below address TOP (which the engine already put below the red
     zone and its scratch).  Returns (new_regs, [(addr, bytes)], lowest_addr)."""
-    if len(args) > len(ARG_REGS):
-        raise ValueError(f"at most {len(ARG_REGS)} integer arguments on {NAME}")
+    if len(args) > MAX_ARGS:
+        raise ValueError(f"at most {MAX_ARGS} integer arguments on {NAME}")
     new = copy_regs(regs)
-    sp_ = (top & ~(STACK_ALIGN - 1)) - WORD       # entry: rsp % 16 == 8
+    # SysV: integer args 7.. go on the stack, the 7th at [rsp+8] at entry,
+    # above the return address; the block is padded so rsp % 16 == 8 at entry.
+    stack_args = [int(v) & MASK64 for v in args[len(ARG_REGS):]]
+    block = WORD * len(stack_args)
+    base = (top - block) & ~(STACK_ALIGN - 1)      # 16-aligned at the call
+    sp_ = base - WORD                              # the return address slot
     for name, val in zip(ARG_REGS, args):
         setattr(new, name, int(val) & MASK64)
     new.rip = func & MASK64
@@ -159,7 +167,8 @@ def prepare_call(regs, func, args, top):
     new.rax = 0
     new.orig_rax = MASK64                          # -1: no syscall restart
     new.eflags &= ~(_EFLAGS_DF | _EFLAGS_TF)
-    return new, [(sp_, b"\0" * WORD)], sp_
+    frame = b"\0" * WORD + b"".join(v.to_bytes(WORD, "little") for v in stack_args)
+    return new, [(sp_, frame)], sp_
 
 
 def return_value(regs):

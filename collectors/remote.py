@@ -934,6 +934,7 @@ class Call:
         self.tid = st.tid
         self.kind = st.kind
         self.syscall = st.syscall
+        self.max_args = rp.arch.MAX_ARGS
 
     def call(self, func_addr, *args, timeout_s=None):
         """Call FUNC_ADDR(*ARGS) (integer args) in the thread; returns rax."""

@@ -120,6 +120,11 @@ def test_mimalloc_stats_match_target():
     assert cur["min"] <= p["current_commit"] <= cur["max"]
     assert ls.stats["resident"].provenance == "measured"
     assert ls.stats["allocated"].provenance == "unknown"      # release build
+    # mi_process_info's 8 out-parameters (two passed on the stack); its
+    # current_rss is the commit counter on Linux.
+    pi = ls.native["process_info"]
+    assert pi["current_rss"] == pi["current_commit"] and pi["current_rss_is_commit"]
+    assert pi["peak_rss"] >= 1 << 20
     opts = ls.native["options"]
     assert opts["decommit_delay"] == 25 and opts["allow_decommit"] == 1   # 2.0.9 defaults
 

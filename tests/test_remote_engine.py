@@ -731,3 +731,17 @@ def test_all_threads_busy_is_refused(alloc):
         assert rp.stats["calls"] == 0
         assert t.alive()
         assert_released(t.pid)
+
+
+def test_stack_arguments_beyond_six(waits):
+    # snprintf(buf, n, fmt, a, b, c, d, e): 8 arguments, two on the stack
+    # (SysV: the 7th at [rsp+8] at entry).  The string it writes proves each.
+    t, a = waits("read")
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))
+    with rp.borrow() as c:
+        buf, fmt = c.scratch(128), c.scratch(64)
+        c.write(fmt, b"%ld,%ld,%ld,%ld,%ld\0")
+        n = c.call(a["snprintf"], buf, 128, fmt, 11, 22, 33, 44, 55)
+        out = c.cstring(buf)
+    assert out == b"11,22,33,44,55" and n == len(out)
+    assert t.alive()

@@ -336,11 +336,11 @@ int main(int argc, char **argv)
         usleep(1000);
     printf("READY tid=%d main=%d stats=%p add6=%p slow_fn=%p hang_fn=%p crash_fn=%p "
            "check_align=%p clobber_vectors=%p strlen=%p memset=%p mallinfo2=%p "
-           "getpid=%p bigbuf=%p\n",
+           "getpid=%p bigbuf=%p snprintf=%p\n",
            (int)worker_tid, (int)getpid(), (void *)&stats, (void *)add6, (void *)slow_fn,
            (void *)hang_fn, (void *)crash_fn, (void *)check_align,
            (void *)clobber_vectors, (void *)strlen, (void *)memset, (void *)mallinfo2,
-           (void *)getpid, (void *)bigbuf);
+           (void *)getpid, (void *)bigbuf, (void *)snprintf);
     fflush(stdout);
 
     if (!strcmp(mode, "read")) {
