@@ -25,6 +25,15 @@ from collectors.errors import AccessDenied, NoSuchProcess, RemoteCallError
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
+PR_SET_TIMERSLACK = 29
+
+
+def set_timerslack_ns(ns):
+    """Timer slack of the calling thread (prctl PR_SET_TIMERSLACK): the
+    tracer's short sleeps while it waits for a tracee should not be rounded
+    up by the default 50 us.  Best effort."""
+    _libc.prctl(PR_SET_TIMERSLACK, ctypes.c_ulong(ns), 0, 0, 0)
+
 # ---- request numbers (include/uapi/linux/ptrace.h; generic across arches) ----
 PTRACE_CONT = 7
 PTRACE_DETACH = 17
