@@ -9,8 +9,9 @@
     allocdiag stops no serving thread, so its window should look like the
     quiet one; gdb stops them all.
 (b) The borrowed thread's own stop per full snapshot (pause_us) on an idle
-    and on a busy target, next to the in-process cost of the same calls
-    (timed by the target itself, see pause_target.c).
+    target and on a saturated one (4 churning threads per core), next to the
+    in-process cost of the same calls under the same load (timed by the
+    target itself, see pause_target.c).
 
     python bench/pause.py [--allocators glibc,jemalloc,tcmalloc] [--threads 4] [--reps 15]
 Goals (issue 3): serving threads not stopped (>= 10x below gdb); borrowed
@@ -77,9 +78,22 @@ def run(allocator, nthreads, reps, gdb):
                        "set debug-file-directory /nonexistent", "-ex", GDB_CALL[allocator]]
                 theirs.append(window(gapmap, nthreads, lambda: subprocess.run(
                     cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)))
-            busy_inproc = inproc_ns(t, 200) / 1000.0
             gapmap.close()
-    return quiet, ours, theirs, pauses, busy_inproc
+    return quiet, ours, theirs
+
+
+def saturated(allocator, nthreads, reps):
+    """Borrowed-thread stop and in-process cost of the same calls with
+    NTHREADS churning threads (more than the cores: the box is saturated)."""
+    exe = build_c(os.path.join(HERE, "pause_target.c"), "-lpthread", "-ldl", name="pause_target")
+    with tempfile.NamedTemporaryFile(prefix="allocdiag-gaps-") as gf:
+        gf.write(b"\0" * 4096)
+        gf.flush()
+        with start([exe, str(nthreads), gf.name], allocator=allocator, stderr=subprocess.DEVNULL) as t:
+            snapshot.take(t.pid)
+            pauses = [snapshot.take(t.pid)[0].collectors["remote"].pause_us for _ in range(reps)]
+            inproc = inproc_ns(t, 50) / 1000.0
+    return pauses, inproc
 
 
 def idle_pause(allocator, reps):
@@ -107,8 +121,10 @@ def main():
     args = ap.parse_args()
     gdb = None if args.no_gdb else shutil.which("gdb")
     for allocator in args.allocators.split(","):
-        quiet, ours, theirs, pauses, busy_in = run(allocator, args.threads, args.reps, gdb)
+        quiet, ours, theirs = run(allocator, args.threads, args.reps, gdb)
         idle, idle_in = idle_pause(allocator, args.reps)
+        busy_threads = 4 * (os.cpu_count() or 2)
+        pauses, busy_in = saturated(allocator, busy_threads, args.reps)
         print(f"== {allocator}: {args.threads} serving threads churning malloc/free")
         print(f"  (a) longest serving-thread gap, median of windows:")
         print(f"      no snapshot        {med(quiet):9.0f} us")
@@ -118,8 +134,8 @@ def main():
                   f"gdb/allocdiag = {med(theirs) / max(med(ours), 1):.0f}x")
         print(f"  (b) borrowed thread stop per snapshot (pause_us), median:")
         print(f"      idle target        {med(idle):9.0f} us   in-process same calls {idle_in:7.0f} us")
-        print(f"      busy target        {med(pauses):9.0f} us   in-process same calls {busy_in:7.0f} us   "
-              f"ratio {med(pauses) / max(busy_in, 1):.1f}x")
+        print(f"      saturated target   {med(pauses):9.0f} us   in-process same calls {busy_in:7.0f} us   "
+              f"ratio {med(pauses) / max(busy_in, 1):.1f}x   ({busy_threads} churning threads)")
 
 
 if __name__ == "__main__":
