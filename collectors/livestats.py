@@ -402,10 +402,20 @@ def _jemalloc_parse(raw, alloc):
 
 # -- tcmalloc ---------------------------------------------------------------------
 
+# Both tcmalloc flavours: (numeric-property getter, stats-text function,
+# property names, whether the getter takes the name's length).
+_TC_FLAVOURS = {
+    "tcmalloc": ("MallocExtension_GetNumericProperty", "MallocExtension_GetStats",
+                 tcmalloc_stats.GPERFTOOLS_PROPERTIES, False),
+    "tcmalloc-google": ("MallocExtension_Internal_GetNumericProperty", "TCMalloc_Internal_GetStats",
+                        tcmalloc_stats.GOOGLE_TCMALLOC_PROPERTIES, True),
+}
+
+
 def _tcmalloc_plan(res, obj, alloc, opts):
-    name = "MallocExtension_GetNumericProperty"
-    return {"get": _need(res.address(obj, name), name, "tcmalloc"),
-            "stats": res.address(obj, "MallocExtension_GetStats")}
+    get, stats, props, with_length = _TC_FLAVOURS[alloc.kind]
+    return {"get": _need(res.address(obj, get), get, alloc.kind), "stats": res.address(obj, stats),
+            "props": props, "with_length": with_length}
 
 
 def _properties(c, get, names, with_length):
@@ -430,7 +440,7 @@ def _stats_text(c, fn):
 
 
 def _tcmalloc_gather(c, a, opts):
-    raw = {"properties": _properties(c, a["get"], tcmalloc_stats.GPERFTOOLS_PROPERTIES, False)}
+    raw = {"properties": _properties(c, a["get"], a["props"], a["with_length"])}
     if a["stats"]:
         raw["getstats"] = _stats_text(c, a["stats"])
     return raw
@@ -439,30 +449,14 @@ def _tcmalloc_gather(c, a, opts):
 def _tcmalloc_parse(raw, alloc):
     native = {"properties": raw["properties"]}
     if "getstats" in raw:
+        text = raw["getstats"].decode(errors="replace")
+        if alloc.kind == "tcmalloc-google":
+            native["getstats_text"] = text      # its own format; kept verbatim
+            return native
         try:
-            native["getstats"] = tcmalloc_stats.parse_getstats(raw["getstats"].decode(errors="replace"))
+            native["getstats"] = tcmalloc_stats.parse_getstats(text)
         except AllocdiagError as exc:
             native["getstats_error"] = str(exc)
-    return native
-
-
-def _google_plan(res, obj, alloc, opts):
-    name = "MallocExtension_Internal_GetNumericProperty"
-    return {"get": _need(res.address(obj, name), name, "tcmalloc-google"),
-            "stats": res.address(obj, "TCMalloc_Internal_GetStats")}
-
-
-def _google_gather(c, a, opts):
-    raw = {"properties": _properties(c, a["get"], tcmalloc_stats.GOOGLE_TCMALLOC_PROPERTIES, True)}
-    if a["stats"]:
-        raw["getstats_text"] = _stats_text(c, a["stats"])
-    return raw
-
-
-def _google_parse(raw, alloc):
-    native = {"properties": raw["properties"]}
-    if "getstats_text" in raw:
-        native["getstats_text"] = raw["getstats_text"].decode(errors="replace")
     return native
 
 
@@ -528,7 +522,7 @@ _COLLECTORS = {
     "glibc": (_glibc_plan, _glibc_gather, _glibc_parse),
     "jemalloc": (_jemalloc_plan, _jemalloc_gather, _jemalloc_parse),
     "tcmalloc": (_tcmalloc_plan, _tcmalloc_gather, _tcmalloc_parse),
-    "tcmalloc-google": (_google_plan, _google_gather, _google_parse),
+    "tcmalloc-google": (_tcmalloc_plan, _tcmalloc_gather, _tcmalloc_parse),
     "mimalloc": (_mimalloc_plan, _mimalloc_gather, _mimalloc_parse),
 }
 

@@ -24,7 +24,7 @@ Side effects, reported in ``native["side_effects"]``:
 import ctypes
 import os
 
-from collectors.errors import Unsupported
+from collectors.errors import AllocdiagError, Unsupported
 from collectors import glibc_stats, jemalloc_stats, tcmalloc_stats, mimalloc_stats
 
 
@@ -56,7 +56,35 @@ def _has(lib, name):
 
 
 def malloc_provider():
-    """(path of the object defining the process's malloc, its ctypes handle)."""
+    """(path of the object defining the process's malloc, its ctypes handle).
+
+    Asks collectors.detect about this very process first (the malloc GOT
+    slot, read from /proc/self/mem).  ``dlsym(RTLD_DEFAULT, "malloc")`` is
+    not enough: in a non-PIE executable that takes malloc's address (Debian's
+    /usr/bin/python3.11) the canonical address is the executable's own PLT
+    stub, and dladdr then names the executable."""
+    try:
+        from collectors.detect import detect as detect_process
+        from collectors.image import ProcessImage
+        det = detect_process(ProcessImage(os.getpid()))
+        if det.serving is not None and det.allocator.kind != "unknown":
+            path = det.serving.path
+            try:
+                exe = os.path.realpath("/proc/self/exe")
+            except OSError:
+                exe = None
+            if exe and os.path.realpath(path) == exe:
+                return path, ctypes.CDLL(None)
+            try:
+                return path, ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+            except OSError:
+                pass
+    except AllocdiagError:
+        pass
+    return _dladdr_provider()
+
+
+def _dladdr_provider():
     default = ctypes.CDLL(None)
     addr = ctypes.cast(default.malloc, ctypes.c_void_p).value
     info = _DlInfo()

@@ -208,3 +208,16 @@ def test_many_arenas_xml_via_mmap_leaves_no_mapping():
     assert len(ls.native["malloc_info"]["arenas"]) >= 8
     assert any("anonymous mapping" in s for s in ls.native["side_effects"])
     assert before == after
+
+
+def test_google_tcmalloc_entry_points_called():
+    # The stand-in executable exports google/tcmalloc's C ABI (no Debian
+    # package exists): the property getter takes (name, length, value*) and
+    # the stats text is copied out of TCMalloc_Internal_GetStats's buffer.
+    exe = build_c("fake_google_tcmalloc.c", name="fake_google_tcmalloc")
+    with start([exe]) as t:
+        det, ls = live(t.pid)
+        assert t.alive()
+    assert ls.kind == "tcmalloc-google"
+    assert ls.native["properties"] and set(ls.native["properties"].values()) == {0}
+    assert ls.native["getstats_text"].startswith("MALLOC:")
