@@ -13,6 +13,8 @@ import os
 import signal
 import sys
 
+from collectors.errors import Unsupported
+
 # (workload, allocator, args, what it shows)
 SCENES = (
     ("lying_rss", "jemalloc", (), "LazyFree inflating RSS (jemalloc muzzy decay)"),
@@ -24,15 +26,21 @@ SCENES = (
 
 
 def _examples():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    try:
-        from examples import launch
-    except ImportError:
-        raise SystemExit("allocdiag demo needs the examples/ directory of a source checkout "
-                         "(run it from the repository: sh tools/bootstrap.sh run demo)")
-    return launch
+    """examples.launch from the source checkout: next to this package when
+    run from the tree, else the current directory (the installed package
+    does not carry examples/), else $ALLOCDIAG_EXAMPLES' parent."""
+    roots = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.getcwd()]
+    if os.environ.get("ALLOCDIAG_EXAMPLES"):
+        roots.insert(0, os.path.dirname(os.path.abspath(os.environ["ALLOCDIAG_EXAMPLES"])))
+    for root in roots:
+        if os.path.isfile(os.path.join(root, "examples", "launch.py")):
+            if root not in sys.path:
+                sys.path.insert(0, root)
+            from examples import launch
+            return launch
+    raise Unsupported("allocdiag demo needs the examples/ directory of a source checkout: run it "
+                      "from the repository (sh tools/bootstrap.sh run demo) or set "
+                      "ALLOCDIAG_EXAMPLES=/path/to/examples")
 
 
 def available(only=None):

@@ -121,3 +121,23 @@ def test_permission_denied_partial_with_help():
     assert doc["collectors"]["maps"]["ok"] is False
     assert "ptrace_scope" in r.stderr and "CAP_SYS_PTRACE" in r.stderr
     assert ps.returncode == 0 and "not readable" in ps.stderr
+
+
+def test_demo_from_installed_package_runs_and_leaves_no_children(tmp_path):
+    # The console script of the installed package, run from the checkout as
+    # the README says: it must find examples/ there, show the situation and
+    # stop its workloads.
+    script = os.path.join(os.path.dirname(sys.executable), "allocdiag")
+    if not os.path.exists(script):
+        pytest.skip("allocdiag console script not installed in this environment")
+    r = subprocess.run([script, "demo", "--no-tui", "--only", "glibc_held"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "glibc-free-held" in r.stdout or "glibc holds" in r.stdout
+    left = subprocess.run(["pgrep", "-f", "glibc_held-"], capture_output=True, text=True)
+    assert left.stdout.strip() == ""
+    r = subprocess.run([script, "demo", "--list"], capture_output=True, text=True, cwd=str(tmp_path))
+    assert r.returncode == 0 and "lying_rss" in r.stdout
+    r = subprocess.run([script, "demo", "--no-tui"], capture_output=True, text=True, cwd=str(tmp_path),
+                       env={k: v for k, v in os.environ.items() if k != "ALLOCDIAG_EXAMPLES"})
+    assert r.returncode == 5 and "examples/ directory" in r.stderr and "Traceback" not in r.stderr
