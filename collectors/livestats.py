@@ -28,9 +28,10 @@ import struct
 import time
 from collections import namedtuple
 
-from collectors import glibc_stats, jemalloc_stats, mimalloc_stats, tcmalloc_stats
+from collectors import glibc_stats, heapmaps, jemalloc_stats, mimalloc_stats, tcmalloc_stats
 from collectors.errors import AllocdiagError, RemoteCallError, Unsupported
 from collectors.remote import RemoteProcess
+from diag.model import Value
 
 LiveStats = namedtuple("LiveStats", "kind native stats pause_us thread")
 
@@ -197,6 +198,13 @@ def collect(image, detection, *, deadline_s=2.0, call_timeout_s=CALL_TIMEOUT_S, 
     native = parse(raw, detection.allocator)
     native["collect_s"] = round(collect_s, 6)
     stats = _normalise(kind, native)
+    if kind == "glibc" and stats.get("resident", Value()).value is None:
+        res, heaps = heapmaps.glibc_heap_resident(image.procfs, image.pid)
+        if res is not None:
+            native["heap_resident"] = {"bytes": res, "arena_heaps": heaps}
+            stats["resident"] = Value.derived(
+                res, "smaps Rss of [heap] + the 64 MiB-aligned arena heaps (mmapped chunks "
+                     "not attributed: a lower bound)")
     return LiveStats(kind, native, stats, list(rp.pause_us), thread)
 
 

@@ -249,10 +249,14 @@ def glibc_top_not_trimmed(snap, table, floor):
     keep = (snap.native.get("mallinfo2") or {}).get("keepcost")
     if not keep or keep < floor:
         return None
+    tt = table.get("trim_threshold")
+    why = (f"trim_threshold is {tt.current} ({tt.source})" if tt is not None and
+           tt.source != "compiled default" else
+           "glibc's dynamic trim threshold rose after large mmapped chunks were freed "
+           "(it becomes 2 x mmap_threshold)")
     return Finding(
         id="glibc-top-chunk", severity="info",
-        title=f"{_mib(keep)} at the top of the main heap is free but not trimmed: glibc's dynamic "
-              "trim threshold rose after large mmapped chunks were freed (2 x mmap_threshold)",
+        title=f"{_mib(keep)} at the top of the main heap is free but not trimmed: {why}",
         evidence={"keepcost": keep},
         knob=_knob(table, "trim_threshold", "e.g. 16777216",
                    "GLIBC_TUNABLES=glibc.malloc.trim_threshold=N (fixes both thresholds: "
@@ -310,8 +314,10 @@ def mimalloc_held(snap, table, floor):
         return None
     return Finding(
         id="mimalloc-decommit-delay", severity="info",
-        title=f"mimalloc keeps {_mib(committed)} committed; freed segments are decommitted only after "
-              f"decommit_delay={dd.current} ms ({dd.source})",
+        title=f"mimalloc keeps {_mib(committed)} committed. It decommits freed memory only after "
+              f"decommit_delay={dd.current} ms ({dd.source}) and only when the program calls into "
+              "mimalloc again, so an idle process keeps what it freed; a release build cannot say "
+              "how much of it is live (`allocdiag release` runs mi_collect(true) to find out)",
         evidence={"committed": committed, "rss_anon": anon},
         knob=_knob(table, "decommit_delay", "0"), expected_effect_bytes=None, confidence="low")
 

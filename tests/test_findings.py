@@ -239,3 +239,52 @@ def test_trend_peak_retention_and_quiet():
     flat = [(100 * MiB, 150 * MiB)] * 8
     assert findings.trends(series(flat)) == ()
     assert findings.trends(series(flat[:3])) == ()          # too few samples
+
+
+def test_jemalloc_fragmentation():
+    # 2M x 128 B, 7 of 8 freed: slabs stay active, most of their bytes free.
+    with start([build_c("frag.c"), "2000000", "128", "8"], allocator="jemalloc") as t:
+        snap, _ = snapshot.take(t.pid)
+    f = finding(snap, "jemalloc-fragmentation")
+    assert f.evidence["ratio"] >= 1.4 and f.expected_effect_bytes >= 64 * MiB
+
+
+def test_jemalloc_too_many_arenas():
+    env = {"MALLOC_CONF": "narenas:64,background_thread:false"}
+    with start([build_c("burst.c"), "256", "64", "0"], allocator="jemalloc", env=env) as t:
+        snap, _ = snapshot.take(t.pid)
+    f = finding(snap, "jemalloc-too-many-arenas")
+    # arenas.narenas counts jemalloc 5.3's extra arena for huge allocations
+    # (oversize_threshold): 64 configured -> 65.
+    assert f.evidence["narenas"] in (64, 65)
+    assert f.knob.current == "64" and f.knob.source == "env MALLOC_CONF"
+
+
+def test_glibc_top_chunk_not_trimmed():
+    env = {"MALLOC_TRIM_THRESHOLD_": "1073741824"}
+    with start([build_c("burst.c"), "256", "64", "0"], env=env) as t:
+        snap, _ = snapshot.take(t.pid)
+        r = actions.release(t.pid)
+    f = finding(snap, "glibc-top-chunk")
+    assert f.evidence["keepcost"] >= 200 * MiB
+    assert "env MALLOC_TRIM_THRESHOLD_" in f.title
+    assert r["before"].process.rss - r["after"].process.rss >= 200 * MiB
+
+
+def test_tcmalloc_thread_caches():
+    env = {"TCMALLOC_MAX_TOTAL_THREAD_CACHE_BYTES": "1073741824"}
+    with Example("arena_sprawl", "tcmalloc", args=("--live", "400"), env=env) as p:
+        snap, _ = snapshot.take(p.pid)
+    f = finding(snap, "tcmalloc-thread-caches")
+    assert f.evidence["thread_cache_free"] >= 64 * MiB
+    assert f.knob.current == "1073741824" and "env" in f.knob.source
+
+
+def test_mimalloc_idle_after_burst_and_release():
+    with start([build_c("burst.c"), "256", "64", "0"], allocator="mimalloc") as t:
+        snap, _ = snapshot.take(t.pid)
+        f = finding(snap, "mimalloc-decommit-delay")
+        assert f.knob.current == "25" and f.knob.source == "compiled default"
+        r = actions.release(t.pid)
+    assert r["call"] == "mi_collect(true)"
+    assert r["before"].process.rss - r["after"].process.rss >= 100 * MiB

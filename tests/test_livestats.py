@@ -221,3 +221,18 @@ def test_google_tcmalloc_entry_points_called():
     assert ls.kind == "tcmalloc-google"
     assert ls.native["properties"] and set(ls.native["properties"].values()) == {0}
     assert ls.native["getstats_text"].startswith("MALLOC:")
+
+
+def test_glibc_resident_attributed_from_smaps():
+    from examples import launch
+    p = launch.start("arena_sprawl", "glibc", args=("--live", "600"))
+    try:
+        launch.wait_ready(p, 60)
+        snap, _ = snapshot.take(p.pid)
+    finally:
+        launch.stop(p)
+    res = snap.stats["resident"]
+    assert res.provenance == "derived" and "lower bound" in res.source
+    assert snap.native["heap_resident"]["arena_heaps"] >= 8
+    # Nearly all of this process's anonymous memory is glibc heaps.
+    assert 0.8 * snap.process.rss_anon <= res.value <= snap.process.rss_anon
