@@ -256,7 +256,7 @@ def _dump(doc):
 
 def cmd_ps(args):
     from diag import hostscan
-    result = hostscan.scan(procfs_root=args.proc)
+    result = hostscan.scan(procfs_root=args.proc, workers=min(2, os.cpu_count() or 1))
     rows = result.rows
     key = {"rss": lambda r: -(r["rss"] or 0), "pid": lambda r: r["pid"],
            "lazyfree": lambda r: -(r["lazyfree"] or 0), "anon": lambda r: -(r["rss_anon"] or 0)}

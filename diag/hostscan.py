@@ -52,10 +52,48 @@ def scan_one(pid, procfs):
     }
 
 
-def scan(procfs_root="/proc", pids=None):
+# Below this many processes a second worker costs more than it saves.
+PARALLEL_MIN = 300
+
+
+def scan(procfs_root="/proc", pids=None, workers=1):
+    """Scan PIDS (default: every process).  WORKERS > 1 splits a large scan
+    over forked processes (most of the cost is the kernel producing
+    smaps_rollup and maps, which one Python process does serially).  Only
+    for single-threaded callers such as the CLI: forking a threaded program
+    (the TUI) is not safe."""
     procfs = ProcFS(procfs_root)
+    pids = list(pids) if pids is not None else procfs.pids()
+    if workers > 1 and len(pids) >= PARALLEL_MIN:
+        return _scan_parallel(procfs_root, pids, workers)
+    return _scan_serial(procfs, pids)
+
+
+def _scan_chunk(args):
+    root, pids = args
+    r = _scan_serial(ProcFS(root), pids)
+    return r.rows, r.denied, r.vanished, r.failed
+
+
+def _scan_parallel(root, pids, workers):
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    chunks = [pids[i::workers] for i in range(workers)]
     result = ScanResult()
-    for pid in pids if pids is not None else procfs.pids():
+    ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        for rows, denied, vanished, failed in pool.map(_scan_chunk, [(root, c) for c in chunks]):
+            result.rows.extend(rows)
+            result.denied += denied
+            result.vanished += vanished
+            result.failed.extend(failed)
+    result.rows.sort(key=lambda r: r["pid"])
+    return result
+
+
+def _scan_serial(procfs, pids):
+    result = ScanResult()
+    for pid in pids:
         try:
             row = scan_one(pid, procfs)
         except NoSuchProcess:

@@ -141,3 +141,18 @@ def test_demo_from_installed_package_runs_and_leaves_no_children(tmp_path):
     r = subprocess.run([script, "demo", "--no-tui"], capture_output=True, text=True, cwd=str(tmp_path),
                        env={k: v for k, v in os.environ.items() if k != "ALLOCDIAG_EXAMPLES"})
     assert r.returncode == 5 and "examples/ directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_parallel_scan_matches_serial(monkeypatch):
+    from diag import hostscan
+    monkeypatch.setattr(hostscan, "PARALLEL_MIN", 1)
+    with start([build_c("idle.c"), "1"], allocator="jemalloc") as a, \
+            start([build_c("idle.c"), "1"], allocator="tcmalloc") as b:
+        pids = [a.pid, b.pid, os.getpid()]
+        serial = hostscan.scan(pids=pids)
+        parallel = hostscan.scan(pids=pids, workers=2)
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("rss", "rss_anon", "lazyfree")}
+                          for r in rows]
+    assert strip(parallel.rows) == strip(sorted(serial.rows, key=lambda r: r["pid"]))
+    kinds = {r["pid"]: r["allocator"]["kind"] for r in parallel.rows}
+    assert kinds[a.pid] == "jemalloc" and kinds[b.pid] == "tcmalloc"
