@@ -147,8 +147,9 @@ def test_parallel_scan_matches_serial(monkeypatch):
     from diag import hostscan
     monkeypatch.setattr(hostscan, "PARALLEL_MIN", 1)
     with start([build_c("idle.c"), "1"], allocator="jemalloc") as a, \
-            start([build_c("idle.c"), "1"], allocator="tcmalloc") as b:
-        pids = [a.pid, b.pid, os.getpid()]
+            start([build_c("idle.c"), "1"], allocator="tcmalloc") as b, \
+            start([build_c("idle.c"), "1"], allocator="mimalloc") as c:
+        pids = [a.pid, b.pid, c.pid]
         serial = hostscan.scan(pids=pids)
         parallel = hostscan.scan(pids=pids, workers=2)
     strip = lambda rows: [{k: v for k, v in r.items() if k not in ("rss", "rss_anon", "lazyfree")}
