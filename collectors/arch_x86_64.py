@@ -54,11 +54,19 @@ IDLE_SYSCALLS = {
     271: "ppoll",
 }
 
+# restart_syscall(2): what a thread runs when a sleep with a restart block
+# (nanosleep, clock_nanosleep, poll, ppoll) was interrupted -- by our own
+# previous stop, typically -- and resumed.  Also futex waits with a timeout
+# resume this way, so it is only borrowed for a thread we interrupted in one
+# of these sleeps ourselves and whose kernel wait channel is not a futex.
+RESTART_SYSCALL = 219
+RESTART_BLOCK_SLEEPS = frozenset(("nanosleep", "clock_nanosleep", "poll", "ppoll"))
+
 # Names for messages; the ones in the second half are never borrowed (epoll/
 # sigtimedwait/semop return a spurious EINTR after a ptrace stop; the others
 # hold or change allocator or address-space state).
 SYSCALL_NAMES = dict(IDLE_SYSCALLS)
-SYSCALL_NAMES.update({
+SYSCALL_NAMES.update({219: "restart_syscall",
     1: "write", 9: "mmap", 10: "mprotect", 11: "munmap", 12: "brk", 28: "madvise",
     25: "mremap", 56: "clone", 435: "clone3", 202: "futex", 232: "epoll_wait",
     281: "epoll_pwait", 441: "epoll_pwait2", 128: "rt_sigtimedwait",

@@ -86,7 +86,7 @@ import threading
 import time
 
 from collectors import ptrace
-from collectors.errors import (AccessDenied, NoSuchProcess, Quarantined,
+from collectors.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,
                                RemoteCallError, Unsupported)
 
 __all__ = ["RemoteProcess", "Call", "is_quarantined", "quarantine_reason",
@@ -113,6 +113,11 @@ _DEFERRED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
 _SYNC = (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL,
          signal.SIGTRAP, signal.SIGSYS)
 _STOP_SIGNALS = {signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU}
+
+
+# (pid, tid) -> the sleep we interrupted in that thread: it now shows as
+# restart_syscall until the sleep ends (see arch RESTART_SYSCALL).
+_restarted = {}
 
 
 def _bit(sig):
@@ -412,6 +417,8 @@ class RemoteProcess:
                 pc = int(sc[-1], 16) if len(sc) >= 3 else None
             if state == "S" and nr in self.arch.IDLE_SYSCALLS:
                 idle.append((tid, "idle"))
+            elif state == "S" and nr == self.arch.RESTART_SYSCALL and self._restarted_sleep(tid):
+                idle.append((tid, "idle"))
             elif state in ("R", "S") and nr == -1:
                 if not self._forbidden:
                     why[tid] = "running user code (no forbidden ranges to judge it)"
@@ -580,7 +587,9 @@ class RemoteProcess:
         nr, ret = self.arch.syscall_state(st.regs)
         if nr >= 0:
             name = self.arch.SYSCALL_NAMES.get(nr, f"syscall {nr}")
-            if nr not in self.arch.IDLE_SYSCALLS:
+            if nr == self.arch.RESTART_SYSCALL and self._restarted_sleep(st.tid):
+                name = f"{_restarted[(self.pid, st.tid)]} (restarted)"
+            elif nr not in self.arch.IDLE_SYSCALLS:
                 return f"in {name}"
             # The wait must not have been issued by the allocator itself (e.g.
             # a spin-lock back-off sleep): PC may be in libc's syscall wrapper,
@@ -605,6 +614,19 @@ class RemoteProcess:
                 return f"return address into {where} at sp+{addr - sp:#x}"
         st.kind = "running"
         return None
+
+    def _restarted_sleep(self, tid):
+        """True for a thread in restart_syscall that we ourselves stopped in
+        a sleep with a restart block, and that the kernel does not show
+        waiting on a futex (futex waits with a timeout also resume through
+        restart_syscall)."""
+        if (self.pid, tid) not in _restarted:
+            return False
+        try:
+            wchan = _read_text(self._task(tid, "wchan"), self.pid, tid)
+        except AllocdiagError:
+            return False
+        return "futex" not in wchan
 
     def _idle_caller_check(self, st):
         """An idle wait must not be a raw syscall instruction inside allocator
@@ -928,6 +950,11 @@ class RemoteProcess:
                 _unboost(st.tid, boosted)
                 self._release(st)
             finally:
+                base = (st.syscall or "").split(" ")[0]
+                if base in self.arch.RESTART_BLOCK_SLEEPS and not st.boundary:
+                    _restarted[(self.pid, st.tid)] = base
+                else:
+                    _restarted.pop((self.pid, st.tid), None)
                 self.last = {"tid": st.tid, "kind": st.kind, "syscall": st.syscall,
                              "boundary": st.boundary, "calls": st.calls,
                              "group_stop_seen": st.group_stop_seen}

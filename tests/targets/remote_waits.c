@@ -188,6 +188,11 @@ static void *worker(void *arg)
     (void)arg;
     worker_tid = syscall(SYS_gettid);
     struct timespec ts = {0, 30 * 1000 * 1000};
+    if (getenv("WAITS_SLEEP_MS")) {     /* a long sleep: re-borrowing a restarted one */
+        long ms = atol(getenv("WAITS_SLEEP_MS"));
+        ts.tv_sec = ms / 1000;
+        ts.tv_nsec = (ms % 1000) * 1000000L;
+    }
     int efd = epoll_create1(0);
     struct epoll_event ev = {.events = EPOLLIN};
     epoll_ctl(efd, EPOLL_CTL_ADD, pfd[0], &ev);
