@@ -40,7 +40,9 @@ def test_watch_real_jemalloc_process_in_tmux():
     exe = build_c("idle.c")
     with start([exe, "1"], allocator="jemalloc") as target:
         sock = f"allocdiag-test-{uuid.uuid4().hex[:8]}"
-        cmd = (f"cd {ROOT} && {sys.executable} -m tui.app watch {target.pid} --interval 1; "
+        # The real command line: `allocdiag watch` (python -m diag is the
+        # same entry point as the console script).
+        cmd = (f"cd {ROOT} && {sys.executable} -m diag watch {target.pid} --interval 1; "
                f"echo TUI-EXITED-$?; sleep 30")
         try:
             _tmux(sock, "new-session", "-d", "-s", "tui", "-x", "100", "-y", "30",
