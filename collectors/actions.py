@@ -62,7 +62,7 @@ def release(image, detection, deadline_s=2.0):
     else:
         fn, args = _addr(res, obj, "mi_collect", kind), (1,)
     rp = _session(image, detection, deadline_s)
-    with livestats._realtime(), rp.borrow() as c:
+    with rp.borrow() as c:
         if args is None:
             name = c.scratch(32)
             c.write(name, b"arena.4096.purge\0")
@@ -99,7 +99,7 @@ def set_knob(image, detection, name, value, deadline_s=2.0):
     if kind == "glibc":
         fn = _addr(res, obj, "mallopt", kind)
         v = _int(value, name)
-        with livestats._realtime(), rp.borrow() as c:
+        with rp.borrow() as c:
             ok = c.call(fn, MALLOPT[name] & 0xFFFFFFFFFFFFFFFF, v & 0xFFFFFFFFFFFFFFFF) & 0xFFFFFFFF
         if ok != 1:
             raise Unsupported(f"mallopt({name}, {v}) refused by glibc (returned {ok})")
@@ -110,7 +110,7 @@ def set_knob(image, detection, name, value, deadline_s=2.0):
         put = _addr(res, obj, "MallocExtension_SetNumericProperty", kind)
         prop = "tcmalloc." + name
         v = _int(value, name)
-        with livestats._realtime(), rp.borrow() as c:
+        with rp.borrow() as c:
             n, out = c.scratch(64), c.scratch(16)
             c.write(n, prop.encode() + b"\0")
             c.call(get, n, out)
@@ -125,7 +125,7 @@ def set_knob(image, detection, name, value, deadline_s=2.0):
     idx = livestats.MIMALLOC_OPTIONS_2_0.index(name)
     get, put = _addr(res, obj, "mi_option_get", kind), _addr(res, obj, "mi_option_set", kind)
     v = _int(value, name)
-    with livestats._realtime(), rp.borrow() as c:
+    with rp.borrow() as c:
         old = livestats._signed(c.call(get, idx))
         c.call(put, idx, v & 0xFFFFFFFFFFFFFFFF)
         new = livestats._signed(c.call(get, idx))
@@ -145,7 +145,7 @@ def _set_jemalloc(rp, mallctl, name, value):
         if v not in ("true", "false", "1", "0"):
             raise Unsupported("background_thread takes true or false")
         new = v in ("true", "1")
-        with livestats._realtime(), rp.borrow() as c:
+        with rp.borrow() as c:
             n, old, oldlen, newp = c.scratch(32), c.scratch(16), c.scratch(16), c.scratch(16)
             c.write(n, b"background_thread\0")
             c.write(oldlen, struct.pack("<Q", 1))
@@ -156,7 +156,7 @@ def _set_jemalloc(rp, mallctl, name, value):
             raise Unsupported(f"mallctl(background_thread) failed with error {rc}")
         return _b(was), _b(new), "mallctl background_thread (starts/stops jemalloc's purging threads)"
     v = _int(value, name)
-    with livestats._realtime(), rp.borrow() as c:
+    with rp.borrow() as c:
         scratch = (c.scratch(64), c.scratch(16), c.scratch(16))
         narenas = livestats._mallctl_read(c, mallctl, "arenas.narenas", "unsigned", scratch)
         old = livestats._mallctl_read(c, mallctl, f"arenas.{name}", "ssize_t", scratch)

@@ -22,7 +22,6 @@ What each allocator costs the target, per snapshot (one stop):
   version has it.
 """
 
-import contextlib
 import os
 import struct
 import time
@@ -191,7 +190,7 @@ def collect(image, detection, *, deadline_s=2.0, call_timeout_s=CALL_TIMEOUT_S, 
                        deadline_s=deadline_s, call_timeout_s=call_timeout_s,
                        procfs=(procfs or image.procfs.root))
     t0 = time.perf_counter()
-    with _realtime(), rp.borrow() as c:
+    with rp.borrow() as c:
         raw = gather(c, addrs, opts)
         thread = {"tid": c.tid, "kind": c.kind, "syscall": c.syscall}
     collect_s = time.perf_counter() - t0
@@ -206,17 +205,6 @@ def collect(image, detection, *, deadline_s=2.0, call_timeout_s=CALL_TIMEOUT_S, 
                 res, "smaps Rss of [heap] + the 64 MiB-aligned arena heaps (mmapped chunks "
                      "not attributed: a lower bound)")
     return LiveStats(kind, native, stats, list(rp.pause_us), thread)
-
-
-@contextlib.contextmanager
-def _realtime():
-    """Scheduling of the tracer while a target thread is stopped: left as
-    is.  A SCHED_FIFO tracer was tried (DESIGN.md measured ~4x vs ~1.5-2x
-    the in-process cost on a saturated box), but with a waiter that polls it
-    starves the tracee when both share a core (a FIFO task's sched_yield
-    never yields to normal tasks): measured 100 ms stops.  Kept as the one
-    place to change should the wait become fully blocking."""
-    yield
 
 
 def _need(addr, name, kind):
