@@ -27,7 +27,7 @@ import struct
 import time
 from collections import namedtuple
 
-from collectors import glibc_stats, heapmaps, jemalloc_stats, mimalloc_stats, tcmalloc_stats
+from collectors import glibc_stats, heapmaps, jemalloc_stats, mimalloc_stats, remote, tcmalloc_stats
 from collectors.errors import AllocdiagError, RemoteCallError, Unsupported
 from collectors.remote import RemoteProcess
 from diag.model import Value
@@ -316,19 +316,9 @@ JEMALLOC_ARENA_FIELDS = (("pactive", "size_t"), ("pdirty", "size_t"), ("pmuzzy",
 def _jemalloc_plan(res, obj, alloc, opts):
     name = (alloc.prefix or "") + "mallctl"
     image = res.image
-    start = (image.status.get(b"Pid"), _starttime(image))
-    return {"mallctl": _need(res.address(obj, name), name, "jemalloc"),
-            "process_key": (image.pid, start, obj.path)}
-
-
-def _starttime(image):
-    """Start time of the process (field 22 of stat): with the pid, a key
-    that a recycled pid cannot match."""
-    try:
-        stat = image.procfs.read(image.pid, "stat")
-        return int(stat.rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError, AllocdiagError):
-        return None
+    # (pid, start time): a key a recycled pid cannot match.
+    key = (image.pid, remote._starttime(image.pid, image.procfs.root), obj.path)
+    return {"mallctl": _need(res.address(obj, name), name, "jemalloc"), "process_key": key}
 
 
 def _mallctl_read(c, mallctl, name, ctype, scratch):
