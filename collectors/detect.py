@@ -379,26 +379,20 @@ def _others(image, serving, order):
     in_order = {id(o) for o in order}
     out = []
     for obj in image.objects:
-        if obj is serving:
-            # An executable can be both: Go runtime serving + a static C
-            # allocator; or a static binary with a prefixed jemalloc.
-            if obj is image.exe:
-                sig = classify(obj, use_symtab=True)
-                if sig.kind == "jemalloc" and sig.prefix and obj.elf and not obj.elf.is_go:
-                    pass
-                else:
-                    continue
-            else:
-                continue
         sig = classify(obj, use_symtab=(obj is image.exe))
-        if not sig.kind or sig.kind == "unknown" and not sig.defines_malloc:
+        # The serving object is the allocator itself, not an "other" --
+        # unless it is an executable with a prefixed jemalloc inside, beside
+        # the malloc it serves (a static Rust binary).
+        if obj is serving and not (obj is image.exe and sig.kind == "jemalloc" and sig.prefix):
+            continue
+        if not sig.kind or (sig.kind == "unknown" and not sig.defines_malloc):
             continue
         if sig.kind == "go" and obj is image.exe:
             continue
         ev = list(sig.evidence)
         if sig.kind == "jemalloc" and sig.prefix:
             ev.append(f"symbols are prefixed ({sig.prefix}malloc): they do not interpose malloc; "
-                      f"configured by {sig.prefix.upper().lstrip('_') if False else sig.prefix.upper()}MALLOC_CONF")
+                      f"configured by {sig.prefix.upper()}MALLOC_CONF")
         if id(obj) not in in_order:
             ev.append("not in the loader's lookup order: loaded by dlopen() after start")
             linkage = "dlopen"
