@@ -13,7 +13,7 @@ case-insensitively).
 
 import os
 
-from collectors.memory import ProcessMemory
+from collectors.memory import MemoryReader
 from collectors.errors import AllocdiagError
 
 
@@ -48,7 +48,7 @@ def _global_string(image, obj, name, mem):
         return None
     own = mem is None
     try:
-        mem = mem or ProcessMemory(image.pid, image.procfs.root)
+        mem = mem or MemoryReader(image.pid, image.procfs.root)
     except AllocdiagError:
         return None
     try:

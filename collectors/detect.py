@@ -25,7 +25,7 @@ loader name; Go ``.go.buildinfo``.
 import os
 
 from collectors.errors import AccessDenied, NoSuchProcess
-from collectors.memory import ProcessMemory
+from collectors.memory import MemoryReader
 from diag.model import Allocator, AllocatorRef, Binding
 
 JEMALLOC_PREFIXES = ("", "je_", "_rjem_")
@@ -255,7 +255,7 @@ class Detection:
 def detect(image, mem=None, all_bindings=False):
     """Detect the serving allocator of ProcessImage IMAGE.
 
-    MEM is an open ``collectors.memory.ProcessMemory`` (None: opened here;
+    MEM is an open ``collectors.memory.MemoryReader`` (None: opened here;
     when reading memory is denied, detection falls back to lookup order and
     says so in the evidence).
     """
@@ -263,7 +263,7 @@ def detect(image, mem=None, all_bindings=False):
     evidence = []
     if mem is None:
         try:
-            mem = ProcessMemory(image.pid, image.procfs.root)
+            mem = MemoryReader(image.pid, image.procfs.root)
             own_mem = True
         except AccessDenied:
             mem = None

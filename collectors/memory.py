@@ -11,7 +11,7 @@ import struct
 from collectors.errors import AccessDenied, NoSuchProcess
 
 
-class ProcessMemory:
+class MemoryReader:
     """An open handle on one process's memory; use as a context manager."""
 
     def __init__(self, pid, procfs_root="/proc"):
