@@ -13,7 +13,7 @@ import sys
 import time
 
 from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess, Unsupported
-from diag import __version__, render
+from diag import __version__, commands, render
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_NO_PROCESS, EXIT_DENIED, EXIT_UNSUPPORTED, EXIT_PARTIAL = range(7)
 
@@ -208,6 +208,8 @@ def build_parser():
         epilog="examples:\n  allocdiag replay incident.jsonl.gz\n\n" + EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     rp.add_argument("file")
+    for mod in commands.load():
+        mod.add_parser(sub)
     return p
 
 
@@ -217,7 +219,10 @@ def main(argv=None):
     if args.command is None:
         args = parser.parse_args(["top"] + (argv if argv is not None else sys.argv[1:]))
     try:
-        return COMMANDS[args.command](args)
+        handler = COMMANDS.get(args.command)
+        if handler is None:
+            handler = {m.NAME: m.run for m in commands.load()}[args.command]
+        return int(handler(args))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

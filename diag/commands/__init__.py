@@ -1,0 +1,23 @@
+"""One module per command (memray's layout).
+
+Each module in ``MODULES`` defines:
+
+- ``NAME``: the sub-command word;
+- ``add_parser(sub)``: adds its argparse sub-parser to ``sub`` (the object
+  ``ArgumentParser.add_subparsers`` returned) and returns it;
+- ``run(args) -> int``: does the work and returns an ``ExitCode``.
+
+Errors are raised as ``collectors.errors.AllocdiagError`` subclasses; the
+dispatcher in ``diag.cli`` prints them and maps them to exit codes once.
+Shared helpers for command modules live in ``diag.commands.common``.
+"""
+
+import importlib
+
+# Order is the order of `allocdiag --help`.  Add a command by adding its module here.
+MODULES = ()
+
+
+def load():
+    """The command modules, in help order."""
+    return [importlib.import_module(f"diag.commands.{m}") for m in MODULES]

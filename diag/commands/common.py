@@ -1,0 +1,53 @@
+"""Helpers shared by the command modules."""
+
+import argparse
+import json
+import sys
+
+from collectors.errors import AllocdiagError
+from diag.exitcodes import ExitCode, HELP as EXIT_CODES_HELP
+
+__all__ = ["EXIT_CODES_HELP", "UsageError", "pid_arg", "dump_json", "confirm", "add_command"]
+
+
+class UsageError(AllocdiagError):
+    exit_code = ExitCode.USAGE
+
+
+def pid_arg(text):
+    """argparse type for a process id."""
+    try:
+        pid = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a process id: {text!r}") from None
+    if pid <= 0:
+        raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
+    return pid
+
+
+def dump_json(doc, out=None):
+    out = out or sys.stdout
+    json.dump(doc, out, indent=2, sort_keys=False)
+    out.write("\n")
+
+
+def confirm(question, args):
+    """True to go ahead.  Without a terminal to ask on, --yes is required."""
+    if getattr(args, "yes", False):
+        return True
+    if not sys.stdin.isatty():
+        raise UsageError(f"{question} -- refusing without --yes (no terminal to ask on)")
+    answer = input(f"{question} [y/N] ").strip().lower()
+    return answer in ("y", "yes")
+
+
+def add_command(sub, name, *, help, description, examples=(), keys=None):
+    """A sub-parser with the house layout: description, examples, keys, exit codes."""
+    epilog = ""
+    if examples:
+        epilog += "examples:\n" + "".join(f"  {e}\n" for e in examples) + "\n"
+    if keys:
+        epilog += f"keys: {keys}\n\n"
+    epilog += EXIT_CODES_HELP
+    return sub.add_parser(name, help=help, description=description, epilog=epilog,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)

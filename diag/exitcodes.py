@@ -1,0 +1,28 @@
+"""Exit codes of every allocdiag command (DESIGN.md "Output contracts"),
+defined once.  The exception family (collectors.errors) carries the code of
+each error class; the CLI, --help texts and docs read them from here."""
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    INTERNAL = 1        # a bug: re-run with --debug for the traceback
+    USAGE = 2
+    NO_PROCESS = 3      # no such process, or it exited while being read
+    DENIED = 4          # permission denied (ptrace rights, /proc access)
+    UNSUPPORTED = 5     # allocator not detected, or unsupported for what was asked
+    PARTIAL = 6         # some collectors failed; the document is still printed
+
+
+MEANINGS = {
+    ExitCode.OK: "ok",
+    ExitCode.INTERNAL: "internal error (a bug: please report it with the traceback from --debug)",
+    ExitCode.USAGE: "usage error",
+    ExitCode.NO_PROCESS: "no such process (or it exited while being read)",
+    ExitCode.DENIED: "permission denied (run as root, or grant CAP_SYS_PTRACE; see the message)",
+    ExitCode.UNSUPPORTED: "allocator not detected, or unsupported for what was asked",
+    ExitCode.PARTIAL: "partial: some collectors failed; the document is still printed",
+}
+
+HELP = "exit codes:\n" + "".join(f"  {int(c)}  {m}\n" for c, m in MEANINGS.items())
