@@ -18,6 +18,8 @@ import time
 
 import pytest
 
+import deps
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = os.path.join(HERE, "targets")
 BUILD_DIR = os.environ.get("ALLOCDIAG_TEST_BUILD",
@@ -35,9 +37,8 @@ PRELOADS = {
 
 
 def require_file(path):
-    if not os.path.exists(path):
-        pytest.skip(f"{path} is not installed (README's test command installs it)")
-    return path
+    """PATH, or fail naming the Debian package (tools/packages.txt) that provides it."""
+    return deps.need(path)
 
 
 def preload_path(allocator):
@@ -50,8 +51,7 @@ def build_c(source, *flags, name=None):
 
     Returns the path of the executable (or shared object with -shared).
     """
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is not installed")
+    deps.need("gcc")
     src = source if os.path.isabs(source) else os.path.join(SOURCES, source)
     with open(src, "rb") as f:
         text = f.read()
@@ -62,7 +62,8 @@ def build_c(source, *flags, name=None):
     if not os.path.exists(out):
         tmp = out + f".tmp{os.getpid()}"
         cmd = ["gcc", "-O1", "-g", "-o", tmp, src, *flags]
-        res = subprocess.run(cmd, capture_output=True, text=True)
+        # every header and library used must come from a listed package
+        res = deps.check_build(cmd, src)
         if res.returncode != 0:
             raise RuntimeError(f"build failed: {' '.join(cmd)}\n{res.stderr}")
         os.replace(tmp, out)
@@ -153,8 +154,7 @@ JEMALLOC_PIC = f"{LIBDIR}/libjemalloc_pic.a"
 def prefixed_jemalloc_archive(prefix="_rjem_"):
     """A copy of libjemalloc_pic.a with the public API renamed to PREFIX*."""
     require_file(JEMALLOC_PIC)
-    if shutil.which("objcopy") is None:
-        pytest.skip("objcopy (binutils) is not installed")
+    deps.need("objcopy")
     os.makedirs(BUILD_DIR, exist_ok=True)
     out = os.path.join(BUILD_DIR, f"libjemalloc{prefix}pic.a")
     if not os.path.exists(out):

@@ -199,9 +199,8 @@ def test_google_tcmalloc_signature_in_static_executable():
 
 
 def _musl_gcc():
-    import shutil as sh
-    if sh.which("musl-gcc") is None:
-        pytest.skip("musl-gcc (Debian musl-tools) is not installed")
+    import deps
+    deps.need("musl-gcc")
 
 
 @pytest.mark.parametrize("static", [False, True])

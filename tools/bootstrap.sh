@@ -4,20 +4,21 @@
 #   sh tools/bootstrap.sh run [ALLOCDIAG ARGS]   install, then run allocdiag ARGS
 #   sh tools/bootstrap.sh test [PYTEST ARGS]     install with the test extra, run the tests
 #
-# As root on Debian it first installs the system packages it needs (the
-# allocators the tools and tests run targets under, a C compiler, tmux for the
-# terminal test), only those missing.  Then a virtualenv in .venv with the
-# package installed from this checkout.  Safe to run again.
+# As root on Debian it first installs the system packages listed in
+# tools/packages.txt (the one list: "run" ones for the tool and its demo, all
+# of them for the tests), only those missing.  Then a virtualenv in .venv with
+# the package installed from this checkout.  Before the tests it checks that
+# every listed package is installed and that the repository's C/C++ sources
+# use headers from listed packages only (tests/deps.py).  Safe to run again.
 set -eu
 cd "$(dirname "$0")/.."
 mode="${1:-run}"
 [ $# -gt 0 ] && shift
 
-RUN_PKGS="libjemalloc2 libjemalloc-dev libgoogle-perftools4 libmimalloc2.0 python3 python3-venv gcc libc6-dev binutils"
-TEST_PKGS="$RUN_PKGS tmux gdb musl-tools"
-
-need_pkgs=$RUN_PKGS
-[ "$mode" = test ] && need_pkgs=$TEST_PKGS
+# tools/packages.txt: "PACKAGE run|test PROVIDES..." lines, # comments.
+purpose=run
+[ "$mode" = test ] && purpose=test
+need_pkgs=$(awk -v p="$purpose" '{ sub(/#.*/, "") } NF >= 2 && (p == "test" || $2 == "run") { print $1 }' tools/packages.txt)
 if command -v dpkg-query >/dev/null 2>&1; then
     missing=""
     for p in $need_pkgs; do
@@ -52,6 +53,9 @@ run)
     exec .venv/bin/allocdiag "$@"
     ;;
 test)
+    # A green run must not depend on packages installed by hand: every
+    # listed package present, no build input from an unlisted one.
+    "$PY" tests/deps.py check test
     status=0
     .venv/bin/python -m pytest "$@" || status=$?
     if [ "$status" -eq 5 ]; then
