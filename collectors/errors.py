@@ -3,8 +3,11 @@
 Every error a collector can raise about a target process is translated once,
 where the OS call is made, into one of these classes.  Each carries the pid,
 a one-line message and, where the user can do something about it, a
-remediation text.  The CLI maps each class to the exit code in DESIGN.md.
+remediation text.  Each class carries its exit code from diag.exitcodes
+(which, like diag.model, imports nothing of ours).
 """
+
+from diag.exitcodes import ExitCode
 
 PTRACE_HELP = (
     "Reading another process's memory or calling into it needs ptrace rights:\n"
@@ -23,7 +26,7 @@ PTRACE_HELP = (
 class AllocdiagError(Exception):
     """Base class.  ``exit_code`` is the process exit code the CLI uses."""
 
-    exit_code = 1
+    exit_code = ExitCode.INTERNAL
 
     def __init__(self, msg, pid=None, remediation=None):
         super().__init__(msg)
@@ -39,7 +42,7 @@ class AllocdiagError(Exception):
 class NoSuchProcess(AllocdiagError):
     """The process does not exist (or exited while we were reading it)."""
 
-    exit_code = 3
+    exit_code = ExitCode.NO_PROCESS
 
     def __init__(self, pid, msg="no such process"):
         super().__init__(msg, pid=pid)
@@ -48,7 +51,7 @@ class NoSuchProcess(AllocdiagError):
 class AccessDenied(AllocdiagError):
     """The kernel refused a read or a ptrace request for this process."""
 
-    exit_code = 4
+    exit_code = ExitCode.DENIED
 
     def __init__(self, pid, msg="permission denied", remediation=PTRACE_HELP):
         super().__init__(msg, pid=pid, remediation=remediation)
@@ -58,7 +61,7 @@ class Unsupported(AllocdiagError):
     """Allocator not detected, or it cannot do what was asked; also an input
     file that is not in any format allocdiag reads."""
 
-    exit_code = 5
+    exit_code = ExitCode.UNSUPPORTED
 
 
 class MalformedData(Unsupported):
@@ -70,7 +73,7 @@ class MalformedData(Unsupported):
 class RemoteCallError(AllocdiagError):
     """A call into the target could not be made safely, or failed."""
 
-    exit_code = 6
+    exit_code = ExitCode.PARTIAL
 
 
 class Quarantined(RemoteCallError):

@@ -14,6 +14,7 @@ import signal
 import sys
 
 from collectors.errors import Unsupported
+from diag.exitcodes import ExitCode
 
 # (workload, allocator, args, what it shows)
 SCENES = (
@@ -93,17 +94,17 @@ def run(only=None, tui=True, out=sys.stdout):
     scenes = available(only)
     if not scenes:
         print("no demo workload can run here (no allocator installed?)", file=sys.stderr)
-        return 5
+        return ExitCode.UNSUPPORTED
     with running(scenes, progress=lambda m: print(m, file=sys.stderr)) as ready:
         if tui:
             from tui import app
             app.run_host(pids=[pid for pid, *_ in ready])
-            return 0
+            return ExitCode.OK
         from diag import snapshot
-        from diag.cli import print_explain
+        from diag.render_text import print_explain
         for pid, name, alloc, what in ready:
             print(f"=== {name} under {alloc}: {what}", file=out)
             snap, _ = snapshot.take(pid)
             print_explain(snap, out=out)
             print(file=out)
-    return 0
+    return ExitCode.OK

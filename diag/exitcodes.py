@@ -1,6 +1,7 @@
 """Exit codes of every allocdiag command (DESIGN.md "Output contracts"),
 defined once.  The exception family (collectors.errors) carries the code of
-each error class; the CLI, --help texts and docs read them from here."""
+each error class; the CLI, --help texts and docs read them from here.  Like
+diag.model it imports nothing of allocdiag's, so collectors may import it."""
 
 import enum
 
@@ -13,6 +14,7 @@ class ExitCode(enum.IntEnum):
     DENIED = 4          # permission denied (ptrace rights, /proc access)
     UNSUPPORTED = 5     # allocator not detected, or unsupported for what was asked
     PARTIAL = 6         # some collectors failed; the document is still printed
+    INTERRUPTED = 130   # Ctrl-C (128 + SIGINT, the shell's convention)
 
 
 MEANINGS = {

@@ -2,8 +2,10 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -157,3 +159,40 @@ def test_parallel_scan_matches_serial(monkeypatch):
     assert strip(parallel.rows) == strip(sorted(serial.rows, key=lambda r: r["pid"]))
     kinds = {r["pid"]: r["allocator"]["kind"] for r in parallel.rows}
     assert kinds[a.pid] == "jemalloc" and kinds[b.pid] == "tcmalloc"
+
+
+def test_record_ctrl_c_reports_the_count_written(tmp_path):
+    out = tmp_path / "rec.jsonl"
+    with start([build_c("idle.c"), "1"]) as t:
+        env = dict(os.environ, PYTHONPATH=ROOT)
+        proc = subprocess.Popen([sys.executable, "-m", "diag", "record", str(t.pid), "-o", str(out),
+                                 "--interval", "0.2", "--no-attach"],
+                                stderr=subprocess.PIPE, text=True, env=env, cwd="/")
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if out.exists() and out.read_text().count("\n") >= 3:
+                    break
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+    lines = out.read_text().count("\n")
+    assert proc.returncode == 0, err
+    assert f"recorded {lines} snapshots of pid {t.pid}" in err, err
+
+
+@pytest.mark.parametrize("command", [["release", "--yes"], ["set", "--yes", "arena_max=2"]])
+def test_action_that_cannot_borrow_says_why(command):
+    # A stopped process is never resumed by allocdiag: the action is refused,
+    # and the user is told why and what to do, on stderr, with exit 6.
+    with start([build_c("idle.c"), "1"]) as t:
+        os.kill(t.pid, signal.SIGSTOP)
+        try:
+            r = allocdiag(command[0], *command[1:2], str(t.pid), *command[2:])
+        finally:
+            os.kill(t.pid, signal.SIGCONT)
+    assert r.returncode == 6, (r.returncode, r.stderr)
+    assert "stopped" in r.stderr and "SIGCONT" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

@@ -15,7 +15,8 @@ Shared helpers for command modules live in ``diag.commands.common``.
 import importlib
 
 # Order is the order of `allocdiag --help`.  Add a command by adding its module here.
-MODULES = ()
+MODULES = ("top", "watch", "record", "replay", "demo", "ps", "inspect", "preload", "explain",
+           "release", "set")
 
 
 def load():

@@ -7,7 +7,8 @@ import sys
 from collectors.errors import AllocdiagError
 from diag.exitcodes import ExitCode, HELP as EXIT_CODES_HELP
 
-__all__ = ["EXIT_CODES_HELP", "UsageError", "pid_arg", "dump_json", "confirm", "add_command"]
+__all__ = ["EXIT_CODES_HELP", "UsageError", "pid_arg", "sample_interval", "dump_json", "confirm",
+           "add_command", "print_error", "take"]
 
 
 class UsageError(AllocdiagError):
@@ -51,3 +52,30 @@ def add_command(sub, name, *, help, description, examples=(), keys=None):
     epilog += EXIT_CODES_HELP
     return sub.add_parser(name, help=help, description=description, epilog=epilog,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def sample_interval(text):
+    """argparse type for a sampling interval in seconds (at least 0.2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if value < 0.2:
+        raise argparse.ArgumentTypeError("must be at least 0.2 seconds")
+    return value
+
+
+def print_error(exc, out=None):
+    """An AllocdiagError as the user sees it: one line, then the remediation."""
+    out = out or sys.stderr
+    print(f"allocdiag: {exc}", file=out)
+    if exc.remediation:
+        print(exc.remediation, file=out)
+
+
+def take(args, expect=None, attach=False):
+    """A snapshot of args.pid read through args.proc: (Snapshot, Collection)."""
+    from collectors.procfs import ProcFS
+    from diag import snapshot
+    return snapshot.take(args.pid, procfs=ProcFS(args.proc), expect=expect, attach=attach,
+                         per_arena=getattr(args, "arenas", False))
