@@ -250,6 +250,9 @@ class Detection:
         self.bindings = bindings      # [Binding]
         self.order = order            # lookup order
         self.how = how                # "got" | "lookup-order" | "static" | "go" | None
+        # False when the process's memory could not be read (no ptrace
+        # rights): GOT slots unread, the verdict comes from lookup order.
+        self.memory_readable = True
 
 
 def detect(image, mem=None, all_bindings=False):
@@ -270,7 +273,9 @@ def detect(image, mem=None, all_bindings=False):
             evidence.append("process memory not readable (no ptrace rights): "
                             "GOT slots not read, verdict from the loader's lookup order")
     try:
-        return _detect(image, mem, evidence, all_bindings)
+        det = _detect(image, mem, evidence, all_bindings)
+        det.memory_readable = mem is not None
+        return det
     finally:
         if own_mem:
             mem.close()

@@ -116,7 +116,7 @@ def take(pid, procfs=None, cgroup_root="/sys/fs/cgroup", expect=None, rollup=Tru
                 image, det, parent_environ=_parent_environ(procfs, image), expect=expect), Preload())
             # Reading the GOT needs ptrace rights; detection still answered
             # from lookup order, but the snapshot is partial.
-            if any("not readable" in e for e in det.allocator.evidence):
+            if not det.memory_readable:
                 col.status["detect"] = CollectorStatus(
                     False, "process memory not readable: GOT slots not read",
                     col.status["detect"].duration_s)

@@ -219,3 +219,24 @@ def test_musl(static, tmp_path):
     if static:
         assert p.effective is False
         assert any("static executable" in r for r in p.reasons)
+
+
+def test_unreadable_memory_is_a_typed_fact_not_a_phrase(monkeypatch):
+    # Without ptrace rights the GOT cannot be read: detection still answers
+    # from lookup order, says so as a flag (not an English phrase that the
+    # snapshot would have to search for), and the snapshot marks detect partial.
+    from collectors import detect as detect_mod
+    from collectors.errors import AccessDenied
+    from diag import snapshot
+
+    def denied(pid, *a, **kw):
+        raise AccessDenied(pid)
+
+    with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
+        assert detect(ProcessImage(t.pid)).memory_readable is True
+        monkeypatch.setattr(detect_mod, "MemoryReader", denied)
+        det = detect(ProcessImage(t.pid))
+        assert det.memory_readable is False and det.allocator.kind == "jemalloc"
+        snap, col = snapshot.take(t.pid, attach=False)
+    assert col.status["detect"].ok is False and col.partial
+    assert "GOT slots not read" in col.status["detect"].error
