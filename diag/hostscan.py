@@ -2,8 +2,16 @@
 
 Nothing is stopped.  Per process: status, smaps_rollup, maps, the ELF
 objects (parsed once per file for the whole scan, see collectors.elf) and
-one read of the executable's malloc GOT slot.
+one read of the executable's malloc GOT slot.  psutil gives the process
+list, each process's identity (pid + create time), its user name and CPU
+times; its exceptions are translated here, once, into collectors.errors.
 """
+
+import functools
+import pwd
+import time
+
+import psutil
 
 from collectors.detect import detect
 from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess
@@ -27,7 +35,55 @@ class ScanResult:
                 "failed": [{"pid": pid, "error": err} for pid, err in self.failed]}
 
 
-def scan_one(pid, procfs):
+class CpuMeter:
+    """CPU% per process.  The first time a process is seen: its average over
+    its lifetime (what ps(1) shows); afterwards: over the time since the
+    previous scan with the same meter (what top(1) shows).  Keyed by pid and
+    create time, so a recycled pid starts afresh."""
+
+    def __init__(self):
+        self._last = {}         # (pid, create_time) -> (cpu seconds, monotonic time)
+
+    def percent(self, key, cpu_s, create_time):
+        now = time.monotonic()
+        prev = self._last.get(key)
+        self._last[key] = (cpu_s, now)
+        if prev is not None and now > prev[1]:
+            return 100.0 * (cpu_s - prev[0]) / (now - prev[1])
+        age = time.time() - create_time
+        return 100.0 * cpu_s / age if age > 0 else None
+
+    def forget_except(self, keys):
+        self._last = {k: v for k, v in self._last.items() if k in keys}
+
+
+@functools.lru_cache(maxsize=1024)
+def _user_name(uid):
+    """psutil's Process.username() looks the passwd file up for every process;
+    one lookup per uid per run is enough."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:            # a uid with no passwd entry (containers)
+        return str(uid)
+
+
+def _ps_facts(pid, meter):
+    """(user name, CPU%, identity key) from psutil; its errors translated."""
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            t = proc.cpu_times()
+            create = proc.create_time()
+            user = _user_name(proc.uids().real)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        raise NoSuchProcess(pid) from None
+    except psutil.AccessDenied:
+        raise AccessDenied(pid) from None
+    key = (pid, create)
+    return user, meter.percent(key, t.user + t.system, create), key
+
+
+def scan_one(pid, procfs, meter=None):
     """The ps row of PID (dict), raising the collectors' exceptions."""
     status = procfs.status(pid)
     if b"VmRSS" not in status:          # kernel thread: no user memory
@@ -40,8 +96,10 @@ def scan_one(pid, procfs):
     # Findings that need no stop (LazyFree, preload, two allocators): the
     # same rules as a full snapshot, on what /proc says.
     top = findings.evaluate(Snapshot(pid=pid, allocator=a, preload=pre, process=mem))
+    user, cpu, key = _ps_facts(pid, meter or CpuMeter()) if procfs.root == "/proc" else (None, None, None)
     return {
-        "pid": pid, "comm": image.comm,
+        "pid": pid, "comm": image.comm, "user": user,
+        "cpu_percent": None if cpu is None else round(cpu, 1), "_key": key,
         "allocator": {"kind": a.kind, "linkage": a.linkage, "version": a.version,
                       "prefix": a.prefix, "others": [o.kind for o in a.others]},
         "preload": {"effective": pre.effective, "verdict": pre.verdict},
@@ -56,17 +114,24 @@ def scan_one(pid, procfs):
 PARALLEL_MIN = 300
 
 
-def scan(procfs_root="/proc", pids=None, workers=1):
+def scan(procfs_root="/proc", pids=None, workers=1, meter=None):
     """Scan PIDS (default: every process).  WORKERS > 1 splits a large scan
     over forked processes (most of the cost is the kernel producing
     smaps_rollup and maps, which one Python process does serially).  Only
     for single-threaded callers such as the CLI: forking a threaded program
     (the TUI) is not safe."""
     procfs = ProcFS(procfs_root)
-    pids = list(pids) if pids is not None else procfs.pids()
+    if pids is None:
+        pids = psutil.pids() if procfs_root == "/proc" else procfs.pids()
+    pids = list(pids)
     if workers > 1 and len(pids) >= PARALLEL_MIN:
-        return _scan_parallel(procfs_root, pids, workers)
-    return _scan_serial(procfs, pids)
+        result = _scan_parallel(procfs_root, pids, workers)
+    else:
+        result = _scan_serial(procfs, pids, meter)
+    keys = {r.pop("_key") for r in result.rows}
+    if meter is not None:
+        meter.forget_except(keys)
+    return result
 
 
 def _scan_chunk(args):
@@ -91,11 +156,12 @@ def _scan_parallel(root, pids, workers):
     return result
 
 
-def _scan_serial(procfs, pids):
+def _scan_serial(procfs, pids, meter=None):
     result = ScanResult()
+    meter = meter or CpuMeter()
     for pid in pids:
         try:
-            row = scan_one(pid, procfs)
+            row = scan_one(pid, procfs, meter)
         except NoSuchProcess:
             result.vanished += 1
             continue

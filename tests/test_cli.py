@@ -196,3 +196,34 @@ def test_action_that_cannot_borrow_says_why(command):
     assert r.returncode == 6, (r.returncode, r.stderr)
     assert "stopped" in r.stderr and "SIGCONT" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_ps_shows_user_and_cpu_from_psutil():
+    # A busy process shows a high CPU% and its user; psutil's view, through
+    # the host scan (and the meter measures between two scans like top).
+    from diag import hostscan
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(1.0)
+        meter = hostscan.CpuMeter()
+        first = {r["pid"]: r for r in hostscan.scan(pids=[busy.pid], meter=meter).rows}
+        time.sleep(0.5)
+        second = {r["pid"]: r for r in hostscan.scan(pids=[busy.pid], meter=meter).rows}
+        r = allocdiag("ps", "--json")
+    finally:
+        busy.kill()
+        busy.wait()
+    import pwd
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert first[busy.pid]["user"] == me
+    assert first[busy.pid]["cpu_percent"] > 30 and second[busy.pid]["cpu_percent"] > 30
+    row = {p["pid"]: p for p in json.loads(r.stdout)["processes"]}[busy.pid]
+    assert row["user"] == me and row["cpu_percent"] > 30 and "_key" not in row
+
+
+def test_vanished_pid_is_counted_not_raised():
+    from diag import hostscan
+    p = subprocess.Popen(["true"])
+    p.wait()
+    result = hostscan.scan(pids=[p.pid])
+    assert result.rows == [] and result.vanished == 1

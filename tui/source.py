@@ -51,10 +51,13 @@ class HostSource:
     def __init__(self, procfs_root="/proc", pids=None):
         self.procfs_root = procfs_root
         self.pids = list(pids) if pids is not None else None   # demo: only these
+        self.meter = None       # CPU% between refreshes (diag.hostscan.CpuMeter)
 
     def scan(self):
         from diag import hostscan
-        return hostscan.scan(self.procfs_root, pids=self.pids)
+        if self.meter is None:
+            self.meter = hostscan.CpuMeter()
+        return hostscan.scan(self.procfs_root, pids=self.pids, meter=self.meter)
 
 
 class ProcessSource:

@@ -15,7 +15,8 @@ SORT_KEYS = {"rss": lambda r: -(r["rss"] or 0), "pid": lambda r: r["pid"],
 def add_parser(sub):
     p = add_command(
         sub, NAME, help="every readable process: allocator, preload verdict, RSS split",
-        description="List every process the caller can read, with the allocator serving malloc "
+        description="List every process the caller can read, with its user, CPU% (average over "
+                    "its lifetime, as ps shows it), the allocator serving malloc "
                     "(and how it is linked), the LD_PRELOAD verdict, RSS, anonymous RSS, LazyFree "
                     "and thread count.  Nothing is stopped.  Processes that cannot be read are "
                     "counted and reported at the end.",
@@ -41,12 +42,13 @@ def run(args):
         alloc = a["kind"] + (f"/{a['linkage']}" if a["linkage"] else "")
         if a.get("prefix"):
             alloc += f"({a['prefix']})"
-        out.append([str(r["pid"]), (r["comm"] or "?")[:16], alloc,
+        cpu = "-" if r["cpu_percent"] is None else f"{r['cpu_percent']:.1f}"
+        out.append([str(r["pid"]), (r["user"] or "-")[:10], cpu, (r["comm"] or "?")[:16], alloc,
                     render.human_bytes(r["rss"]), render.human_bytes(r["rss_anon"]),
                     render.human_bytes(r["lazyfree"]), str(r["threads"] or "-"),
                     r["preload"]["verdict"]])
-    render.table(out, ["PID", "COMMAND", "ALLOCATOR", "RSS", "ANON", "LAZYFREE", "THR", "PRELOAD"],
-                 right={0, 3, 4, 5, 6})
+    render.table(out, ["PID", "USER", "%CPU", "COMMAND", "ALLOCATOR", "RSS", "ANON", "LAZYFREE",
+                       "THR", "PRELOAD"], right={0, 2, 5, 6, 7, 8})
     tail = [f"{len(rows)} processes"]
     if result.denied:
         tail.append(f"{result.denied} not readable (permission denied: run as root to see them)")
