@@ -90,6 +90,7 @@ LAYOUTS = {
 # A maxarenas beyond this (2^24 arena objects = 16 TiB of arenas) is not a
 # real count: the read was torn or the address is wrong.
 MAXARENAS_SANE = 1 << 24
+INITIAL_ARENA_OBJECTS = 16
 TRIES = 3                     # walks attempted before a torn read is final
 
 MISSED = (
@@ -181,6 +182,8 @@ def rip_loads(code, vaddr):
     n = len(code)
     for i in range(n - 6):
         j, rex = i, 0
+        if i and 0x40 <= code[i - 1] <= 0x4F:
+            continue        # the REX-prefixed form at i - 1 is the instruction
         if 0x40 <= code[j] <= 0x4F:
             rex = code[j]
             j += 1
@@ -447,7 +450,9 @@ def _read_arena_table(read, arenas_addr, maxarenas_addr, layout):
     table_ptr = _u64(read(arenas_addr, 8))
     if maxarenas is None or table_ptr is None:
         raise Invalid("maxarenas/arenas not readable")
-    if maxarenas == 0 or maxarenas > MAXARENAS_SANE or not table_ptr or table_ptr % 8:
+    # new_arena() grows the vector from INITIAL_ARENA_OBJECTS (16) by doubling.
+    if maxarenas < INITIAL_ARENA_OBJECTS or maxarenas > MAXARENAS_SANE \
+            or maxarenas & (maxarenas - 1) or not table_ptr or table_ptr % 8:
         raise Invalid(f"implausible arenas vector: maxarenas={maxarenas} arenas={table_ptr:#x}")
     raw = read(table_ptr, maxarenas * ARENA_OBJECT.size)
     if raw is None:

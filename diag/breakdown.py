@@ -4,7 +4,9 @@ RSS = rss_anon + rss_file + rss_shmem (kernel).  Inside rss_anon:
 LazyFree (MADV_FREE pages, still counted), what the allocator holds
 (its ``resident``; for glibc, which has no resident figure, ``mapped`` =
 arena system bytes + mmapped chunks, an upper bound), and the rest:
-runtime heaps, stacks, other mappings.  Inside the allocator's share:
+runtime heaps, stacks, other mappings; of that rest, CPython's pymalloc
+arenas (mmapped by the interpreter itself, outside malloc) are carved out
+as "Python arenas" when the runtime layer read them.  Inside the allocator's share:
 live ``allocated``, ``active - allocated`` (fragmentation and caches), and
 the remainder (dirty free pages, metadata).  Every layer says whether it
 is measured or derived; a layer that cannot be computed is left out rather
@@ -26,6 +28,19 @@ def allocator_held(snap):
         if m is not None and m.value is not None:
             return m.value, "glibc arenas and mmapped chunks, upper bound"
     return None, None
+
+
+def python_arenas(snap):
+    """(resident, allocated) of CPython's pymalloc arenas, or None when the
+    process has none or they could not be read (allocated may be None)."""
+    rt = snap.runtime
+    if rt is None or rt.kind != "cpython-pymalloc":
+        return None
+    res = rt.values.get("resident")
+    if res is None or res.value is None:
+        return None
+    alloc = rt.values.get("allocated")
+    return res.value, (alloc.value if alloc is not None else None)
 
 
 def layers(snap):
@@ -55,6 +70,20 @@ def layers(snap):
     if lazy:
         out.append(Layer("lazyfree", "LazyFree (kernel reclaims under pressure)", lazy, 0, "measured"))
     other = anon - lazy - (held or 0)
+    py = python_arenas(snap)
+    if py is not None and other > 0:
+        res, alloc = py
+        res = min(res, other)
+        out.append(Layer("python_arenas", "Python arenas (pymalloc, outside malloc)", res, 0,
+                         "measured"))
+        if alloc is not None:
+            a = min(alloc, res)
+            out.append(Layer("python_allocated", "live Python objects (<= 512 B)", a, 1,
+                             "derived"))
+            if res > a:
+                out.append(Layer("python_free", "free blocks and unused pools in arenas",
+                                 res - a, 1, "derived"))
+        other -= res
     if other > 0:
         label = "other anonymous (runtime heaps, stacks, mmaps)" if held is not None else \
             "anonymous (allocator share unknown)"

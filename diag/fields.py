@@ -81,9 +81,33 @@ FIELDS = (
     Field("muzzy", "stats", _B, "muzzy",
           "free pages advised with MADV_FREE (become LazyFree in the kernel's view)",
           "allocator"),
+    # -- runtime layer (CPython pymalloc; the "runtime" object, main interpreter) ----
+    # Same JSON keys as some allocator fields, inside their own object, so
+    # they are looked up with RUNTIME_BY_NAME, never BY_NAME.
+    Field("arenas", "runtime", "count", "py arenas",
+          "pymalloc arenas in use (1 MiB each on 3.10+)", "obmalloc arenas[]"),
+    Field("arenas_highwater", "runtime", "count", "py arenas max",
+          "most pymalloc arenas ever in use at once", "obmalloc narenas_highwater"),
+    Field("mapped", "runtime", _B, "py mapped",
+          "address space of the arenas: arenas x ARENA_SIZE (pymalloc mmaps them itself, "
+          "outside malloc)", "derived"),
+    Field("resident", "runtime", _B, "py resident",
+          "resident pages of the arenas", "/proc/PID/pagemap"),
+    Field("allocated", "runtime", _B, "py allocated",
+          "live bytes in Python's small objects (<= 512 B): blocks in use x block size",
+          "pool headers"),
+    Field("free_in_pools", "runtime", _B, "py free in pools",
+          "free blocks inside pools that hold live blocks: reusable by Python only, "
+          "for objects of the same size class", "pool headers"),
+    Field("unused_pools", "runtime", _B, "py unused pools",
+          "pools of live arenas holding no block; an arena goes back to the OS only "
+          "when all its pools are unused", "obmalloc arena_object.nfreepools"),
+    Field("pools", "runtime", "count", "py pools", "pools holding live blocks", "pool headers"),
+    Field("blocks", "runtime", "count", "py blocks", "live pymalloc blocks", "pool headers"),
 )
 
-BY_NAME = {f.name: f for f in FIELDS}
+BY_NAME = {f.name: f for f in FIELDS if f.layer != "runtime"}
+RUNTIME_BY_NAME = {f.name: f for f in FIELDS if f.layer == "runtime"}
 
 
 def layer(name):
@@ -94,3 +118,4 @@ def layer(name):
 PROCESS_FIELDS = tuple(f.name for f in layer("process"))
 CGROUP_FIELDS = tuple(f.name for f in layer("cgroup"))
 STATS_FIELDS = tuple(f.name for f in layer("stats"))
+RUNTIME_FIELDS = tuple(f.name for f in layer("runtime"))

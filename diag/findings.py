@@ -86,7 +86,10 @@ def outside_allocator(snap, table, floor):
         held = _v(snap, "mapped")      # glibc: arena system bytes + mmapped chunks (upper bound)
     if held is None or not p.rss_anon:
         return None
-    outside = p.rss_anon - (p.lazyfree or 0) - held
+    # pymalloc arenas read by the runtime layer are accounted for: they have
+    # their own rules (pymalloc-arena-fragmentation, preload-misses-pymalloc).
+    py = _runtime_v(snap, "resident") or 0
+    outside = p.rss_anon - (p.lazyfree or 0) - held - py
     if outside < floor or outside < 0.5 * p.rss_anon:
         return None
     return Finding(
@@ -95,7 +98,7 @@ def outside_allocator(snap, table, floor):
               "will not reduce it (runtime heaps such as pymalloc arenas, the JVM or V8 heap, "
               "thread stacks, direct mmaps)",
         evidence={"rss_anon": p.rss_anon, "allocator_resident": held, "lazyfree": p.lazyfree,
-                  "outside": outside, "outside_pct_of_anon": _pct(outside, p.rss_anon)},
+                  "pymalloc_resident": py or None, "outside": outside, "outside_pct_of_anon": _pct(outside, p.rss_anon)},
         expected_effect_bytes=0, confidence="medium")
 
 
@@ -322,6 +325,75 @@ def mimalloc_held(snap, table, floor):
         knob=_knob(table, "decommit_delay", "0"), expected_effect_bytes=None, confidence="low")
 
 
+# -- CPython pymalloc (the runtime layer) ------------------------------------------------------
+
+def _runtime_v(snap, name):
+    rt = snap.runtime
+    if rt is None or rt.kind != "cpython-pymalloc":
+        return None
+    v = rt.values.get(name)
+    return v.value if v is not None else None
+
+
+def _pythonmalloc_knob(snap, suggested, how):
+    env = ((snap.native or {}).get("config") or {}).get("env") or {}
+    cur = env.get("PYTHONMALLOC")
+    return Knob(name="PYTHONMALLOC", current=cur, source="env PYTHONMALLOC" if cur else "default (pymalloc)",
+                suggested=suggested, how=how)
+
+
+def pymalloc_fragmentation(snap, table, floor):
+    """pymalloc gives an arena back to the OS only when every pool in it is
+    empty: a few long-lived objects pin whole 1 MiB arenas."""
+    res = _runtime_v(snap, "resident")
+    alloc = _runtime_v(snap, "allocated")
+    if res is None or alloc is None:
+        return None
+    idle = res - alloc
+    if idle < floor or idle < 0.5 * res:
+        return None
+    ev = {"arenas": _runtime_v(snap, "arenas"), "arenas_highwater": _runtime_v(snap, "arenas_highwater"),
+          "resident": res, "allocated": alloc, "free_in_pools": _runtime_v(snap, "free_in_pools"),
+          "unused_pools": _runtime_v(snap, "unused_pools"), "idle_pct_of_resident": _pct(idle, res)}
+    return Finding(
+        id="pymalloc-arena-fragmentation", severity="warning",
+        title=f"Python's arenas hold {_mib(res)} resident but only {_mib(alloc)} of live small objects: "
+              f"pymalloc returns an arena to the OS only when all its pools are empty, so a few "
+              f"long-lived objects keep whole arenas; no malloc knob reaches this memory",
+        evidence=ev,
+        knob=_pythonmalloc_knob(
+            snap, None, "allocate long-lived objects early or together (gc.freeze() after start-up), "
+                        "recycle workers (max_requests), or run with PYTHONMALLOC=malloc so small "
+                        "objects go to the malloc you can tune"),
+        expected_effect_bytes=idle, confidence="high")
+
+
+def preload_misses_pymalloc(snap, table, floor):
+    """LD_PRELOAD swaps malloc, but CPython's small objects never reach it."""
+    if not snap.preload.requested or snap.preload.effective is False:
+        return None
+    res = _runtime_v(snap, "resident")
+    if res is None or res < floor:
+        return None
+    held = _v(snap, "resident")
+    if held is None and snap.allocator.kind == "glibc":
+        held = _v(snap, "mapped")
+    base = held if held is not None else (snap.process.rss_anon or 0) - res
+    if res <= base:
+        return None
+    return Finding(
+        id="preload-misses-pymalloc", severity="warning",
+        title=f"the allocator you preloaded ({snap.allocator.kind}) does not serve most of this "
+              f"process's memory: {_mib(res)} is in Python's own pymalloc arenas, mmapped by the "
+              f"interpreter, against {_mib(base)} held by {snap.allocator.kind}",
+        evidence={"pymalloc_resident": res, "allocator_resident": held,
+                  "rss_anon": snap.process.rss_anon, "requested": list(snap.preload.requested)},
+        knob=_pythonmalloc_knob(
+            snap, "malloc", "PYTHONMALLOC=malloc sends objects <= 512 B to malloc too (slower "
+                            "small allocations; measure before and after)"),
+        expected_effect_bytes=None, confidence="high")
+
+
 # -- configuration ---------------------------------------------------------------------------
 
 def preload_not_in_effect(snap, table, floor):
@@ -363,7 +435,8 @@ def two_allocators(snap, table, floor):
 RULES = (lazyfree_rss, outside_allocator, jemalloc_dirty, jemalloc_background_thread,
          jemalloc_muzzy, jemalloc_fragmentation, jemalloc_arenas, glibc_trimmable,
          glibc_arena_sprawl, glibc_top_not_trimmed, tcmalloc_pageheap, tcmalloc_thread_caches,
-         mimalloc_held, preload_not_in_effect, two_allocators)
+         mimalloc_held, pymalloc_fragmentation, preload_misses_pymalloc, preload_not_in_effect,
+         two_allocators)
 
 
 # -- trends over a series of snapshots --------------------------------------------------------

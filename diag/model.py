@@ -179,6 +179,29 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class Runtime:
+    """A language runtime's own heap inside the process (CPython's pymalloc),
+    read from its structures.  ``values``: field name -> Value (the
+    "runtime" layer of diag.fields).  ``reason`` says why the values are
+    unknown; ``missed`` lists what the numbers do not cover."""
+
+    kind: str = "unknown"            # cpython-pymalloc | cpython-malloc
+    version: Optional[str] = None
+    path: Optional[str] = None       # the object that holds the interpreter
+    values: dict = field(default_factory=dict)
+    located_by: Optional[str] = None
+    reason: Optional[str] = None
+    missed: tuple = ()
+
+    def to_json(self):
+        out = {"kind": self.kind, "version": self.version, "path": self.path}
+        for name, v in self.values.items():
+            out[name] = v.to_json()
+        out.update(located_by=self.located_by, reason=self.reason, missed=list(self.missed))
+        return out
+
+
+@dataclass(frozen=True)
 class Snapshot:
     pid: int
     comm: Optional[str] = None
@@ -193,6 +216,7 @@ class Snapshot:
     findings: tuple = ()
     collectors: dict = field(default_factory=dict)  # name -> CollectorStatus
     schema_version: int = SCHEMA_VERSION
+    runtime: Optional[Runtime] = None     # pymalloc etc.; absent from JSON when None
 
     def to_json(self):
         import datetime
@@ -204,6 +228,10 @@ class Snapshot:
         for name in ("allocator", "preload", "process", "cgroup", "stats",
                      "native", "findings", "collectors"):
             out[name] = _plain(getattr(self, name))
+        if self.runtime is not None:
+            # Only when the process has a runtime heap: recordings made
+            # before this key existed round-trip unchanged.
+            out["runtime"] = self.runtime.to_json()
         return out
 
 

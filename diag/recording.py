@@ -24,8 +24,8 @@ import zlib
 
 from collectors.errors import MalformedData, NoSuchProcess
 from diag.model import (SCHEMA_VERSION, Allocator, AllocatorRef, Binding, CgroupMemory,
-                        CollectorStatus, Finding, Knob, Preload, ProcessMemory, Snapshot,
-                        Value)
+                        CollectorStatus, Finding, Knob, Preload, ProcessMemory, Runtime,
+                        Snapshot, Value)
 
 __all__ = ["Recorder", "read_recording", "snapshot_from_json", "record"]
 
@@ -157,6 +157,23 @@ def _value(doc, what):
                  source=_str_or_none(doc.get("source"), f"{what}.source"))
 
 
+_RUNTIME_KEYS = ("kind", "version", "path", "located_by", "reason", "missed")
+
+
+def _runtime(doc):
+    """The ``runtime`` object: its fixed keys, every other key a Value."""
+    if doc is None:
+        return None
+    doc = _obj(doc, "runtime")
+    values = {k: _value(v, f"runtime.{k}") for k, v in doc.items() if k not in _RUNTIME_KEYS}
+    return Runtime(kind=_str_or_none(doc.get("kind", "unknown"), "runtime.kind"),
+                   version=_str_or_none(doc.get("version"), "runtime.version"),
+                   path=_str_or_none(doc.get("path"), "runtime.path"), values=values,
+                   located_by=_str_or_none(doc.get("located_by"), "runtime.located_by"),
+                   reason=_str_or_none(doc.get("reason"), "runtime.reason"),
+                   missed=_tuple(doc.get("missed"), "runtime.missed"))
+
+
 def _finding(doc, what):
     doc = _obj(doc, what)
     if not isinstance(doc.get("id"), str) or not isinstance(doc.get("title"), str):
@@ -229,7 +246,7 @@ def _snapshot(doc):
         stats=stats, native=_obj(doc.get("native"), "native"),
         findings=tuple(_finding(f, f"findings[{i}]")
                        for i, f in enumerate(_tuple(doc.get("findings"), "findings"))),
-        collectors=collectors, schema_version=version)
+        collectors=collectors, schema_version=version, runtime=_runtime(doc.get("runtime")))
 
 
 def read_recording(path):

@@ -9,7 +9,7 @@ propagates, because there is nothing left to describe.
 import dataclasses
 import time
 
-from collectors import config, livestats
+from collectors import config, livestats, pymalloc
 from collectors import preload as preload_mod
 from collectors.detect import detect
 from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess, Unsupported
@@ -128,6 +128,11 @@ def take(pid, procfs=None, cgroup_root="/sys/fs/cgroup", expect=None, rollup=Tru
             stats.update(live.stats)
             native = live.native
             native["borrowed_thread"] = live.thread
+    # Runtime heaps (CPython's pymalloc) and mimalloc's live bytes are read
+    # from memory with no stop, so they run with or without ``attach``.
+    runtime = None
+    if image is not None and pymalloc.find_python(image) is not None:
+        runtime = col.run("runtime", lambda: pymalloc.collect(image))
     if image is not None and det is not None:
         native["config"] = col.run("config", lambda: _config(image, det), {})
         native["knobs"] = {k: v.to_json() for k, v in
@@ -135,7 +140,7 @@ def take(pid, procfs=None, cgroup_root="/sys/fs/cgroup", expect=None, rollup=Tru
     snap = Snapshot(pid=pid, comm=comm, exe=exe, taken_at=taken_at, allocator=allocator,
                     preload=preload, process=process or ProcessMemory(),
                     cgroup=cgroup or CgroupMemory(), stats=stats, native=native,
-                    findings=(), collectors=dict(col.status))
+                    findings=(), collectors=dict(col.status), runtime=runtime)
     snap = dataclasses.replace(snap, findings=findings.evaluate(snap))
     return snap, col
 
