@@ -1,0 +1,43 @@
+"""google/tcmalloc: plan, gather, parse and normalise; the native fields.
+
+Native document::
+
+    {"properties": {name: int | None},   # exactly the names of PROPERTIES
+     "getstats_text": str | None}        # its own format, kept verbatim
+"""
+
+from collectors.schema import BYTES, FLAG, NativeField, RATIO, TEXT
+
+_SRC = "google/tcmalloc tcmalloc/global_stats.cc GetNumericProperty"
+
+PROPERTIES = (
+    ("generic.current_allocated_bytes", BYTES, "bytes in use by the application"),
+    ("generic.bytes_in_use_by_app", BYTES, "bytes in use by the application"),
+    ("generic.heap_size", BYTES, "system bytes - unmapped (excludes unmapped)"),
+    ("generic.physical_memory_used", BYTES, "virtual - unmapped (metadata and arena included)"),
+    ("generic.virtual_memory_used", BYTES, "system + metadata + arena reserved"),
+    ("generic.peak_memory_usage", BYTES, "sampled peak heap"),
+    ("generic.realized_fragmentation", RATIO, "realized fragmentation, percent"),
+    ("tcmalloc.pageheap_free_bytes", BYTES, "free, mapped page-heap bytes"),
+    ("tcmalloc.pageheap_unmapped_bytes", BYTES, "page-heap bytes released to the OS"),
+    ("tcmalloc.central_cache_free", BYTES, "bytes in the central freelists"),
+    ("tcmalloc.cpu_free", BYTES, "bytes in the per-CPU caches"),
+    ("tcmalloc.sharded_transfer_cache_free", BYTES, "bytes in the sharded transfer caches"),
+    ("tcmalloc.transfer_cache_free", BYTES, "bytes in the transfer caches"),
+    ("tcmalloc.thread_cache_free", BYTES, "bytes in the per-thread caches"),
+    ("tcmalloc.metadata_bytes", BYTES, "bytes of allocator metadata"),
+    ("tcmalloc.external_fragmentation_bytes", BYTES, "free bytes held outside the application"),
+    ("tcmalloc.required_bytes", BYTES, "bytes needed to satisfy current allocations"),
+    ("tcmalloc.slack_bytes", BYTES, "pageheap free + unmapped"),
+    ("tcmalloc.local_bytes", BYTES, "bytes in local (CPU/thread) caches"),
+    ("tcmalloc.per_cpu_caches_active", FLAG, "per-CPU caches in use"),
+    ("tcmalloc.max_total_thread_cache_bytes", BYTES, "limit on thread cache size"),
+    ("tcmalloc.desired_usage_limit_bytes", BYTES, "soft memory limit (0: none)"),
+    ("tcmalloc.hard_usage_limit_bytes", BYTES, "hard memory limit (0: none)"),
+    ("tcmalloc.num_released_total_bytes", BYTES, "bytes released to the OS, cumulative"),
+)
+
+FIELDS = tuple(NativeField("properties:" + n, u, m, _SRC) for n, u, m in PROPERTIES) + (
+    NativeField("getstats_text", TEXT, "TCMalloc_Internal_GetStats output, verbatim",
+                "google/tcmalloc tcmalloc/global_stats.cc DumpStats"),
+)

@@ -1,0 +1,98 @@
+"""mimalloc: plan, gather, parse and normalise; the native fields.
+
+Native document::
+
+    {"stats": {...},                # collectors.mimalloc_stats: parse_stats_text
+                                    # ("format": "text") or parse_stats_json ("json")
+     "process_info": {...} | None,  # mi_process_info's eight out-parameters
+     "options": {name: int} | None, # mi_option_get, names of the running version
+     "version": int | None}         # mi_version()
+"""
+
+from collectors.schema import BYTES, COUNT, FLAG, MS, NativeField, RATIO, TEXT
+
+_ST = "mimalloc src/stats.c _mi_stats_print (mi_stats_print_out)"
+_JS = "mimalloc src/stats.c mi_stats_get_json"
+_PI = "mimalloc src/stats.c mi_process_info"
+
+# Rows of the text report (mimalloc 2.0.9 _mi_stats_print) and counts of
+# the JSON one, with their unit: mi_stat_print's unit argument (1 = bytes,
+# -1 = count).
+STAT_ROWS = (
+    ("reserved", BYTES, "address space reserved from the OS"),
+    ("committed", BYTES, "bytes committed (upper bound of resident)"),
+    ("reset", BYTES, "bytes reset (MADV_FREE/DONTNEED) while staying committed"),
+    ("purged", BYTES, "bytes purged (2.1+)"),
+    ("touched", BYTES, "bytes touched by the program"),
+    ("normal", BYTES, "bytes in normal-size blocks (MI_STAT builds)"),
+    ("huge", BYTES, "bytes in huge blocks (MI_STAT builds)"),
+    ("large", BYTES, "bytes in large blocks (MI_STAT builds)"),
+    ("total", BYTES, "bytes allocated by the program (MI_STAT builds)"),
+    ("malloc_normal", BYTES, "bytes in normal-size blocks"),
+    ("malloc_huge", BYTES, "bytes in huge blocks"),
+    ("malloc_requested", BYTES, "bytes requested by the program"),
+    ("page_committed", BYTES, "bytes committed in pages"),
+    ("segments", COUNT, "segments"),
+    ("segments-abandoned", COUNT, "abandoned segments"),
+    ("segments-cached", COUNT, "cached segments"),
+    ("pages", COUNT, "pages"),
+    ("pages-abandoned", COUNT, "abandoned pages"),
+    ("threads", COUNT, "threads"),
+)
+COUNTERS = (
+    ("pages-extended", COUNT, "page extensions"),
+    ("pages-noretire", COUNT, "pages not retired"),
+    ("mmaps", COUNT, "mmap calls"),
+    ("commits", COUNT, "commit calls"),
+    ("reset", COUNT, "reset calls"),
+    ("purges", COUNT, "purge calls"),
+    ("searches", COUNT, "page searches"),
+)
+PROCESS_INFO = (
+    ("elapsed_msecs", MS, "elapsed time"),
+    ("user_msecs", MS, "user CPU time"),
+    ("system_msecs", MS, "system CPU time"),
+    ("current_rss", BYTES, "on Linux the committed-bytes counter, NOT the RSS"),
+    ("peak_rss", BYTES, "getrusage ru_maxrss"),
+    ("current_commit", BYTES, "bytes committed now"),
+    ("peak_commit", BYTES, "peak bytes committed"),
+    ("page_faults", COUNT, "major page faults"),
+    ("current_rss_is_commit", FLAG, "current_rss is the commit counter (always true on Linux)"),
+)
+_AMOUNT = (("value", "the printed amount, as a number"), ("min", "smallest value the rounded "
+           "print allows"), ("max", "largest value the rounded print allows"))
+
+FIELDS = (
+    NativeField("stats.format", TEXT, "text (mi_stats_print_out) or json (mi_stats_get_json)", "allocdiag"),
+    NativeField("stats.columns.*", TEXT, "column names of the text report's header", _ST),
+    NativeField("stats.tracks_allocations", FLAG, "program allocations are counted (MI_STAT builds)", _ST),
+    NativeField("stats.searches_avg", RATIO, "average page searches", _ST),
+    NativeField("stats.numa_nodes", COUNT, "NUMA nodes", _ST),
+    NativeField("stats.elapsed_s", RATIO, "seconds since start", _ST),
+    NativeField("stats.process.user_s", RATIO, "user CPU seconds", _ST),
+    NativeField("stats.process.system_s", RATIO, "system CPU seconds", _ST),
+    NativeField("stats.process.page_faults", COUNT, "major page faults", _ST),
+    NativeField("stats.rows.?.?.text", TEXT, "the amount as printed", _ST),
+    NativeField("stats.counters.?.text", TEXT, "the amount as printed", _ST),
+    NativeField("stats.stat_version", COUNT, "JSON format version", _JS),
+    NativeField("stats.mimalloc_version", COUNT, "mimalloc version (MI_MALLOC_VERSION)", _JS),
+    NativeField("stats.process.?", COUNT, "process counters of the JSON report", _JS),
+    NativeField("stats.counts.?.?", COUNT, "a count statistic", _JS),
+    NativeField("stats.counters.?", COUNT, "a counter", _JS),
+    NativeField("stats.malloc_bins", TEXT, "per-size-bin statistics (JSON, MI_STAT builds)", _JS),
+    NativeField("stats.page_bins", TEXT, "per-size-bin page statistics (JSON)", _JS),
+    NativeField("process_info", TEXT, "none when mi_process_info was not called", _PI),
+    NativeField("options", TEXT, "none when option names are not known for this version", "mi_option_get"),
+    NativeField("options.?", COUNT, "an mi_option value (mi_option_get)", "mimalloc include/mimalloc.h mi_option_t"),
+    NativeField("version", COUNT, "mi_version() (e.g. 209 = 2.0.9)", "mimalloc"),
+) + tuple(NativeField(f"stats.rows.{r}.?.{k}", u, f"{m}: {km}", _ST)
+          for r, u, m in STAT_ROWS for k, km in _AMOUNT) + tuple(
+    NativeField(f"stats.counters.{r}.{k}", u, f"{m}: {km}", _ST)
+    for r, u, m in COUNTERS for k, km in _AMOUNT) + tuple(
+    NativeField(f"stats.counts.{r}.{k}", u, f"{m} ({k})", _JS)
+    for r, u, m in STAT_ROWS if u == BYTES for k in ("total", "peak", "current")) + tuple(
+    NativeField("process_info." + n, u, m, _PI) for n, u, m in PROCESS_INFO) + tuple(
+    NativeField("stats.process." + n, BYTES, m, _ST)
+    for n, m in (("peak_rss", "peak RSS as printed"), ("peak_commit", "peak commit as printed"),
+                 ("rss_current", "RSS"), ("rss_peak", "peak RSS"),
+                 ("commit_current", "bytes committed"), ("commit_peak", "peak bytes committed")))
