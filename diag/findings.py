@@ -315,13 +315,16 @@ def mimalloc_held(snap, table, floor):
     dd = table.get("decommit_delay")
     if dd is None or dd.current in (None, "0"):
         return None
+    live = _v(snap, "allocated")
+    live_text = ("a release build cannot say how much of it is live (`allocdiag release` runs "
+                 "mi_collect(true) to find out)") if live is None else \
+        f"{_mib(live)} of it is live (segment walk)"
     return Finding(
         id="mimalloc-decommit-delay", severity="info",
         title=f"mimalloc keeps {_mib(committed)} committed. It decommits freed memory only after "
               f"decommit_delay={dd.current} ms ({dd.source}) and only when the program calls into "
-              "mimalloc again, so an idle process keeps what it freed; a release build cannot say "
-              "how much of it is live (`allocdiag release` runs mi_collect(true) to find out)",
-        evidence={"committed": committed, "rss_anon": anon},
+              f"mimalloc again, so an idle process keeps what it freed; {live_text}",
+        evidence={"committed": committed, "rss_anon": anon, "allocated": live},
         knob=_knob(table, "decommit_delay", "0"), expected_effect_bytes=None, confidence="low")
 
 

@@ -9,7 +9,7 @@ propagates, because there is nothing left to describe.
 import dataclasses
 import time
 
-from collectors import config, livestats, pymalloc
+from collectors import config, livestats, mimalloc_segments, pymalloc
 from collectors import preload as preload_mod
 from collectors.detect import detect
 from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess, Unsupported
@@ -133,6 +133,8 @@ def take(pid, procfs=None, cgroup_root="/sys/fs/cgroup", expect=None, rollup=Tru
     runtime = None
     if image is not None and pymalloc.find_python(image) is not None:
         runtime = col.run("runtime", lambda: pymalloc.collect(image))
+    if image is not None and allocator.kind == "mimalloc":
+        _mimalloc_walk(col, image, stats, native)
     if image is not None and det is not None:
         native["config"] = col.run("config", lambda: _config(image, det), {})
         native["knobs"] = {k: v.to_json() for k, v in
@@ -143,6 +145,23 @@ def take(pid, procfs=None, cgroup_root="/sys/fs/cgroup", expect=None, rollup=Tru
                     findings=(), collectors=dict(col.status), runtime=runtime)
     snap = dataclasses.replace(snap, findings=findings.evaluate(snap))
     return snap, col
+
+
+def _mimalloc_walk(col, image, stats, native):
+    """A release mimalloc counts no allocated bytes: walk its segments
+    (collectors.mimalloc_segments, no stop) and, for a pinned build, make
+    ``allocated`` a real number."""
+    res = col.run("mimalloc_walk", lambda: mimalloc_segments.collect(image))
+    if res is None:
+        return
+    w, desc = res
+    if w is None:
+        native["mimalloc_walk"] = {"ok": False, "reason": desc}
+        return
+    stats["allocated"] = Value.derived(
+        w.allocated, f"segment walk of mimalloc {desc}: sum over pages of (used - blocks "
+                     f"pending on xthread_free and thread_delayed_free) x block size")
+    native["mimalloc_walk"] = {"ok": True, "build": desc, **w._asdict()}
 
 
 def _config(image, det):
