@@ -143,11 +143,13 @@ def test_prefixed_jemalloc_two_allocators():
 def test_prefixed_jemalloc_preload_does_not_interpose(tmp_path):
     # A shared prefixed jemalloc requested via LD_PRELOAD: mapped, but it
     # exports _rjem_malloc, not malloc.
+    import deps
     lib = tmp_path / "libjemalloc_rjem.so"
-    import subprocess
-    subprocess.run(["gcc", "-shared", "-o", str(lib), "-Wl,--whole-archive",
-                    prefixed_jemalloc_archive(), "-Wl,--no-whole-archive",
-                    "-lstdc++", "-lpthread", "-lm", "-ldl"], check=True)
+    archive = prefixed_jemalloc_archive()
+    res = deps.check_build(["gcc", "-shared", "-o", str(lib), "-Wl,--whole-archive", archive,
+                            "-Wl,--no-whole-archive", "-lstdc++", "-lpthread", "-lm", "-ldl"],
+                           archive)
+    assert res.returncode == 0, res.stderr
     with start([build_c("idle.c"), "1"], preload=str(lib)) as t:
         a, p = inspect(t.pid)
     assert a.kind == "glibc" and p.effective is False

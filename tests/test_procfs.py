@@ -5,6 +5,8 @@ import subprocess
 
 import pytest
 
+import unpriv
+
 from collectors.errors import AccessDenied, NoSuchProcess
 from collectors.procfs import ProcFS, cgroup_memory, is_allocator_var, parse_maps
 
@@ -142,13 +144,9 @@ def test_live_process_auxv_and_memory():
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop privileges")
 def test_permission_denied_is_access_denied():
     # A non-dumpable root process cannot be read by another uid.
-    code = ("import os, sys; sys.path.insert(0, %r); os.setgid(65534); os.setuid(65534)\n"
-            "from collectors.procfs import ProcFS\nfrom collectors.errors import AccessDenied\n"
-            "try:\n    ProcFS().maps(1)\nexcept AccessDenied as e:\n    print('DENIED', e.exit_code)\n"
-            % os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    # The system interpreter: a virtualenv under /root is unreadable to nobody.
-    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3"
-    out = subprocess.run([py, "-c", code], capture_output=True, text=True)
+    code = ("from collectors.procfs import ProcFS\nfrom collectors.errors import AccessDenied\n"
+            "try:\n    ProcFS().maps(1)\nexcept AccessDenied as e:\n    print('DENIED', e.exit_code)\n")
+    out = unpriv.run(["-c", code])
     assert "DENIED 4" in out.stdout, out.stderr
 
 

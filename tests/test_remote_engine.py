@@ -163,19 +163,17 @@ def test_only_the_borrowed_thread_stops():
 
 def test_access_denied_for_unprivileged_user(waits):
     t, a = waits("nanosleep")
+    import unpriv
     code = (
-        "import os, sys\n"
-        f"sys.path.insert(0, {ROOT!r})\n"
+        "import sys\n"
         "from collectors.remote import RemoteProcess\n"
         "from collectors.errors import AccessDenied\n"
-        "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
         "try:\n"
         f"    with RemoteProcess({t.pid}).borrow() as c: pass\n"
         "except AccessDenied as e:\n"
         "    print('DENIED', e.exit_code); print(e.remediation); sys.exit(0)\n"
         "print('NOT DENIED'); sys.exit(1)\n")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=30, cwd="/")
+    res = unpriv.run(["-c", code], timeout=30)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "DENIED 4" in res.stdout and "CAP_SYS_PTRACE" in res.stdout
     assert_released(t.pid)
