@@ -1,30 +1,36 @@
 """Truth target for the pymalloc walk: builds a known population of small
-objects, frees a part of it (leaving partly used pools and arenas), prints
-its own ``sys._debugmallocstats()`` to stderr, then ``READY`` and blocks.
+objects, prints its own ``sys._debugmallocstats()`` (to stderr), then
+``READY``, and stays idle so that the printed numbers remain exact while it
+is read from outside.  Standard library only; runs under any CPython 3.x.
 
-argv: N (objects per kind, default 100000).  Runs under any CPython 3.x,
-with no imports outside the standard library.  Stays idle after READY so
-that its printed numbers remain exact while it is read from outside;
-with a second argument "serve" a thread keeps timing 1 ms sleeps and prints
-its longest gap when stdin closes.
+argv: N (objects per kind, default 100000), MODE:
+  plain  every third object freed: partly used pools everywhere (default);
+  frag   all but one object in 64 freed: arenas stay mapped, mostly empty;
+  serve  as plain, plus a thread that times 1 ms sleeps.  After READY, each
+         line on stdin ends a phase: the target prints "GAP <longest gap in
+         seconds>" for the phase that just ended (the test reads from
+         outside during the first phase and does nothing during the second).
 """
 import sys
 import threading
 import time
 
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 100000
+mode = sys.argv[2] if len(sys.argv) > 2 else "plain"
 keep = []
 for i in range(n):
-    keep.append((i, i + 1))              # 2-tuples: 56 B -> 64 B class
+    keep.append((i, i + 1))              # 2-tuples: 64 B class
     keep.append(str(i) * 3)              # short str of several sizes
     keep.append([i])                     # list objects (GC header) + items
     keep.append({"k": i} if i % 4 == 0 else float(i))
-# free every third object: partly used pools everywhere
-for i in range(0, len(keep), 3):
-    keep[i] = None
+step = 3 if mode != "frag" else None
+if mode == "frag":
+    keep = keep[::64]
+else:
+    for i in range(0, len(keep), step):
+        keep[i] = None
 
-serve = len(sys.argv) > 2 and sys.argv[2] == "serve"
-gaps = [0.0]
+gap = [0.0]
 stop = threading.Event()
 
 
@@ -33,24 +39,21 @@ def server():
     while not stop.is_set():
         time.sleep(0.001)
         now = time.perf_counter()
-        gaps[0] = max(gaps[0], now - last)
+        gap[0] = max(gap[0], now - last)
         last = now
 
 
-if serve:
-    t = threading.Thread(target=server, daemon=True)
-    t.start()
+if mode == "serve":
+    threading.Thread(target=server, daemon=True).start()
     time.sleep(0.2)
 sys._debugmallocstats()
 sys.stderr.flush()
+gap[0] = 0.0             # the first phase starts now
 print("READY", flush=True)
-if serve:
-    sys.stdin.readline()            # the test closes stdin after its reads
-    gaps[0] = 0.0
-    time.sleep(1.0)                 # a no-read baseline of the same length
-    base = gaps[0]
-    print(f"BASE {base:.6f}", flush=True)
-    sys.stdin.readline()
+if mode == "serve":
+    for line in sys.stdin:
+        print(f"GAP {gap[0]:.6f}", flush=True)
+        gap[0] = 0.0
     stop.set()
 else:
     sys.stdin.read()
