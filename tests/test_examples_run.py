@@ -352,13 +352,11 @@ def test_preload_prefixed_rjem_symbols_only():
         assert int(f["rjem_allocated"]) >= 256 * 16384
 
 
-def go_available():
-    return shutil.which("go") or os.path.exists("/usr/local/go/bin/go")
-
-
 @pytest.mark.needs_go
-@pytest.mark.skipif(not go_available(), reason="the go toolchain is not installed")
 def test_preload_go_binary_ignores_preload():
+    if not os.path.exists("/usr/local/go/bin/go"):
+        import deps
+        deps.need("go")
     with preload("go", timeout=120) as (proc, f):
         exe = exe_of(proc.pid)
         with open(exe, "rb") as fh:
