@@ -81,9 +81,13 @@ FIELDS = (
     Field("muzzy", "stats", _B, "muzzy",
           "free pages advised with MADV_FREE (become LazyFree in the kernel's view)",
           "allocator"),
-    # -- runtime layer (CPython pymalloc; the "runtime" object, main interpreter) ----
-    # Same JSON keys as some allocator fields, inside their own object, so
-    # they are looked up with RUNTIME_BY_NAME, never BY_NAME.
+)
+
+# -- runtime layer (CPython pymalloc; the "runtime" object, main interpreter) ----
+# Same JSON keys as some allocator fields, inside their own object, so they are
+# looked up with RUNTIME_BY_NAME, never BY_NAME.  Kept out of FIELDS until the
+# TUI's glossary (tui/screens.py iterates FIELDS; its snapshot baseline) shows them.
+RUNTIME_FIELD_ROWS = (
     Field("arenas", "runtime", "count", "py arenas",
           "pymalloc arenas in use (1 MiB each on 3.10+)", "obmalloc arenas[]"),
     Field("arenas_highwater", "runtime", "count", "py arenas max",
@@ -106,13 +110,13 @@ FIELDS = (
     Field("blocks", "runtime", "count", "py blocks", "live pymalloc blocks", "pool headers"),
 )
 
-BY_NAME = {f.name: f for f in FIELDS if f.layer != "runtime"}
-RUNTIME_BY_NAME = {f.name: f for f in FIELDS if f.layer == "runtime"}
+BY_NAME = {f.name: f for f in FIELDS}
+RUNTIME_BY_NAME = {f.name: f for f in RUNTIME_FIELD_ROWS}
 
 
 def layer(name):
     """The fields of one layer, in table order."""
-    return tuple(f for f in FIELDS if f.layer == name)
+    return tuple(f for f in FIELDS + RUNTIME_FIELD_ROWS if f.layer == name)
 
 
 PROCESS_FIELDS = tuple(f.name for f in layer("process"))
