@@ -14,6 +14,7 @@ explicit user action (DESIGN.md rule 7), never as part of a snapshot.
 import struct
 
 from collectors import livestats
+from collectors.allocators import common, jemalloc, mimalloc
 from collectors.errors import Unsupported
 from collectors.remote import RemoteProcess
 
@@ -39,7 +40,7 @@ def _session(image, detection, deadline_s):
 
 
 def _addr(res, obj, name, kind):
-    return livestats._need(res.address(obj, name), name, kind)
+    return common.need(res.address(obj, name), name, kind)
 
 
 def release(image, detection, deadline_s=2.0):
@@ -77,7 +78,7 @@ def runtime_knobs(kind):
     return {"jemalloc": ("dirty_decay_ms", "muzzy_decay_ms", "background_thread"),
             "glibc": tuple(MALLOPT),
             "tcmalloc": ("max_total_thread_cache_bytes",),
-            "mimalloc": tuple(n for n in livestats.MIMALLOC_OPTIONS_2_0
+            "mimalloc": tuple(n for n in mimalloc.OPTIONS_2_0
                               if not n.startswith("deprecated_"))}.get(kind, ())
 
 
@@ -122,13 +123,13 @@ def set_knob(image, detection, name, value, deadline_s=2.0):
             raise Unsupported(f"tcmalloc refused {prop}={v}")
         return str(old), str(new), f"MallocExtension_SetNumericProperty({prop})"
     # mimalloc
-    idx = livestats.MIMALLOC_OPTIONS_2_0.index(name)
+    idx = mimalloc.OPTIONS_2_0.index(name)
     get, put = _addr(res, obj, "mi_option_get", kind), _addr(res, obj, "mi_option_set", kind)
     v = _int(value, name)
     with rp.borrow() as c:
-        old = livestats._signed(c.call(get, idx))
+        old = common.signed(c.call(get, idx))
         c.call(put, idx, v & 0xFFFFFFFFFFFFFFFF)
-        new = livestats._signed(c.call(get, idx))
+        new = common.signed(c.call(get, idx))
     return str(old), str(new), f"mi_option_set({name})"
 
 
@@ -158,8 +159,8 @@ def _set_jemalloc(rp, mallctl, name, value):
     v = _int(value, name)
     with rp.borrow() as c:
         scratch = (c.scratch(64), c.scratch(16), c.scratch(16))
-        narenas = livestats._mallctl_read(c, mallctl, "arenas.narenas", "unsigned", scratch)
-        old = livestats._mallctl_read(c, mallctl, f"arenas.{name}", "ssize_t", scratch)
+        narenas = jemalloc.mallctl_read(c, mallctl, "arenas.narenas", "unsigned", scratch)
+        old = jemalloc.mallctl_read(c, mallctl, f"arenas.{name}", "ssize_t", scratch)
         val = c.scratch(16)
         c.write(val, struct.pack("<q", v))
         failures = 0
@@ -170,7 +171,7 @@ def _set_jemalloc(rp, mallctl, name, value):
             rc = c.call(mallctl, n, 0, 0, val, 8) & 0xFFFFFFFF
             # EFAULT/ENOENT for arenas that were never initialised: skip.
             failures += rc not in (0, 14, 2)
-        new = livestats._mallctl_read(c, mallctl, f"arenas.{name}", "ssize_t", scratch)
+        new = jemalloc.mallctl_read(c, mallctl, f"arenas.{name}", "ssize_t", scratch)
     if failures:
         raise Unsupported(f"jemalloc refused {name}={v} on {failures} arenas")
     return str(old), str(new), f"mallctl arenas.{name} and arena.<i>.{name} for {narenas} arenas"

@@ -140,14 +140,15 @@ def parse_malloc_info(xml_bytes):
       {"version": "1", "has_fast": bool,
        "arenas": [{"nr", "sizes": [{"from","to","total","count","kind","flag_bytes"}],
                    "unsorted": row|None, "fast": {"count","size"}|None,
-                   "rest": {"count","size"}, "flag_bytes", "free_bytes",
+                   "rest": {"count","size"}, "flag_bytes", "free_bytes", "top_bytes",
                    "system": {"current","max"},
                    "aspace": {"total","mprotect","subheaps"?}}],
        "totals": {"fast"|None, "rest", "mmap": {"count","size"}, "flag_bytes",
                   "system": {...}, "aspace": {...}}}
 
     ``free_bytes`` = fast.size + rest.size - flag_bytes = int_mallinfo's
-    ``avail`` for that arena.  Accepts glibc <= 2.42 (with ``type="fast"``)
+    ``avail`` for that arena; ``top_bytes`` = rest.size - the regular-bin
+    totals = chunksize(top).  Accepts glibc <= 2.42 (with ``type="fast"``)
     and the newer format without fastbins.
     """
     if isinstance(xml_bytes, str):
@@ -193,6 +194,10 @@ def parse_malloc_info(xml_bytes):
         fast = _count_size(totals["fast"], where) if "fast" in totals else None
         rest = _count_size(_require(totals, "rest", "total", where), where)
         flag_bytes = sum(r["flag_bytes"] for r in rows) + (unsorted["flag_bytes"] if unsorted else 0)
+        # rest = chunksize(top) + every regular bin's total (__malloc_info),
+        # and the printed rows are exactly the non-empty regular bins.
+        bin_totals = sum(r["total"] for r in rows if r["kind"] != "fast") + \
+            (unsorted["total"] if unsorted else 0)
         arena = {
             "nr": nr,
             "sizes": rows,
@@ -201,10 +206,13 @@ def parse_malloc_info(xml_bytes):
             "rest": rest,
             "flag_bytes": flag_bytes,
             "free_bytes": (fast["size"] if fast else 0) + rest["size"] - flag_bytes,
+            "top_bytes": rest["size"] - bin_totals,
             "system": {k: _int(_require(system, k, "system", where), "size", where)
                        for k in ("current", "max")},
             "aspace": {k: _int(e, "size", where) for k, e in aspace.items()},
         }
+        if arena["top_bytes"] < 0:
+            raise MalformedData(f"malloc_info: {where} bins hold more than its rest total")
         arenas.append(arena)
     if not arenas:
         raise MalformedData("malloc_info: no <heap> element (truncated output?)")
@@ -233,6 +241,44 @@ def parse_malloc_info(xml_bytes):
         raise MalformedData("malloc_info: global rest size != sum over heaps")
     return {"version": root.get("version"), "has_fast": has_fast,
             "arenas": arenas, "totals": out_totals}
+
+
+def mallinfo2_from_malloc_info(native):
+    """``struct mallinfo2`` as ``__libc_mallinfo2`` would return it at the
+    moment of this malloc_info output, derived exactly (glibc 2.33 ... 2.42
+    malloc/malloc.c; both walk the same arenas under the same locks, and
+    int_mallinfo uses chunksize() where __malloc_info's bins use
+    chunksize_nomask(), hence flag_bytes):
+
+      arena    = totals.system.current            (sum of system_mem)
+      ordblks  = totals.rest.count                (1 top + bin chunks per arena)
+      smblks   = totals.fast.count                fsmblks = totals.fast.size
+      hblks    = totals.mmap.count                hblkhd  = totals.mmap.size
+      fordblks = fast.size + rest.size - flag_bytes   (sum of avail)
+      uordblks = arena - fordblks                 usmblks = 0
+      keepcost = top_bytes of arena 0 (the main arena's top chunk)
+
+    So one heap walk (malloc_info) gives what two (mallinfo2 + malloc_info)
+    gave."""
+    t = native["totals"]
+    fast_count = t["fast"]["count"] if t["fast"] else 0
+    fast_size = t["fast"]["size"] if t["fast"] else 0
+    fordblks = fast_size + t["rest"]["size"] - t["flag_bytes"]
+    main = [a for a in native["arenas"] if a["nr"] == 0]
+    if not main:
+        raise MalformedData("malloc_info: no <heap nr=\"0\"> (the main arena)")
+    return {
+        "arena": t["system"]["current"],
+        "ordblks": t["rest"]["count"],
+        "smblks": fast_count,
+        "hblks": t["mmap"]["count"],
+        "hblkhd": t["mmap"]["size"],
+        "usmblks": 0,
+        "fsmblks": fast_size,
+        "uordblks": t["system"]["current"] - fordblks,
+        "fordblks": fordblks,
+        "keepcost": main[0]["top_bytes"],
+    }
 
 
 # --------------------------------------------------------------------------

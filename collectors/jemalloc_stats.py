@@ -181,6 +181,43 @@ def parse_stats_json(text):
     }
 
 
+def mallctls(parsed, names):
+    """{mallctl name: value} for each of NAMES found in a parse_stats_json()
+    result.  The JSON's paths are the mallctl names (src/stats.c), with the
+    merged pseudo-arena under "merged" for index 4096 (MALLCTL_ARENAS_ALL);
+    without a merged entry (one arena, printed per arena) the additive
+    per-arena values are summed.  Names the JSON does not print (e.g. the
+    runtime ``background_thread``) are left out."""
+    tree = {"version": parsed.get("version"), "config": parsed.get("config") or {},
+            "opt": parsed.get("opt") or {}, "arenas": parsed.get("arenas") or {},
+            "stats": parsed.get("stats") or {}}
+    arenas_stats = parsed.get("arenas_stats") or {}
+    merged = arenas_stats.get("merged")
+    numbered = [v for k, v in arenas_stats.items() if k.isdigit()]
+    prefix = f"stats.arenas.{MALLCTL_ARENAS_ALL}."
+    out = {}
+    for name in names:
+        if name.startswith(prefix):
+            parts = name[len(prefix):].split(".")
+            if merged is not None:
+                val = _walk(merged, parts)
+            else:
+                vals = [_walk(a, parts) for a in numbered]
+                val = sum(vals) if vals and all(isinstance(v, int) and not isinstance(v, bool)
+                                                 for v in vals) else None
+        else:
+            val = _walk(tree, name.split("."))
+        if val is not None and not isinstance(val, (dict, list)):
+            out[name] = val
+    return out
+
+
+def _walk(node, parts):
+    for part in parts:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
 def mallctl_values(source):
     """{mallctl name: value} from either such a dict, a parse_stats_json()
     result, or a raw parsed JSON document ({"jemalloc": ...})."""

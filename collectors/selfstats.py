@@ -1,4 +1,4 @@
-"""Self mode: the allocator statistics of the *calling* process, via ctypes.
+"""Self mode: the allocator statistics of the *calling* process.
 
 Which allocator serves ``malloc`` is decided by where the process's
 ``malloc`` binding points: ``dladdr(dlsym(RTLD_DEFAULT, "malloc"))`` names
@@ -8,35 +8,27 @@ in that object only.  A library that is merely loaded (say a jemalloc
 dlopen'ed with RTLD_LOCAL, or a prefixed ``_rjem_mallctl``) is not taken for
 the allocator.
 
-Side effects, reported in ``native["side_effects"]``:
-
-* glibc: ``mallinfo2`` does not allocate.  ``malloc_info`` is written into
-  a pre-allocated buffer through ``fmemopen`` (unbuffered, so stdio allocates
-  no buffer); fmemopen itself mallocs its FILE, after mallinfo2 was read and
-  before malloc_info runs: the XML counts that one small allocation.
-* jemalloc: ``mallctl`` reads do not allocate (``epoch`` is written first).
-* gperftools: GetStats writes into a caller buffer; properties do not allocate.
-* mimalloc: ``mi_stats_print_out`` calls back into Python for each line,
-  which allocates Python strings (the text is built after the counters
-  were read by the printer line by line, so later lines may see them).
+The numbers are read by the same code the live path runs
+(collectors.allocators: plan, gather, parse, normalise), driven by an
+in-process call object (collectors.inproc.InProcess) instead of a borrowed
+thread, so the native document has the same shape in both modes.  Side
+effects are those of the live path (``native["side_effects"]``): e.g. glibc's
+fmemopen FILE, jemalloc's malloc_stats_print output buffer.
 """
 
 import ctypes
 import os
 
+from collectors import allocators
 from collectors.errors import AllocdiagError, Unsupported
-from collectors import glibc_stats, jemalloc_stats, tcmalloc_stats, mimalloc_stats
+from collectors.inproc import InProcess, SelfResolver, symbol
+from collectors.procfs import parse_maps
 
 
 class _DlInfo(ctypes.Structure):
     _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
                 ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
 
-
-_CTYPES = {
-    "size_t": ctypes.c_size_t, "uint64": ctypes.c_uint64, "bool": ctypes.c_bool,
-    "ssize_t": ctypes.c_ssize_t, "unsigned": ctypes.c_uint, "const char*": ctypes.c_char_p,
-}
 
 # symbol looked up in the object that defines malloc -> allocator kind
 _PROBES = (
@@ -121,180 +113,71 @@ def detect():
 
 # --------------------------------------------------------------------------
 
-def _glibc(lib, path):
-    libc = ctypes.CDLL(None)
-    side = []
+class _SelfAllocator:
+    """What the allocator modules read of a detection's allocator."""
 
-    class _MI2(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in glibc_stats.MALLINFO2_FIELDS]
-
-    mallinfo2 = libc.mallinfo2
-    mallinfo2.restype = _MI2
-    fmemopen = libc.fmemopen
-    fmemopen.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
-    fmemopen.restype = ctypes.c_void_p
-    setvbuf = libc.setvbuf
-    setvbuf.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t)
-    malloc_info = libc.malloc_info
-    malloc_info.argtypes = (ctypes.c_int, ctypes.c_void_p)
-    ftell = libc.ftell
-    ftell.argtypes = (ctypes.c_void_p,)
-    ftell.restype = ctypes.c_long
-    fclose = libc.fclose
-    fclose.argtypes = (ctypes.c_void_p,)
-    gnu_version = libc.gnu_get_libc_version
-    gnu_version.restype = ctypes.c_char_p
-
-    size = 256 << 10
-    for _ in range(6):
-        buf = ctypes.create_string_buffer(size)          # allocated before mallinfo2
-        mi = mallinfo2()
-        raw = ctypes.string_at(ctypes.addressof(mi), ctypes.sizeof(mi))
-        f = fmemopen(buf, size, b"w")
-        if not f:
-            raise Unsupported("fmemopen failed; cannot capture malloc_info")
-        setvbuf(f, None, 2, 0)                            # _IONBF: no stdio buffer
-        rc = malloc_info(0, f)
-        used = ftell(f)
-        fclose(f)
-        if rc == 0 and 0 <= used < size - 1:
-            break
-        size *= 4
-    else:
-        raise Unsupported("malloc_info output did not fit in 16 MiB")
-    side.append("fmemopen allocated its FILE between mallinfo2 and malloc_info: "
-                "the malloc_info numbers include that allocation")
-    m2 = glibc_stats.parse_mallinfo2(raw)
-    xml = buf.raw[:used]
-    native = glibc_stats.parse_malloc_info(xml)
-    native["mallinfo2"] = m2
-    native["version"] = gnu_version().decode()
-    native["side_effects"] = side
-    return native, glibc_stats.normalise_glibc(native, m2)
+    def __init__(self, kind, path, version):
+        self.kind, self.path, self.version = kind, path, version
+        self.prefix = ""
+        base = os.path.basename(path or "")
+        self.variant = "minimal" if kind == "tcmalloc" and "minimal" in base else None
 
 
-def _jemalloc(lib, path):
-    mallctl = lib.mallctl
-    mallctl.argtypes = (ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
-                        ctypes.c_void_p, ctypes.c_size_t)
-    mallctl.restype = ctypes.c_int
-    epoch = ctypes.c_uint64(1)
-    rc = mallctl(b"epoch", None, None, ctypes.byref(epoch), ctypes.sizeof(epoch))
-    values, errors = {}, {}
-    if rc != 0:
-        errors["epoch"] = os.strerror(rc)
-    for name, ctype in jemalloc_stats.STATS_MALLCTLS.items():
-        if name == "epoch":
-            continue
-        cell = _CTYPES[ctype]()
-        sz = ctypes.c_size_t(ctypes.sizeof(cell))
-        rc = mallctl(name.encode(), ctypes.byref(cell), ctypes.byref(sz), None, 0)
-        if rc != 0:
-            errors[name] = os.strerror(rc)
-            continue
-        val = cell.value
-        values[name] = val.decode() if isinstance(val, bytes) else val
-    native = {"mallctl": values, "errors": errors, "version": values.get("version"),
-              "path": path, "side_effects": []}
-    return native, jemalloc_stats.normalise_jemalloc(values)
+class _Resolver(SelfResolver):
+    def maps(self):
+        with open("/proc/self/maps", "rb") as f:
+            return parse_maps(f.read())
 
 
-def _tcmalloc(lib, path, google):
-    props = {}
-    buf = ctypes.create_string_buffer(1 << 16)
-    if google:
-        getp = lib.MallocExtension_Internal_GetNumericProperty
-        getp.argtypes = (ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t))
-        getp.restype = ctypes.c_bool
-        names = tcmalloc_stats.GOOGLE_TCMALLOC_PROPERTIES
-        text = None
-        if _has(lib, "TCMalloc_Internal_GetStats"):
-            gs = lib.TCMalloc_Internal_GetStats
-            gs.argtypes = (ctypes.c_char_p, ctypes.c_size_t)
-            gs.restype = ctypes.c_size_t
-            gs(buf, len(buf))
-            text = buf.value.decode("utf-8", errors="replace")
-    else:
-        getp = lib.MallocExtension_GetNumericProperty
-        getp.argtypes = (ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t))
-        getp.restype = ctypes.c_int
-        names = tcmalloc_stats.GPERFTOOLS_PROPERTIES
-        gs = lib.MallocExtension_GetStats
-        gs.argtypes = (ctypes.c_char_p, ctypes.c_int)
-        gs(buf, len(buf))
-        text = buf.value.decode("utf-8", errors="replace")
-    cell = ctypes.c_size_t()
-    for name in names:
-        raw = name.encode()
-        ok = getp(raw, len(raw), ctypes.byref(cell)) if google else getp(raw, ctypes.byref(cell))
-        if ok:
-            props[name] = cell.value
-    stats = tcmalloc_stats.parse_getstats(text) if text else None
-    version = None
-    if _has(lib, "tc_version"):
-        tv = lib.tc_version
-        tv.argtypes = (ctypes.POINTER(ctypes.c_int),) * 2 + (ctypes.POINTER(ctypes.c_char_p),)
-        tv.restype = ctypes.c_char_p
-        version = tv(None, None, None).decode()
-    native = {"properties": props, "getstats": stats, "version": version, "path": path,
-              "variant": "minimal" if "minimal" in os.path.basename(path or "") else None,
-              "side_effects": []}
-    return native, tcmalloc_stats.normalise_tcmalloc(
-        props, stats, flavor="google" if google else "gperftools")
+def _version(kind, lib):
+    """The allocator's version, asked in-process (outside the gather: it is
+    not a statistic)."""
+    try:
+        if kind == "glibc":
+            fn = ctypes.CDLL(None).gnu_get_libc_version
+            fn.restype = ctypes.c_char_p
+            return fn().decode()
+        if kind == "jemalloc":
+            cell, size = ctypes.c_char_p(), ctypes.c_size_t(ctypes.sizeof(ctypes.c_char_p))
+            lib.mallctl.argtypes = (ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                    ctypes.c_void_p, ctypes.c_size_t)
+            if lib.mallctl(b"version", ctypes.byref(cell), ctypes.byref(size), None, 0) == 0:
+                return cell.value.decode()
+        if kind == "tcmalloc" and symbol(lib, "tc_version"):
+            tv = lib.tc_version
+            tv.argtypes = (ctypes.POINTER(ctypes.c_int),) * 2 + (ctypes.POINTER(ctypes.c_char_p),)
+            tv.restype = ctypes.c_char_p
+            return tv(None, None, None).decode()
+        if kind == "mimalloc" and symbol(lib, "mi_version"):
+            lib.mi_version.restype = ctypes.c_int
+            return mimalloc_version(lib.mi_version())
+    except (AttributeError, OSError, UnicodeDecodeError):
+        pass
+    return None
 
 
-def _mimalloc(lib, path):
-    lines = []
-    OUT = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_void_p)
-    cb = OUT(lambda msg, arg: lines.append(msg.decode("utf-8", errors="replace")))
-    native = {"path": path, "side_effects": [
-        "mi_stats_print_out calls back into Python, which allocates while it prints"]}
-    version = lib.mi_version
-    version.restype = ctypes.c_int
-    native["version"] = version()
-    pinfo = (ctypes.c_size_t * 8)()
-    pi = lib.mi_process_info
-    pi.argtypes = (ctypes.POINTER(ctypes.c_size_t),) * 8
-    pi(*(ctypes.cast(ctypes.byref(pinfo, i * ctypes.sizeof(ctypes.c_size_t)),
-                     ctypes.POINTER(ctypes.c_size_t)) for i in range(8)))
-    process_info = mimalloc_stats.process_info_dict(list(pinfo))
-    parsed = None
-    if _has(lib, "mi_stats_get_json"):
-        gj = lib.mi_stats_get_json
-        gj.argtypes = (ctypes.c_size_t, ctypes.c_char_p)
-        gj.restype = ctypes.c_void_p
-        ptr = gj(0, None)
-        if ptr:
-            text = ctypes.string_at(ptr).decode("utf-8", errors="replace")
-            lib.mi_free.argtypes = (ctypes.c_void_p,)
-            lib.mi_free(ptr)
-            parsed = mimalloc_stats.parse_stats_json(text)
-    if parsed is None:
-        pr = lib.mi_stats_print_out
-        pr.argtypes = (OUT, ctypes.c_void_p)
-        pr(cb, None)
-        parsed = mimalloc_stats.parse_stats_text("".join(lines))
-    native.update(stats=parsed, process_info=process_info)
-    return native, mimalloc_stats.normalise_mimalloc(parsed, process_info)
+def mimalloc_version(n):
+    """MI_MALLOC_VERSION -> "major.minor.patch": 209 is 2.0.9, 20401 is 2.4.1."""
+    if n >= 10000:
+        return f"{n // 10000}.{n // 100 % 100}.{n % 100}"
+    return f"{n // 100}.{n // 10 % 10}.{n % 10}"
 
 
-def snapshot_self():
+def snapshot_self(**options):
     """-> (kind, native, stats) for the calling process.
 
     kind: glibc|jemalloc|tcmalloc|tcmalloc-google|mimalloc.  Raises
     Unsupported when the allocator serving malloc is not one of these.
     """
     kind, path, lib = detect()
-    if kind == "glibc":
-        native, stats = _glibc(lib, path)
-    elif kind == "jemalloc":
-        native, stats = _jemalloc(lib, path)
-    elif kind in ("tcmalloc", "tcmalloc-google"):
-        native, stats = _tcmalloc(lib, path, google=(kind == "tcmalloc-google"))
-    elif kind == "mimalloc":
-        native, stats = _mimalloc(lib, path)
-    else:
+    mod = allocators.module(kind)
+    if mod is None:
         raise Unsupported(f"malloc is served by {path or 'an unknown object'}, "
                           "which is not an allocator allocdiag knows")
-    native.setdefault("path", path)
-    return kind, native, stats
+    alloc = _SelfAllocator(kind, path, _version(kind, lib))
+    opts = {"glibc_xml": True, "per_arena": False, **options}
+    addrs = mod.plan(_Resolver(lib), path, alloc, opts)
+    raw = mod.gather(InProcess(), addrs, opts)
+    native = mod.parse(raw, alloc)
+    native["path"] = path
+    return kind, native, mod.normalise(native)

@@ -97,6 +97,15 @@ _SPANS_LINE = re.compile(
     r"\s*(?P<unmcum>[\d.]+)\s+MiB cum")
 
 
+MiB = 1 << 20
+
+
+def _mib(text):
+    """A "%6.1f MiB" amount of the level-2 sections, in bytes (to the
+    0.1 MiB the text has: these lines are detail, the summary is exact)."""
+    return round(float(text) * MiB)
+
+
 def _slug(label):
     s = re.sub(r"\(.*?\)", "", label).strip().lower()
     s = re.sub(r"[^a-z0-9]+", "_", s).strip("_")
@@ -169,14 +178,14 @@ def parse_getstats(text):
             continue
         m = _PAGEHEAP_LINE.match(line)
         if m:
-            pageheap = {"sizes": int(m.group("sizes")), "free_mib": float(m.group("free")),
-                        "unmapped_mib": float(m.group("unmapped"))}
+            pageheap = {"sizes": int(m.group("sizes")), "free_bytes": _mib(m.group("free")),
+                        "unmapped_bytes": _mib(m.group("unmapped"))}
             continue
         m = _SPANS_LINE.match(line)
         if m:
             spans.append({"pages": m.group("pages").replace(" ", ""),
-                          "spans": int(m.group("spans")), "mib": float(m.group("mib")),
-                          "unmapped_mib": float(m.group("unm"))})
+                          "spans": int(m.group("spans")), "bytes": _mib(m.group("mib")),
+                          "unmapped_bytes": _mib(m.group("unm"))})
     if "bytes_in_use_by_app" not in summary:
         raise MalformedData("tcmalloc stats: no 'MALLOC: ... Bytes in use by application' line "
                             "(not GetStats output?)")

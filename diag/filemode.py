@@ -2,15 +2,16 @@
 
 Recognised by content, not by name: glibc ``malloc_info`` XML, jemalloc
 ``malloc_stats_print`` JSON (opts "J"), gperftools ``MallocExtension_GetStats``
-text, mimalloc ``mi_stats_print`` text.  Anything else, or a file that
+text, mimalloc ``mi_stats_print`` text; each parsed by its allocator's module
+(collectors.allocators) into the native shape live and self mode produce.  Anything else, or a file that
 claims a format but does not parse, is a clear error (exit 5).
 """
 
 import json
 import os
 
-from collectors import glibc_stats, jemalloc_stats, mimalloc_stats, tcmalloc_stats
-from collectors.errors import MalformedData, Unsupported
+from collectors import allocators
+from collectors.errors import AllocdiagError, MalformedData, Unsupported
 from diag.fields import STATS_FIELDS
 from diag.model import Allocator, CollectorStatus, Snapshot, Value
 
@@ -47,22 +48,14 @@ def snapshot_from_file(path):
     if kind is None:
         raise Unsupported(f"{path}: not a recognised stats file (expected malloc_info XML, "
                           "jemalloc stats JSON, tcmalloc GetStats text or mimalloc stats text)")
+    mod = allocators.module(kind)
     try:
-        if kind == "glibc":
-            native = {"malloc_info": glibc_stats.parse_malloc_info(data)}
-            stats = glibc_stats.normalise_glibc(native["malloc_info"])
-        elif kind == "jemalloc":
-            parsed = jemalloc_stats.parse_stats_json(data.decode("utf-8", "replace"))
-            native = {"mallctl": jemalloc_stats.mallctl_values(parsed)}
-            stats = jemalloc_stats.normalise_jemalloc(parsed)
-        elif kind == "tcmalloc":
-            parsed = tcmalloc_stats.parse_getstats(data.decode("utf-8", "replace"))
-            native = {"getstats": parsed}
-            stats = tcmalloc_stats.normalise_tcmalloc(stats=parsed)
-        else:
-            parsed = mimalloc_stats.parse_stats_text(data.decode("utf-8", "replace"))
-            native = {"stats_text": parsed}
-            stats = mimalloc_stats.normalise_mimalloc(parsed)
+        # The allocator's module parses into the same native shape the live
+        # and self paths produce (fields the file cannot carry are None).
+        native = mod.parse_file(data)
+        stats = mod.normalise(native)
+    except AllocdiagError as exc:
+        raise MalformedData(f"{path}: looks like {kind} stats but does not parse: {exc.msg}") from None
     except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
         raise MalformedData(f"{path}: looks like {kind} stats but does not parse: {exc}") from None
     full = {name: Value() for name in STATS_FIELDS}

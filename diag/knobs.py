@@ -45,7 +45,9 @@ def _winner(name, sources, default):
 
 
 def jemalloc_knobs(native):
-    m = native.get("mallctl", {})
+    # A mallctl this build or source does not have is None in the native
+    # document (collectors.allocators.jemalloc): treat it as absent.
+    m = {k: v for k, v in (native.get("mallctl") or {}).items() if v is not None}
     config = native.get("config", {})
     prefix = native.get("prefix") or config.get("prefix") or ""
     env_name = prefix.upper() + "MALLOC_CONF"
@@ -134,7 +136,7 @@ def glibc_knobs(native):
 
 def tcmalloc_knobs(native):
     env = (native.get("config") or {}).get("env") or {}
-    props = native.get("properties", {})
+    props = {k: v for k, v in (native.get("properties") or {}).items() if v is not None}
     out = {}
     for name, default in TCMALLOC_DEFAULTS.items():
         current, source = (env[name], f"env {name}") if name in env else (default, "compiled default")

@@ -34,6 +34,11 @@ def live(pid, **kw):
     return det, livestats.collect(image, det, **kw)
 
 
+# glibc 2.36 libio/fmemopen.c + iofopncook.c: a calloc'd cookie and a
+# malloc'd locked_FILE, 336 bytes of chunks on x86-64.
+FMEMOPEN_MAX = 512
+
+
 def test_glibc_mallinfo2_matches_target():
     exe = build_c("capture_glibc.c", "-lpthread")
     with start([exe, "--serve"]) as t:
@@ -41,8 +46,17 @@ def test_glibc_mallinfo2_matches_target():
         assert t.alive()
     m = truth(t.lines)
     assert ls.kind == "glibc"
-    assert ls.native["mallinfo2"] == {k: m[k] for k in ls.native["mallinfo2"]}
-    assert ls.stats["allocated"].value == m["uordblks"] + m["hblkhd"]
+    # One heap walk: mallinfo2 is derived from malloc_info, which runs while
+    # fmemopen's FILE and cookie are live (one stop, no second walk).  So
+    # exactly those chunks move from free to in use; nothing else differs.
+    got = ls.native["mallinfo2"]
+    assert ls.native["mallinfo2_from"] == "malloc_info"
+    assert {k: v for k, v in got.items() if k not in ("uordblks", "fordblks")} == \
+        {k: m[k] for k in got if k not in ("uordblks", "fordblks")}
+    file_bytes = got["uordblks"] - m["uordblks"]
+    assert 0 < file_bytes <= FMEMOPEN_MAX and got["fordblks"] == m["fordblks"] - file_bytes
+    assert any("fmemopen" in s for s in ls.native["side_effects"])
+    assert ls.stats["allocated"].value == m["uordblks"] + m["hblkhd"] + file_bytes
     assert ls.stats["allocated"].provenance == "derived"
     # The per-arena XML agrees with mallinfo2 (same moment, same process).
     tot = ls.native["malloc_info"]["totals"]
@@ -73,11 +87,22 @@ def test_jemalloc_mallctl_matches_target(linkage):
     assert det.allocator.linkage == ("static" if linkage == "static" else "dynamic") or \
         det.allocator.linkage == "preload"
     got = ls.native["mallctl"]
+    # malloc_stats_print (one call) holds its 64 KiB output buffer while it
+    # reads the stats; allocated, active, pactive and metadata's share are
+    # corrected exactly, where the buffer's extent came from (dirty pages, a
+    # split needing one more extent header, retained or fresh memory) is not
+    # known: those differ from the quiet moment by at most the extent.
+    page = m["arenas.page"]
+    extent = 65536 + page
+    inexact = {"stats.arenas.4096.pdirty": extent // page, "stats.resident": extent,
+               "stats.mapped": extent, "stats.retained": extent, "stats.metadata": page}
+    diffs = {k: (got[k], m[k]) for k in JEMALLOC_KEYS}
     for key in JEMALLOC_KEYS:
-        assert got[key] == m[key], key
+        assert abs(got[key] - m[key]) <= inexact.get(key, 0), str((key, diffs))
+    assert "malloc_stats_print" in ls.native["gathered_by"]
     assert ls.stats["allocated"].value == m["stats.allocated"]
     assert ls.stats["allocated"].provenance == "measured"
-    assert ls.stats["dirty"].value == m["stats.arenas.4096.pdirty"] * m["arenas.page"]
+    assert ls.stats["dirty"].value == got["stats.arenas.4096.pdirty"] * page
     assert got["version"].startswith("5.") and "opt.dirty_decay_ms" in got
     assert len(ls.native["arenas"]) == m["arenas.narenas"]
 
@@ -114,7 +139,7 @@ def test_mimalloc_stats_match_target():
         det, ls = live(t.pid)
         assert t.alive()
     p = truth(t.lines)
-    rows = ls.native["stats_text"]["rows"]
+    rows = ls.native["stats"]["rows"]
     # mi_stats_print rounds to 0.1 of a unit: the parser keeps the bounds.
     cur = rows["committed"]["current"]
     assert cur["min"] <= p["current_commit"] <= cur["max"]

@@ -9,6 +9,8 @@ Native document::
      "error": str | None}
 """
 
+from collectors import glibc_stats
+from collectors.allocators import common
 from collectors.schema import BYTES, COUNT, FLAG, NativeField, TEXT
 
 _MI = "glibc malloc/malloc.c __malloc_info"
@@ -78,3 +80,130 @@ FIELDS = (
                         ("malloc_info.totals.mmap", "mmapped chunks (mp_.n_mmaps, mp_.mmapped_mem)"))
     for k, u, m in _COUNT_SIZE) + tuple(
     NativeField("mallinfo2." + n, u, m, _M2) for n, u, m in MALLINFO2)
+
+
+# -- plan, gather, parse, normalise -------------------------------------------------
+
+# Upper bound of malloc_info's output per arena (__malloc_info): a <heap>
+# header and footer, and at most one <size> row per fastbin and per regular
+# bin (NFASTBINS 10 + NBINS-1 127), each row at most 42 characters of
+# markup plus four 20-digit numbers.
+MI_ROW_MAX = 42 + 4 * 20
+MI_BINS_MAX = 10 + 127
+MI_ARENA_MAX = MI_BINS_MAX * MI_ROW_MAX + 512
+MI_TOTALS_MAX = 1024
+HEAP_MAX_SIZE = 64 << 20      # arena.c: a non-main arena's heaps are aligned to this
+# Size of the private mapping used when the bound exceeds the stack scratch:
+# untouched pages cost nothing, and one fixed size lets tests find leftovers.
+LARGE_TEXT = 4 << 20
+
+
+def output_bound(narenas):
+    return MI_TOTALS_MAX + narenas * MI_ARENA_MAX
+
+
+def count_arenas(maps):
+    """Upper bound of the number of arenas: the main arena plus one per
+    HEAP_MAX_SIZE-aligned anonymous mapping (every non-main arena has at
+    least one heap, and each heap starts so aligned; counting others too
+    only makes the bound larger)."""
+    heaps = sum(1 for m in maps if m.path is None and m.start % HEAP_MAX_SIZE == 0)
+    return 1 + heaps
+
+
+def plan(res, obj, alloc, opts):
+    """malloc_info into an fmemopen stream when it can; else mallinfo2.
+    One heap walk either way (malloc_info carries every mallinfo2 field)."""
+    a = {"malloc_info": res.address(obj, "malloc_info") if opts.get("glibc_xml", True) else None}
+    stdio = {n: res.libc(n) for n in ("fmemopen", "setvbuf", "fclose")}
+    if a["malloc_info"] and all(stdio.values()):
+        a.update(stdio)
+        a["mmap"], a["munmap"] = res.libc("mmap"), res.libc("munmap")
+        a["bound"] = output_bound(count_arenas(res.maps()))
+    else:
+        a["malloc_info"] = None
+        a["mallinfo2"] = common.need(res.address(obj, "mallinfo2"), "mallinfo2", "glibc")
+    return a
+
+
+def gather(c, a, opts):
+    if a["malloc_info"] is None:
+        out = c.scratch(glibc_stats.MALLINFO2_SIZE)
+        # struct mallinfo2 is returned in memory: the hidden pointer is rdi.
+        c.call(a["mallinfo2"], out)
+        return {"mallinfo2": c.read(out, glibc_stats.MALLINFO2_SIZE)}
+    raw = {}
+    if a["bound"] <= common.SCRATCH_TEXT:
+        _malloc_info(c, a, c.scratch(common.SCRATCH_TEXT), common.SCRATCH_TEXT, raw)
+    else:
+        _malloc_info_mmap(c, a, max(LARGE_TEXT, a["bound"]), raw)
+    if raw.get("truncated"):
+        # An arena the maps did not show (created meanwhile): once more,
+        # into a mapping with room for four times as many.
+        _malloc_info_mmap(c, a, 4 * max(LARGE_TEXT, a["bound"]), raw)
+    return raw
+
+
+def _malloc_info(c, a, buf, size, raw):
+    f = common.fmemopen(c, a, buf, size)
+    raw["rc"] = c.call(a["malloc_info"], 0, f) & 0xFFFFFFFF
+    c.call(a["fclose"], f)
+    raw["xml"], terminated = common.text_at(c, buf, size)
+    raw["truncated"] = not terminated or len(raw["xml"]) >= size - 1
+    raw["size"] = size
+
+
+def _malloc_info_mmap(c, a, size, raw):
+    """malloc_info into a private anonymous mapping (not malloc: no
+    allocator side effect), unmapped again before the thread is released."""
+    mem = common.mmap_buffer(c, a, size)
+    if mem is None:
+        if "xml" not in raw:
+            _malloc_info(c, a, c.scratch(common.SCRATCH_TEXT), common.SCRATCH_TEXT, raw)
+        return
+    try:
+        raw["mmap"] = size
+        _malloc_info(c, a, mem, size, raw)
+    finally:
+        c.call(a["munmap"], mem, size)
+
+
+def parse(raw, alloc):
+    native = {"malloc_info": None, "mallinfo2": None, "mallinfo2_from": None,
+              "version": getattr(alloc, "version", None), "error": None, "side_effects": []}
+    if "mallinfo2" in raw:
+        native["mallinfo2"] = glibc_stats.parse_mallinfo2(raw["mallinfo2"])
+        native["mallinfo2_from"] = "mallinfo2"
+        native["gathered_by"] = "mallinfo2"
+        return native
+    native["gathered_by"] = "malloc_info"
+    native["side_effects"].append("fmemopen: one FILE (~500 bytes) malloc'd and freed in the "
+                                  "calling thread's arena")
+    if "mmap" in raw:
+        native["side_effects"].append(f"a {raw['mmap']}-byte anonymous mapping for the XML, "
+                                      "unmapped before the thread was released")
+    if raw["rc"] != 0:
+        native["error"] = f"malloc_info returned {raw['rc']}"
+    elif raw["truncated"]:
+        native["error"] = (f"malloc_info output did not fit {raw['size']} bytes (an arena "
+                           "created during the call?); no allocator numbers this time")
+    else:
+        native["malloc_info"] = glibc_stats.parse_malloc_info(raw["xml"])
+        native["mallinfo2"] = glibc_stats.mallinfo2_from_malloc_info(native["malloc_info"])
+        native["mallinfo2_from"] = "malloc_info"
+    return native
+
+
+def normalise(native):
+    if native.get("mallinfo2_from") == "mallinfo2":
+        return glibc_stats.normalise_glibc(None, native["mallinfo2"])
+    return glibc_stats.normalise_glibc(native.get("malloc_info"))
+
+
+def parse_file(data):
+    """A saved ``malloc_info`` XML document -> the native document."""
+    info = glibc_stats.parse_malloc_info(data)
+    return {"malloc_info": info, "mallinfo2": glibc_stats.mallinfo2_from_malloc_info(info),
+            "mallinfo2_from": "malloc_info", "version": None, "error": None,
+            "side_effects": [], "gathered_by": "file: malloc_info XML"}
+

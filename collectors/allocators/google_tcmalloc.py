@@ -6,6 +6,8 @@ Native document::
      "getstats_text": str | None}        # its own format, kept verbatim
 """
 
+from collectors.allocators import common, gperftools
+from collectors import tcmalloc_stats
 from collectors.schema import BYTES, FLAG, NativeField, RATIO, TEXT
 
 _SRC = "google/tcmalloc tcmalloc/global_stats.cc GetNumericProperty"
@@ -41,3 +43,39 @@ FIELDS = tuple(NativeField("properties:" + n, u, m, _SRC) for n, u, m in PROPERT
     NativeField("getstats_text", TEXT, "TCMalloc_Internal_GetStats output, verbatim",
                 "google/tcmalloc tcmalloc/global_stats.cc DumpStats"),
 )
+
+
+# -- plan, gather, parse, normalise -------------------------------------------------
+
+def plan(res, obj, alloc, opts):
+    get = "MallocExtension_Internal_GetNumericProperty"
+    return {"get": common.need(res.address(obj, get), get, "tcmalloc-google"),
+            "stats": res.address(obj, "TCMalloc_Internal_GetStats")}
+
+
+def gather(c, a, opts):
+    # Its getter takes the name's length too: (name, length, &value).
+    raw = {"properties": gperftools.properties(c, a["get"], [n for n, _, _ in PROPERTIES],
+                                               with_length=True)}
+    if a["stats"]:
+        raw["getstats"] = gperftools.stats_text(c, a["stats"])
+    return raw
+
+
+def parse(raw, alloc):
+    text = raw["getstats"].decode(errors="replace") if "getstats" in raw else None
+    return {"properties": {n: raw["properties"].get(n) for n, _, _ in PROPERTIES},
+            "getstats_text": text, "side_effects": [],
+            "gathered_by": "MallocExtension_Internal_GetNumericProperty per property"
+                           + (" + TCMalloc_Internal_GetStats" if text is not None else "")}
+
+
+def normalise(native):
+    props = {k: v for k, v in native["properties"].items() if v is not None}
+    return tcmalloc_stats.normalise_tcmalloc(props, None, flavor="google")
+
+
+def parse_file(data):
+    text = data.decode("utf-8", "replace") if isinstance(data, (bytes, bytearray)) else data
+    return {"properties": {n: None for n, _, _ in PROPERTIES}, "getstats_text": text,
+            "side_effects": [], "gathered_by": "file: TCMalloc_Internal_GetStats text"}

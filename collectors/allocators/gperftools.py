@@ -9,6 +9,12 @@ Native document::
      "variant": "minimal" | None}
 """
 
+import os
+import struct
+
+from collectors import tcmalloc_stats
+from collectors.allocators import common
+from collectors.errors import AllocdiagError
 from collectors.schema import BYTES, COUNT, FLAG, NativeField, TEXT
 
 _TC = "gperftools src/tcmalloc.cc GetNumericProperty"
@@ -68,4 +74,116 @@ FIELDS = tuple(NativeField("properties:" + n, u, m, _TC) for n, u, m in PROPERTI
                 "resolution)", _GS),
     NativeField("version", TEXT, "tc_version()", "gperftools"),
     NativeField("variant", TEXT, "minimal for libtcmalloc_minimal", "library name"),
+    NativeField("getstats_error", TEXT, "why the GetStats text did not parse", "allocdiag"),
 ) + tuple(NativeField("getstats.summary." + n, u, m, _GS) for n, u, m in SUMMARY_NOT_BYTES)
+
+
+# -- plan, gather, parse, normalise -------------------------------------------------
+#
+# One MallocExtension_GetStats call per snapshot, plus a call per property
+# GetStats does not print.  The printed ones are derived from its summary:
+# DumpStats and GetNumericProperty read the same ExtractStats() numbers
+# (gperftools 2.10 src/tcmalloc.cc), so the derivations are exact.
+FROM_GETSTATS = {
+    "generic.current_allocated_bytes": ("bytes_in_use_by_app",),
+    "generic.heap_size": ("virtual_address_space_used", "-bytes_in_malloc_metadata"),
+    "generic.total_physical_bytes": ("actual_memory_used",),
+    "tcmalloc.pageheap_free_bytes": ("bytes_in_page_heap_freelist",),
+    "tcmalloc.pageheap_unmapped_bytes": ("bytes_released_to_os",),
+    "tcmalloc.central_cache_free_bytes": ("bytes_in_central_cache_freelist",),
+    "tcmalloc.transfer_cache_free_bytes": ("bytes_in_transfer_cache_freelist",),
+    "tcmalloc.thread_cache_free_bytes": ("bytes_in_thread_cache_freelists",),
+    "tcmalloc.current_total_thread_cache_bytes": ("bytes_in_thread_cache_freelists",),
+    "tcmalloc.slack_bytes": ("bytes_in_page_heap_freelist", "bytes_released_to_os"),
+}
+NOT_PRINTED = tuple(n for n, _, _ in PROPERTIES if n not in FROM_GETSTATS)
+GETSTATS_BUF = common.SCRATCH_TEXT     # >= 10000: DumpStats level 2 (size classes, spans)
+
+
+def plan(res, obj, alloc, opts):
+    get = "MallocExtension_GetNumericProperty"
+    a = {"get": common.need(res.address(obj, get), get, "tcmalloc"),
+         "stats": res.address(obj, "MallocExtension_GetStats")}
+    a["props"] = NOT_PRINTED if a["stats"] and not opts.get("tcmalloc_per_call") else \
+        tuple(n for n, _, _ in PROPERTIES)
+    return a
+
+
+def properties(c, get, names, with_length=False):
+    """{name: value} of the numeric properties the getter answers."""
+    name_at, value_at = c.scratch(128), c.scratch(16)
+    props = {}
+    for name in names:
+        raw = name.encode()
+        c.write(name_at, raw + b"\0")
+        c.write(value_at, b"\0" * 8)
+        # google/tcmalloc's entry point takes the name's length too.
+        ok = c.call(get, name_at, len(raw), value_at) if with_length else c.call(get, name_at, value_at)
+        if ok & 0xFF:
+            props[name] = struct.unpack("<Q", c.read(value_at, 8))[0]
+    return props
+
+
+def stats_text(c, fn, size=GETSTATS_BUF):
+    buf = c.scratch(size)
+    c.write(buf, b"\0")
+    c.call(fn, buf, size)
+    return common.text_at(c, buf, size)[0]
+
+
+def gather(c, a, opts):
+    raw = {"properties": properties(c, a["get"], a["props"])}
+    if a["stats"]:
+        raw["getstats"] = stats_text(c, a["stats"])
+    return raw
+
+
+def _variant(alloc):
+    variant = getattr(alloc, "variant", None)
+    if variant is None and "minimal" in os.path.basename(getattr(alloc, "path", None) or ""):
+        variant = "minimal"
+    return variant
+
+
+def _document(props, stats, alloc):
+    out = {name: props.get(name) for name, _, _ in PROPERTIES}
+    summary = (stats or {}).get("summary") or {}
+    for name, terms in FROM_GETSTATS.items():
+        if out[name] is not None:
+            continue
+        keys = [t.lstrip("-") for t in terms]
+        if all(isinstance(summary.get(k), int) for k in keys):
+            out[name] = sum(-summary[t[1:]] if t.startswith("-") else summary[t] for t in terms)
+    return {"properties": out, "getstats": stats, "version": getattr(alloc, "version", None),
+            "variant": _variant(alloc), "side_effects": []}
+
+
+def parse(raw, alloc):
+    stats, error = None, None
+    if "getstats" in raw:
+        try:
+            stats = tcmalloc_stats.parse_getstats(raw["getstats"].decode(errors="replace"))
+        except AllocdiagError as exc:
+            error = str(exc)
+    native = _document(raw["properties"], stats, alloc)
+    native["gathered_by"] = ("MallocExtension_GetStats + GetNumericProperty for "
+                             f"{len(raw['properties'])} properties it does not print"
+                             if stats is not None and len(raw["properties"]) < len(PROPERTIES)
+                             else "MallocExtension_GetNumericProperty, one call per property")
+    if error:
+        native["getstats_error"] = error
+    return native
+
+
+def normalise(native):
+    props = {k: v for k, v in native["properties"].items() if v is not None}
+    return tcmalloc_stats.normalise_tcmalloc(props, native.get("getstats"), flavor="gperftools")
+
+
+def parse_file(data):
+    """Saved ``MallocExtension_GetStats`` text -> the native document."""
+    stats = tcmalloc_stats.parse_getstats(data.decode("utf-8", "replace")
+                                          if isinstance(data, (bytes, bytearray)) else data)
+    native = _document({}, stats, None)
+    native["gathered_by"] = "file: MallocExtension_GetStats text"
+    return native

@@ -13,6 +13,11 @@ src/stats.c).  ``malloc_stats_print`` JSON paths are the mallctl names with
 on the same keys.
 """
 
+import struct
+
+from collectors import jemalloc_stats
+from collectors.allocators import common
+from collectors.errors import RemoteCallError
 from collectors.schema import BYTES, COUNT, FLAG, MS, NativeField, PAGES, TEXT
 
 # (mallctl name, C type, unit, meaning).  The one list of the mallctls
@@ -103,3 +108,221 @@ def page_size(native):
     """Bytes per page of the p* counters: mallctl arenas.page."""
     page = (native.get("mallctl") or {}).get("arenas.page")
     return page if isinstance(page, int) and page > 0 else None
+
+
+# -- plan, gather, parse, normalise -------------------------------------------------
+#
+# One call per snapshot: malloc_stats_print(strcat, buf, STATS_OPTS) writes
+# the JSON report into zeroed scratch memory.  libc's strcat(char *dest,
+# const char *src) has the write callback's signature (void *cbopaque,
+# const char *s), so each piece is appended to BUF.  jemalloc writes
+# "epoch" itself and buffers its output in a 64 KiB buffer it allocates and
+# frees (buf_writer_init in src/jemalloc.c): one allocation, reported.
+#
+# STATS_OPTS (src/stats.c, STATS_PRINT_OPTIONS of 5.2/5.3): J JSON; d no
+# destroyed-arena stats; a no per-arena stats; b no bins; l no large
+# classes; x no mutex stats; e no extents; h no HPA stats.  "m" is left out
+# so the merged arena (pactive, pdirty, pmuzzy) is printed.
+STATS_OPTS = b"Jdablxeh"
+
+# strcat has no bound, so BUF must hold any output these options can
+# produce.  With per-arena tables off the output does not grow with the
+# number of arenas or the load, only with the build: every value goes
+# through emitter.h's 256-byte buffer (strings are cut at 255 bytes), the
+# general section prints one object per size class (arenas.bin: 4 numbers,
+# arenas.lextent: 1; nbins + nlextents = SC_NSIZES, 232 on x86-64, < 256
+# for any page size and quantum), and the rest is a fixed set of about 130
+# keys of which at most 16 are strings.  Bound, in bytes:
+STATS_SIZE_CLASSES_MAX = 256
+STATS_BIN_MAX = 44 + 4 * 20             # {"size":N,"nregs":N,"slab_size":N,"nshards":N},
+STATS_KEYS_MAX = 160                    # keys outside the size-class arrays (5.3 prints ~130)
+STATS_KEY_MAX = 48                      # "key": and separators
+STATS_NUMBER_MAX = 21                   # 20 digits and a sign
+STATS_STRINGS_MAX = 24                  # string values (5.3 prints 16)
+STATS_STRING_MAX = 255 + 2              # emitter BUF_SIZE - 1, quoted
+STATS_BOUND = (STATS_SIZE_CLASSES_MAX * STATS_BIN_MAX + STATS_KEYS_MAX * (STATS_KEY_MAX +
+               STATS_NUMBER_MAX) + STATS_STRINGS_MAX * STATS_STRING_MAX)
+STATS_BUF = 56 * 1024                   # > STATS_BOUND (about 47 KiB); stack scratch
+assert STATS_BUF > STATS_BOUND
+# Versions whose option letters and JSON layout this was checked against.
+STATS_VERSIONS = ("5.2.", "5.3.")
+
+# mallctls malloc_stats_print does not print, read one by one after it.
+NOT_PRINTED = ("background_thread",)
+
+_CTYPES = {"size_t": "<Q", "uint64": "<Q", "ssize_t": "<q", "unsigned": "<I", "bool": "<?",
+           "const char*": "<Q"}
+_CTYPE_OF = {n: t for n, t, _, _ in MALLCTLS}
+# Values fixed once jemalloc initialised: on the per-call path, read once per
+# process (keyed by pid and start time), not on every snapshot.
+_CONSTANT = ("version", "config.", "opt.", "arenas.page", "arenas.quantum", "arenas.nbins",
+             "arenas.nlextents")
+_constant_cache = {}
+_ifunc_cache = {}
+
+
+def plan(res, obj, alloc, opts):
+    prefix = getattr(alloc, "prefix", None) or ""
+    mallctl = common.need(res.address(obj, prefix + "mallctl"), prefix + "mallctl", "jemalloc")
+    a = {"mallctl": mallctl, "process_key": res.process_key(obj), "print": None}
+    version = getattr(alloc, "version", None) or ""
+    if not opts.get("jemalloc_per_call") and version.startswith(STATS_VERSIONS):
+        a["print"] = res.address(obj, prefix + "malloc_stats_print")
+        a["strcat"] = res.libc("strcat")
+        a["strcat_ifunc"] = bool(a["strcat"]) and res.libc_ifunc("strcat")
+        if not a["strcat"]:
+            a["print"] = None
+    return a
+
+
+def mallctl_read(c, mallctl, name, ctype, scratch):
+    """One mallctl read; the value (bytes for strings) or None when the name
+    does not exist in this version/build."""
+    fmt = _CTYPES[ctype]
+    size = struct.calcsize(fmt)
+    name_at, old, lenp = scratch
+    c.write(name_at, name.encode() + b"\0")
+    c.write(lenp, struct.pack("<Q", size))
+    c.write(old, b"\0" * 8)
+    if c.call(mallctl, name_at, old, lenp, 0, 0) & 0xFFFFFFFF:
+        return None
+    value = struct.unpack(fmt, c.read(old, size))[0]
+    if ctype == "const char*":
+        return c.cstring(value, 4096) if value else None
+    return value
+
+
+def mallctl_scratch(c):
+    return (c.scratch(256), c.scratch(16), c.scratch(16))
+
+
+def gather(c, a, opts):
+    scratch = mallctl_scratch(c)
+    raw = {}
+    if a["print"]:
+        buf = c.scratch(STATS_BUF)
+        opt_at = c.scratch(len(STATS_OPTS) + 1)
+        c.write(opt_at, STATS_OPTS + b"\0")
+        c.write(buf, b"\0")                 # strcat appends after the first NUL
+        strcat = a["strcat"]
+        if a.get("strcat_ifunc"):
+            # The symbol is glibc's IFUNC resolver: ask it for this CPU's
+            # strcat (x86-64 resolvers take no arguments and only read
+            # cpu_features).
+            strcat = _ifunc_cache.get(a["process_key"]) or c.call(strcat)
+            _ifunc_cache[a["process_key"]] = strcat
+        c.call(a["print"], strcat, buf, opt_at)
+        text, terminated = common.text_at(c, buf, STATS_BUF)
+        if not terminated:
+            # Cannot happen within STATS_BOUND; if it did, memory past the
+            # buffer was written: stop using this process.
+            raise RemoteCallError("jemalloc malloc_stats_print wrote past its buffer")
+        raw["json"] = text
+        raw["mallctl"] = {n: mallctl_read(c, a["mallctl"], n, _CTYPE_OF[n], scratch)
+                          for n in NOT_PRINTED}
+    else:
+        raw["mallctl"] = _per_call(c, a, scratch)
+    if opts.get("per_arena"):
+        narenas = mallctl_read(c, a["mallctl"], "arenas.narenas", "unsigned", scratch)
+        raw["arenas"] = [
+            {"arena": i, **{f: mallctl_read(c, a["mallctl"], f"stats.arenas.{i}.{f}", t, scratch)
+                            for f, t, _, _ in ARENA_FIELDS}}
+            for i in range(int(narenas or 0))]
+    return raw
+
+
+def _per_call(c, a, scratch):
+    """The fallback: "epoch" then one mallctl per name."""
+    mallctl = a["mallctl"]
+    key = a.get("process_key")
+    cache = _constant_cache.setdefault(key, {}) if key else {}
+    name_at, val, lenp = scratch
+    c.write(name_at, b"epoch\0")
+    c.write(val, struct.pack("<Q", 1))
+    c.write(lenp, struct.pack("<Q", 8))
+    c.call(mallctl, name_at, val, lenp, val, 8)
+    values = {k: v for k, v in cache.items() if k != "_complete"}
+    for name, ctype, _, _ in MALLCTLS:
+        constant = name.startswith(_CONSTANT)
+        if constant and cache.get("_complete"):
+            continue
+        v = mallctl_read(c, mallctl, name, ctype, scratch)
+        values[name] = v
+        if constant:
+            cache[name] = v
+    cache["_complete"] = True
+    return values
+
+
+def parse(raw, alloc):
+    values = {}
+    native = {"mallctl": values, "prefix": getattr(alloc, "prefix", None) or "",
+              "side_effects": []}
+    if "json" in raw:
+        parsed = jemalloc_stats.parse_stats_json(raw["json"])
+        values.update(jemalloc_stats.mallctls(parsed, [n for n, _, _, _ in MALLCTLS]))
+        native["gathered_by"] = "malloc_stats_print(strcat, buf, \"%s\")" % STATS_OPTS.decode()
+        native["side_effects"].extend(_remove_print_buffer(values, parsed))
+    else:
+        native["gathered_by"] = "mallctl, one call per name"
+    for name, v in raw["mallctl"].items():
+        if v is not None:
+            values[name] = v.decode(errors="replace") if isinstance(v, bytes) else v
+    for name, _, _, _ in MALLCTLS:
+        values.setdefault(name, None)
+    if "arenas" in raw:
+        native["arenas"] = raw["arenas"]
+    return native
+
+
+# jemalloc >= 5.3 je_malloc_stats_print (src/jemalloc.c, src/buf_writer.c)
+# allocates a STATS_PRINT_BUFSIZE output buffer from arena 0 as an internal
+# allocation *before* stats_print refreshes the epoch, so the numbers it
+# prints count that buffer: in large.allocated (so stats.allocated), in
+# internal (so stats.metadata), and its extent of usize + sz_large_pad
+# bytes in pactive (so stats.active).  Subtracted exactly here, so the
+# document describes the program, not allocdiag's visit.
+STATS_PRINT_BUFSIZE = 65536
+BUFFERED_VERSIONS = ("5.3.",)
+
+
+def _remove_print_buffer(values, parsed):
+    version = values.get("version") or ""
+    if not version.startswith(BUFFERED_VERSIONS):
+        return []
+    page = values.get("arenas.page")
+    opt = parsed.get("opt") or {}
+    oblivious = opt.get("cache_oblivious", (parsed.get("config") or {}).get("cache_oblivious"))
+    if not page or oblivious is None:
+        return ["malloc_stats_print held a 64 KiB output buffer while it read the stats; "
+                "not subtracted (page size or cache_oblivious unknown)"]
+    extent = STATS_PRINT_BUFSIZE + (page if oblivious else 0)      # sz_large_pad
+    for name, amount in (("stats.allocated", STATS_PRINT_BUFSIZE),
+                         ("stats.metadata", STATS_PRINT_BUFSIZE),
+                         ("stats.active", extent),
+                         ("stats.arenas.4096.pactive", extent // page),
+                         ("stats.arenas.4096.large.allocated", STATS_PRINT_BUFSIZE),
+                         ("stats.arenas.4096.internal", STATS_PRINT_BUFSIZE)):
+        if isinstance(values.get(name), int) and values[name] >= amount:
+            values[name] -= amount
+    return [f"malloc_stats_print allocated a {STATS_PRINT_BUFSIZE}-byte output buffer in arena 0 "
+            "and freed it; its bytes are subtracted from stats.allocated, stats.active, "
+            "stats.metadata and pactive (exact); pdirty, resident and mapped may differ by up to "
+            f"{extent} bytes from a moment without it"]
+
+
+def normalise(native):
+    return jemalloc_stats.normalise_jemalloc(
+        {k: v for k, v in native["mallctl"].items() if v is not None})
+
+
+def parse_file(data):
+    """A saved ``malloc_stats_print`` JSON report -> the native document."""
+    text = data.decode("utf-8", "replace") if isinstance(data, (bytes, bytearray)) else data
+    parsed = jemalloc_stats.parse_stats_json(text)
+    values = jemalloc_stats.mallctls(parsed, [n for n, _, _, _ in MALLCTLS])
+    for name, _, _, _ in MALLCTLS:
+        values.setdefault(name, None)
+    return {"mallctl": values, "prefix": None, "side_effects": [],
+            "gathered_by": "file: malloc_stats_print JSON"}
+

@@ -6,9 +6,14 @@ Native document::
                                     # ("format": "text") or parse_stats_json ("json")
      "process_info": {...} | None,  # mi_process_info's eight out-parameters
      "options": {name: int} | None, # mi_option_get, names of the running version
-     "version": int | None}         # mi_version()
+     "version": str | None}         # e.g. "2.0.9" (detection, or mi_version())
 """
 
+import struct
+
+from collectors import mimalloc_stats
+from collectors.allocators import common
+from collectors.errors import AllocdiagError, Unsupported
 from collectors.schema import BYTES, COUNT, FLAG, MS, NativeField, RATIO, TEXT
 
 _ST = "mimalloc src/stats.c _mi_stats_print (mi_stats_print_out)"
@@ -84,7 +89,8 @@ FIELDS = (
     NativeField("process_info", TEXT, "none when mi_process_info was not called", _PI),
     NativeField("options", TEXT, "none when option names are not known for this version", "mi_option_get"),
     NativeField("options.?", COUNT, "an mi_option value (mi_option_get)", "mimalloc include/mimalloc.h mi_option_t"),
-    NativeField("version", COUNT, "mi_version() (e.g. 209 = 2.0.9)", "mimalloc"),
+    NativeField("version", TEXT, "mimalloc version (mi_version() 209 = 2.0.9)", "mimalloc"),
+    NativeField("stats_error", TEXT, "why the stats text did not parse", "allocdiag"),
 ) + tuple(NativeField(f"stats.rows.{r}.?.{k}", u, f"{m}: {km}", _ST)
           for r, u, m in STAT_ROWS for k, km in _AMOUNT) + tuple(
     NativeField(f"stats.counters.{r}.{k}", u, f"{m}: {km}", _ST)
@@ -96,3 +102,97 @@ FIELDS = (
     for n, m in (("peak_rss", "peak RSS as printed"), ("peak_commit", "peak commit as printed"),
                  ("rss_current", "RSS"), ("rss_peak", "peak RSS"),
                  ("commit_current", "bytes committed"), ("commit_peak", "peak bytes committed")))
+
+
+# -- plan, gather, parse, normalise -------------------------------------------------
+
+# mimalloc 2.0.x option enum (include/mimalloc.h of 2.0.9, Debian's
+# libmimalloc-dev); index = mi_option_t value.  2.1+ renamed the purge
+# options, so names are only trusted for the version they were read from.
+OPTIONS_2_0 = (
+    "show_errors", "show_stats", "verbose", "eager_commit", "deprecated_eager_region_commit",
+    "deprecated_reset_decommits", "large_os_pages", "reserve_huge_os_pages",
+    "reserve_huge_os_pages_at", "reserve_os_memory", "deprecated_segment_cache", "page_reset",
+    "abandoned_page_decommit", "deprecated_segment_reset", "eager_commit_delay",
+    "decommit_delay", "use_numa_nodes", "limit_os_alloc", "os_tag", "max_errors",
+    "max_warnings", "max_segment_reclaim", "allow_decommit", "segment_decommit_delay",
+    "decommit_extend_delay", "destroy_on_exit",
+)
+
+
+def option_names(version):
+    return OPTIONS_2_0 if (version or "").startswith("2.0") else ()
+
+
+def plan(res, obj, alloc, opts):
+    a = {n: res.address(obj, n) for n in ("mi_process_info", "mi_option_get", "mi_stats_get_json",
+                                          "mi_free", "mi_stats_print_out")}
+    if not (a["mi_stats_get_json"] or a["mi_stats_print_out"]):
+        raise Unsupported("mimalloc: neither mi_stats_get_json nor mi_stats_print_out found")
+    if a["mi_stats_print_out"]:
+        a.update(common.libc_stdio(res))
+    a["options"] = option_names(getattr(alloc, "version", None))
+    return a
+
+
+def gather(c, a, opts):
+    raw = {}
+    if a["mi_process_info"] and getattr(c, "max_args", 6) >= 8:
+        outs = [c.scratch(8) for _ in mimalloc_stats.PROCESS_INFO_FIELDS]
+        for o in outs:
+            c.write(o, b"\0" * 8)
+        c.call(a["mi_process_info"], *outs)
+        raw["process_info"] = [struct.unpack("<Q", c.read(o, 8))[0] for o in outs]
+    if a["mi_option_get"] and a["options"]:
+        raw["options"] = [c.call(a["mi_option_get"], i) for i in range(len(a["options"]))]
+    if a["mi_stats_get_json"]:
+        ptr = c.call(a["mi_stats_get_json"], 0, 0)
+        if ptr:
+            raw["stats_json"] = c.cstring(ptr, 1 << 20)
+            if a["mi_free"]:
+                c.call(a["mi_free"], ptr)
+            return raw
+    buf = c.scratch(common.SCRATCH_TEXT)
+    f = common.fmemopen(c, a, buf, common.SCRATCH_TEXT)
+    c.call(a["mi_stats_print_out"], a["fputs"], f)
+    c.call(a["fclose"], f)
+    raw["stats_text"] = common.text_at(c, buf, common.SCRATCH_TEXT)[0]
+    return raw
+
+
+def parse(raw, alloc):
+    version = getattr(alloc, "version", None)
+    names = option_names(version)
+    native = {"stats": None, "process_info": None, "options": None, "version": version,
+              "side_effects": []}
+    if "process_info" in raw:
+        native["process_info"] = mimalloc_stats.process_info_dict(raw["process_info"])
+    if "options" in raw:
+        native["options"] = {n: common.signed(v) for n, v in zip(names, raw["options"])}
+    if "stats_json" in raw:
+        native["stats"] = mimalloc_stats.parse_stats_json(raw["stats_json"].decode(errors="replace"))
+        native["gathered_by"] = "mi_stats_get_json"
+        native["side_effects"].append("mi_stats_get_json: mimalloc allocated the JSON text; "
+                                      "freed with mi_free")
+    elif "stats_text" in raw:
+        native["gathered_by"] = "mi_stats_print_out(fputs, fmemopen stream)"
+        native["side_effects"].append("fmemopen: one FILE malloc'd and freed (by mimalloc)")
+        try:
+            native["stats"] = mimalloc_stats.parse_stats_text(raw["stats_text"].decode(errors="replace"))
+        except AllocdiagError as exc:
+            native["stats_error"] = str(exc)
+    return native
+
+
+def normalise(native):
+    return mimalloc_stats.normalise_mimalloc(native.get("stats"), native.get("process_info"))
+
+
+def parse_file(data):
+    """Saved ``mi_stats_print`` text (or ``mi_stats_get_json`` JSON) -> the
+    native document."""
+    text = data.decode("utf-8", "replace") if isinstance(data, (bytes, bytearray)) else data
+    stats = (mimalloc_stats.parse_stats_json(text) if text.lstrip().startswith("{")
+             else mimalloc_stats.parse_stats_text(text))
+    return {"stats": stats, "process_info": None, "options": None, "version": None,
+            "side_effects": [], "gathered_by": "file: mimalloc stats " + stats["format"]}

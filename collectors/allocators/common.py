@@ -1,0 +1,56 @@
+"""Helpers the allocator modules share: symbol checks, stdio streams over
+scratch memory, and reading text the allocator wrote."""
+
+from collectors.errors import RemoteCallError, Unsupported
+
+SCRATCH_TEXT = 48 * 1024      # bytes of stack scratch for text/XML outputs
+IONBF = 2                     # stdio.h _IONBF: no stdio buffer (nothing malloc'd for it)
+PROT_READ, PROT_WRITE = 1, 2
+MAP_PRIVATE, MAP_ANONYMOUS = 0x02, 0x20
+MAP_FAILED_MIN = (1 << 64) - 4096   # mmap returns -errno on failure
+U64 = (1 << 64) - 1
+
+
+def need(addr, name, kind):
+    if addr is None:
+        raise Unsupported(f"{kind}: symbol {name} not found (stripped build?)")
+    return addr
+
+
+def libc_stdio(res):
+    return {n: need(res.libc(n), n, "libc") for n in ("fmemopen", "setvbuf", "fclose", "fputs")}
+
+
+def fmemopen(c, addrs, buf, size):
+    """FILE* of an unbuffered fmemopen stream writing into SIZE bytes at
+    BUF.  glibc's fmemopen keeps the written text NUL-terminated while there
+    is room.  Caller must fclose."""
+    mode = c.scratch(16)
+    c.write(mode, b"w\0")
+    f = c.call(addrs["fmemopen"], buf, size, mode)
+    if f == 0:
+        raise RemoteCallError("fmemopen failed in the target")
+    c.call(addrs["setvbuf"], f, 0, IONBF, 0)
+    return f
+
+
+def text_at(c, addr, size):
+    """The NUL-terminated text in SIZE bytes at ADDR, read in one go (one
+    process_vm_readv: fewer syscalls than a page-by-page scan).  Returns
+    (text, terminated): terminated is False when no NUL lies inside."""
+    data = c.read(addr, size)
+    end = data.find(b"\0")
+    return (data, False) if end < 0 else (data[:end], True)
+
+
+def mmap_buffer(c, addrs, size):
+    """A private anonymous mapping of SIZE bytes in the target (not malloc:
+    no allocator side effect), or None.  Caller must munmap."""
+    if not (addrs.get("mmap") and addrs.get("munmap")):
+        return None
+    mem = c.call(addrs["mmap"], 0, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, U64, 0)
+    return None if mem == 0 or mem >= MAP_FAILED_MIN else mem
+
+
+def signed(v):
+    return v - (1 << 64) if v >= 1 << 63 else v

@@ -1,0 +1,94 @@
+"""In-process calls with the interface of a remote ``Call``.
+
+Self mode (collectors.selfstats) and the in-process baseline of
+``bench/pause.py`` run the very gather code the live path runs
+(collectors.allocators.*.gather) against the calling process: ``InProcess``
+has ``Call``'s methods (``call``, ``read``, ``write``, ``scratch``,
+``cstring``, ``max_args``) and ``SelfResolver`` the resolver's
+(``address``, ``libc``, ``process_key``).
+
+Scratch memory is one buffer allocated when the object is made, carved
+downward like the borrowed thread's stack, so the gather code allocates
+nothing in this process while it calls the allocator.
+"""
+
+import ctypes
+import os
+import threading
+
+from collectors.errors import RemoteCallError
+
+SCRATCH_BYTES = 64 * 1024     # the engine's MAX_SCRATCH: same limits in both modes
+_ALIGN = 16
+
+_libc = ctypes.CDLL(None)
+_strnlen = _libc.strnlen
+_strnlen.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_strnlen.restype = ctypes.c_size_t
+
+
+class InProcess:
+    """Calls into this process's own code; a ``Call`` look-alike."""
+
+    kind = "self"
+    syscall = None
+    max_args = 16
+
+    def __init__(self, scratch_bytes=SCRATCH_BYTES):
+        self._buf = ctypes.create_string_buffer(scratch_bytes)
+        self._base = ctypes.addressof(self._buf)
+        self._low = self._top = self._base + scratch_bytes
+        self.tid = threading.get_native_id()
+        self._protos = {}
+
+    def call(self, func_addr, *args, timeout_s=None):
+        """FUNC_ADDR(*ARGS) with integer arguments; returns rax as an unsigned int."""
+        n = len(args)
+        proto = self._protos.get(n)
+        if proto is None:
+            proto = self._protos[n] = ctypes.CFUNCTYPE(ctypes.c_uint64, *(ctypes.c_uint64,) * n)
+        return proto(int(func_addr))(*(int(a) & 0xFFFFFFFFFFFFFFFF for a in args))
+
+    def read(self, addr, n):
+        return ctypes.string_at(addr, n)
+
+    def write(self, addr, data):
+        ctypes.memmove(addr, bytes(data), len(data))
+
+    def scratch(self, n):
+        low = (self._low - int(n)) & ~(_ALIGN - 1)
+        if low < self._base:
+            raise RemoteCallError(f"scratch limit {self._top - self._base} bytes exceeded")
+        self._low = low
+        return low
+
+    def cstring(self, addr, limit=1 << 20):
+        return ctypes.string_at(addr, _strnlen(addr, limit))
+
+
+def symbol(lib, name):
+    """Address of NAME in ctypes library LIB, or None."""
+    try:
+        return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+    except AttributeError:
+        return None
+
+
+class SelfResolver:
+    """Addresses in this process, for an allocator module's ``plan``: the
+    allocator's functions from LIB (the object that defines malloc) only."""
+
+    def __init__(self, lib):
+        self.lib = lib
+
+    def address(self, obj, name):
+        return symbol(self.lib, name)
+
+    def libc(self, name):
+        return symbol(_libc, name)
+
+    def libc_ifunc(self, name):
+        return False          # dlsym already returned the implementation
+
+    def process_key(self, obj):
+        return (os.getpid(), "self")
