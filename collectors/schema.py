@@ -33,6 +33,8 @@ KINDS = ("glibc", "jemalloc", "tcmalloc", "tcmalloc-google", "mimalloc")
 # Keys every kind's document may carry that describe the collection, not the
 # allocator (added by livestats / selfstats / diag.snapshot).
 COMMON_FIELDS = (
+    NativeField("side_effects", TEXT, "list of side effects; empty when the calls only read",
+                "allocdiag"),
     NativeField("side_effects.*", TEXT, "what the stats calls did to the target beyond reading "
                 "(an allocation, a mapping), in words", "allocdiag"),
     NativeField("gathered_by", TEXT, "how the numbers were read: the allocator function(s) "

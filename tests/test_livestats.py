@@ -261,3 +261,90 @@ def test_glibc_resident_attributed_from_smaps():
     assert snap.native["heap_resident"]["arena_heaps"] >= 8
     # Nearly all of this process's anonymous memory is glibc heaps.
     assert 0.8 * snap.process.rss_anon <= res.value <= snap.process.rss_anon
+
+
+# -- one native shape per allocator: live, self and file ----------------------------
+
+from collectors import schema  # noqa: E402
+
+SELF_CODE = """
+import json
+from collectors.selfstats import snapshot_self
+kind, native, stats = snapshot_self()
+print(json.dumps({"kind": kind, "native": native}, default=str))
+"""
+
+# allocator -> (kind, live target, its link flags, a captured file of the same version)
+SHAPES = {
+    "glibc": ("glibc", "capture_glibc.c", ("-lpthread",), "malloc_info-glibc-2.36.xml"),
+    "jemalloc": ("jemalloc", "capture_jemalloc.c", ("-ljemalloc", "-lpthread"),
+                 "jemalloc-5.3.0-stats.json"),
+    "tcmalloc": ("tcmalloc", "capture_tcmalloc.c", ("-ltcmalloc", "-lpthread"),
+                 "tcmalloc-2.10-getstats.txt"),
+    "mimalloc": ("mimalloc", "capture_mimalloc.c", ("-lmimalloc", "-lpthread"),
+                 "mimalloc-2.0.9-stats.txt"),
+}
+# What a saved stats file cannot carry: None there, the same key present.
+NOT_IN_FILE = {"mimalloc": {"process_info", "options"}}
+
+
+def self_native(allocator):
+    from targets import preload_path
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLOC_CONF")}
+    lib = preload_path(allocator)
+    if lib:
+        env["LD_PRELOAD"] = lib
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    res = subprocess.run([sys.executable, "-c", SELF_CODE], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def shape(native, depth):
+    """Keys of NATIVE down to DEPTH levels (dicts only), collection context
+    left out."""
+    out = set()
+
+    def walk(node, prefix):
+        if len(prefix) == depth or not isinstance(node, dict):
+            return
+        for k, v in node.items():
+            if not prefix and k in schema.CONTEXT_KEYS:
+                continue
+            out.add(prefix + (k,))
+            walk(v, prefix + (k,))
+    walk(native, ())
+    return out
+
+
+def undeclared(kind, native):
+    """Leaf paths of NATIVE the schema does not declare."""
+    return sorted(p for p in schema.paths(native) if schema.lookup(kind, p) is None)
+
+
+@pytest.mark.parametrize("allocator", sorted(SHAPES))
+def test_live_self_and_file_have_the_same_native_keys(allocator):
+    from diag import filemode
+    kind, source, flags, fixture = SHAPES[allocator]
+    exe = build_c(source, *flags)
+    with start([exe, "--serve"], allocator=allocator) as t:
+        det, ls = live(t.pid)
+        assert t.alive()
+    live_doc = json.loads(json.dumps(ls.native, default=str))
+    own = self_native(allocator)
+    assert own["kind"] == kind == ls.kind
+    snap = filemode.snapshot_from_file(os.path.join(ROOT, "tests", "fixtures", fixture))
+    file_doc = json.loads(json.dumps(snap.native, default=str))
+    # Three levels cover every fixed key (mallinfo2, mallctl and property
+    # names, malloc_info/GetStats/mimalloc report sections and rows).
+    depth = 3
+    assert shape(live_doc, depth) == shape(own["native"], depth)
+    missing = NOT_IN_FILE.get(allocator, set())
+    for key in missing:
+        assert file_doc[key] is None and live_doc[key] is not None
+    assert {p for p in shape(file_doc, depth) if p[0] not in missing} == \
+        {p for p in shape(live_doc, depth) if p[0] not in missing}
+    # Every field of every document is declared once in the schema.
+    for doc in (live_doc, own["native"], file_doc):
+        assert undeclared(kind, doc) == []

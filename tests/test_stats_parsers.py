@@ -506,3 +506,49 @@ def test_ground_truth_mimalloc():
                                            p["current_commit"], p["peak_commit"], 0])
     s = mimalloc_stats.normalise_mimalloc(d, pi)
     assert s["resident"].value == p["current_commit"] >= 12 << 20
+
+
+# -- the native schema --------------------------------------------------------------
+
+def test_schema_units_where_views_need_them():
+    from collectors import schema
+    assert schema.lookup("jemalloc", ("mallctl", "stats.arenas.4096.pactive")).unit == schema.PAGES
+    assert schema.lookup("jemalloc", ("mallctl", "stats.allocated")).unit == schema.BYTES
+    assert schema.lookup("jemalloc", ("mallctl", "opt.dirty_decay_ms")).unit == schema.MS
+    assert schema.lookup("glibc", ("mallinfo2", "keepcost")).unit == schema.BYTES
+    assert schema.lookup("glibc", ("mallinfo2", "hblkhd")).unit == schema.BYTES
+    assert schema.lookup("glibc", ("mallinfo2", "ordblks")).unit == schema.COUNT
+    assert schema.lookup("glibc", ("malloc_info", "arenas", "*", "sizes", "*", "count")).unit == \
+        schema.COUNT
+    assert schema.lookup("tcmalloc", ("getstats", "summary", "spans_in_use")).unit == schema.COUNT
+    assert schema.lookup("tcmalloc", ("getstats", "summary", "bytes_in_use_by_app")).unit == \
+        schema.BYTES
+    assert schema.lookup("mimalloc", ("stats", "rows", "committed", "peak", "value")).unit == \
+        schema.BYTES
+    assert schema.lookup("mimalloc", ("stats", "rows", "threads", "peak", "value")).unit == \
+        schema.COUNT
+    assert schema.lookup("jemalloc", ("no", "such")) is None
+    assert schema.lookup("go", ("anything",)) is None
+    assert schema.page_size("jemalloc", {"mallctl": {"arenas.page": 4096}}) == 4096
+    assert schema.page_size("jemalloc", {"mallctl": {"arenas.page": None}}) is None
+    assert schema.page_size("glibc", {}) is None
+    for kind in schema.KINDS:
+        names = [f.name for f in schema.fields(kind)]
+        assert len(names) == len(set(names)), kind          # each field declared once
+        assert all(f.unit in schema.UNITS for f in schema.fields(kind))
+
+
+@pytest.mark.parametrize("name,kind", [
+    ("malloc_info-glibc-2.36.xml", "glibc"), ("jemalloc-5.3.0-stats.json", "jemalloc"),
+    ("jemalloc-5.3.0-stats-one-arena.json", "jemalloc"), ("tcmalloc-2.10-getstats.txt", "tcmalloc"),
+    ("mimalloc-2.0.9-stats.txt", "mimalloc"), ("mimalloc-2.4-stats.SYNTHETIC.json", "mimalloc")])
+def test_file_documents_are_declared_in_the_schema(name, kind):
+    from collectors import allocators, schema
+    native = allocators.module(kind).parse_file(fixture(name, "rb"))
+    assert [p for p in schema.paths(native) if schema.lookup(kind, p) is None] == []
+
+
+def test_glibc_mallinfo2_derived_from_malloc_info_exactly():
+    # Captured together (same moment) by tests/targets/capture_glibc.c.
+    d = glibc_stats.parse_malloc_info(fixture("malloc_info-glibc-2.36.xml", "rb"))
+    assert glibc_stats.mallinfo2_from_malloc_info(d) == sidecar("malloc_info-glibc-2.36.mallinfo2.txt")

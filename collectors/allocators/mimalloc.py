@@ -86,6 +86,12 @@ FIELDS = (
     NativeField("stats.counters.?", COUNT, "a counter", _JS),
     NativeField("stats.malloc_bins", TEXT, "per-size-bin statistics (JSON, MI_STAT builds)", _JS),
     NativeField("stats.page_bins", TEXT, "per-size-bin page statistics (JSON)", _JS),
+) + tuple(
+    NativeField(f"stats.{bins}.*.{k}", u, f"{what}: {m}", _JS)
+    for bins, what in (("malloc_bins", "blocks of one size bin"), ("page_bins", "pages of one size bin"))
+    for k, u, m in (("total", COUNT, "total"), ("peak", COUNT, "peak"), ("current", COUNT, "current"),
+                    ("block_size", BYTES, "block size of the bin"),
+                    ("page_size", BYTES, "page size of the bin"))) + (
     NativeField("process_info", TEXT, "none when mi_process_info was not called", _PI),
     NativeField("options", TEXT, "none when option names are not known for this version", "mi_option_get"),
     NativeField("options.?", COUNT, "an mi_option value (mi_option_get)", "mimalloc include/mimalloc.h mi_option_t"),
@@ -98,9 +104,13 @@ FIELDS = (
     NativeField(f"stats.counts.{r}.{k}", u, f"{m} ({k})", _JS)
     for r, u, m in STAT_ROWS if u == BYTES for k in ("total", "peak", "current")) + tuple(
     NativeField("process_info." + n, u, m, _PI) for n, u, m in PROCESS_INFO) + tuple(
-    NativeField("stats.process." + n, BYTES, m, _ST)
-    for n, m in (("peak_rss", "peak RSS as printed"), ("peak_commit", "peak commit as printed"),
-                 ("rss_current", "RSS"), ("rss_peak", "peak RSS"),
+    NativeField(f"stats.process.{n}.{k}", BYTES, f"{m}: {km}", _ST)
+    for n, m in (("peak_rss", "peak RSS (getrusage)"), ("peak_commit", "peak bytes committed"))
+    for k, km in _AMOUNT) + tuple(
+    NativeField(f"stats.process.{n}.text", TEXT, "the amount as printed", _ST)
+    for n in ("peak_rss", "peak_commit")) + tuple(
+    NativeField("stats.process." + n, BYTES, m, _JS)
+    for n, m in (("rss_current", "RSS"), ("rss_peak", "peak RSS"),
                  ("commit_current", "bytes committed"), ("commit_peak", "peak bytes committed")))
 
 
