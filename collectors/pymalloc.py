@@ -393,12 +393,25 @@ def scan_usedpools(read, start, end, pool_size):
         for j in range(parity, nwords - 1, 2):
             run = run + 1 if ok[j] else 0
             if run >= NB_SMALL_SIZE_CLASSES:
-                k = j - 2 * (NB_SMALL_SIZE_CLASSES - 1)
-                s = start + 8 * k
-                w = words[k:k + 2 * NB_SMALL_SIZE_CLASSES]
-                if usedpools_heads_ok(w, s, pool_size, read):
+                s = start + 8 * (j - 2 * (NB_SMALL_SIZE_CLASSES - 1))
+                if _heads_ok_now(read, s, pool_size):
                     out.append(s)
     return sorted(out)
+
+
+def _heads_ok_now(read, s, pool_size, tries=5):
+    """usedpools_heads_ok on a fresh read of the table at S: a running
+    program relinks its pools between our read of a head and of the pool it
+    points at, so a failure is retried right away a few times."""
+    for _ in range(tries):
+        w = _words(read, s, 2 * NB_SMALL_SIZE_CLASSES)
+        if w is None:
+            return False
+        if not usedpools_heads_ok(w, s, pool_size):
+            return False            # not even the shape: no table here
+        if usedpools_heads_ok(w, s, pool_size, read):
+            return True
+    return False
 
 
 def locate(obj, mm, read, layout, prefer_symbols=True):
@@ -412,8 +425,7 @@ def locate(obj, mm, read, layout, prefer_symbols=True):
         sym = elf.symtab(obj.opener.open).get("obmalloc_state_main")
         if sym is not None and mm >= (3, 13):
             state = obj.bias + sym.st_value
-            words = _words(read, state, 64)
-            if words and usedpools_heads_ok(words, state, layout.pool_size, read):
+            if _heads_ok_now(read, state, layout.pool_size):
                 return _struct_anchors(state, ".symtab obmalloc_state_main")
             raise Invalid("obmalloc_state_main does not hold a valid usedpools table")
     if mm == (3, 12):
@@ -475,41 +487,89 @@ def _read_arena_table(read, arenas_addr, maxarenas_addr, layout):
     return maxarenas, table_ptr, used
 
 
+ARENA_TRIES = 5     # re-reads of one arena that changed while we read it
+
+
+def _walk_arena(read, table_ptr, idx, layout):
+    """(arena_object, pools in use, blocks, allocated, free) of arenas[IDX],
+    read so that the arena did not change in between: its arena_object is
+    read before and after its pool headers and must be the same, and every
+    pool must be either in use or counted in nfreepools.  None when the arena
+    was freed meanwhile.  Raises Invalid."""
+    psize = layout.pool_size
+    last = None
+    for _ in range(ARENA_TRIES):
+        raw = read(table_ptr + idx * ARENA_OBJECT.size, ARENA_OBJECT.size)
+        if raw is None:
+            raise Invalid(f"arenas[{idx}] not readable")
+        ao = ARENA_OBJECT.unpack(raw)
+        address, pool_address, nfreepools, ntotalpools = ao[:4]
+        if address == 0:
+            return None
+        base = (address + psize - 1) & ~(psize - 1)
+        in_use = blocks = allocated = free = 0
+        try:
+            for p in range(base, pool_address, psize):
+                hdr = read(p, POOL_HEADER.size)
+                if hdr is None:
+                    raise Invalid(f"pool {p:#x} of arenas[{idx}] not readable")
+                count, _fb, _n, _p, arenaindex, szidx = POOL_HEADER.unpack(hdr)[:6]
+                if count == 0:          # a free pool, linked on the arena's freepools
+                    continue
+                if szidx >= NB_SMALL_SIZE_CLASSES or count > numblocks(psize, szidx) \
+                        or arenaindex != idx:
+                    raise Invalid(f"pool {p:#x} fails the checks: count={count} szidx={szidx} "
+                                  f"arenaindex={arenaindex} (arena {idx})")
+                size = (szidx + 1) * ALIGNMENT
+                in_use += 1
+                blocks += count
+                allocated += count * size
+                free += (numblocks(psize, szidx) - count) * size
+            # Every pool of an arena is either in use (count > 0) or counted
+            # in nfreepools (on freepools, or not carved yet).
+            if in_use + nfreepools != ntotalpools:
+                raise Invalid(f"arenas[{idx}]: {in_use} pools in use + nfreepools {nfreepools} "
+                              f"!= ntotalpools {ntotalpools}")
+        except Invalid as exc:
+            last = exc
+            continue
+        if read(table_ptr + idx * ARENA_OBJECT.size, ARENA_OBJECT.size) != raw:
+            last = Invalid(f"arenas[{idx}] changed during its walk")
+            continue
+        return ao, in_use, blocks, allocated, free
+    raise last
+
+
 def walk(read, anchors, layout):
     """One pass over every carved pool of every arena.  Raises Invalid."""
     maxarenas, table_ptr, used = _read_arena_table(read, anchors.arenas, anchors.maxarenas, layout)
     psize = layout.pool_size
     allocated = free = unused = blocks = used_pools = 0
     ranges = []
-    for idx, ao in used:
-        address, pool_address, nfreepools = ao[0], ao[1], ao[2]
-        unused += nfreepools * psize
-        ranges.append((address, address + layout.arena_size))
-        base = (address + psize - 1) & ~(psize - 1)
-        for p in range(base, pool_address, psize):
-            raw = read(p, POOL_HEADER.size)
-            if raw is None:
-                raise Invalid(f"pool {p:#x} of arenas[{idx}] not readable")
-            count, _fb, _n, _p, arenaindex, szidx = POOL_HEADER.unpack(raw)[:6]
-            if count == 0:          # a free pool, linked on the arena's freepools
-                continue
-            if szidx >= NB_SMALL_SIZE_CLASSES or count > numblocks(psize, szidx) \
-                    or arenaindex != idx:
-                raise Invalid(f"pool {p:#x} fails the checks: count={count} szidx={szidx} "
-                              f"arenaindex={arenaindex} (arena {idx})")
-            size = (szidx + 1) * ALIGNMENT
-            used_pools += 1
-            blocks += count
-            allocated += count * size
-            free += (numblocks(psize, szidx) - count) * size
+    for idx, _first in used:
+        got = _walk_arena(read, table_ptr, idx, layout)
+        if got is None:
+            continue                # freed since we read the vector
+        ao, in_use, b, a, f = got
+        unused += ao[2] * psize
+        ranges.append((ao[0], ao[0] + layout.arena_size))
+        used_pools += in_use
+        blocks += b
+        allocated += a
+        free += f
     # The target runs on: if the vector moved or grew while we read it, the
     # walk mixed two states.
     if _u32(read(anchors.maxarenas, 4)) != maxarenas or _u64(read(anchors.arenas, 8)) != table_ptr:
         raise Invalid("arenas vector changed during the walk")
-    return Walk(len(used), ranges, used_pools, allocated, free, unused, blocks)
+    if not ranges:
+        raise Invalid("no arena in use")
+    return Walk(len(ranges), ranges, used_pools, allocated, free, unused, blocks)
 
 
 # -- the collector ----------------------------------------------------------
+
+_LOCATED = {}     # (pid, object, load address, ...) -> Anchors
+
 
 def _env_pymalloc(image):
     env = image.environ or {}
@@ -545,25 +605,42 @@ def collect(image, prefer_symbols=True, procfs_root="/proc"):
         mem = MemoryReader(image.pid, procfs_root)
     except AccessDenied as exc:
         return unknown(f"process memory not readable: {exc.msg}")
+    # The state never moves in a process's life: remember where it was.
+    key = (image.pid, obj.path, obj.start, obj.bias, prefer_symbols,
+           image.status.get(b"PPid"))
     try:
         with mem:
-            try:
-                anchors = locate(obj, mm, mem.read, layout, prefer_symbols)
-            except Invalid as exc:
-                return unknown(f"obmalloc state not found: {exc}")
+            anchors = _LOCATED.get(key)
+            if anchors is None:
+                err = None
+                for _ in range(TRIES):
+                    try:
+                        anchors = locate(obj, mm, mem.read, layout, prefer_symbols)
+                        break
+                    except Invalid as exc:
+                        err = exc
+                else:
+                    return unknown(f"obmalloc state not found: {err}")
+                if len(_LOCATED) > 256:
+                    _LOCATED.clear()
+                _LOCATED[key] = anchors
             last = None
-            for _ in range(TRIES):
+            for attempt in range(TRIES):
                 try:
                     w = walk(mem.read, anchors, layout)
                 except Invalid as exc:
                     last = exc
                     continue
+                # narenas_currently_allocated is a cross-check for a quiet
+                # process; a busy one may change between the two reads, and
+                # each arena was already checked on its own.
                 current = _u64(mem.read(anchors.narenas_current, 8)) if anchors.narenas_current else None
-                if current is not None and current != w.arenas:
+                if current is not None and current != w.arenas and attempt < TRIES - 1:
                     last = Invalid(f"narenas_currently_allocated {current} != {w.arenas} arenas walked")
                     continue
                 break
             else:
+                _LOCATED.pop(key, None)      # located again next time
                 return unknown(f"walk failed {TRIES} times: {last}")
             highwater = _u64(mem.read(anchors.highwater, 8)) if anchors.highwater else None
             if highwater is not None and highwater < w.arenas:

@@ -186,8 +186,10 @@ def test_preload_misses_pymalloc_finding():
 
 
 def test_target_never_stopped():
-    """Reads in a loop for a while: TracerPid stays 0, and a serving
-    thread's longest gap is the same as with no reads at all."""
+    """Reads at a watch-like pace: TracerPid stays 0, and a serving thread's
+    longest gap is the same as with no reads at all (median over alternating
+    windows with and without reads: the machine is shared, so one window's
+    maximum is scheduling noise)."""
     deps.need(DEBIAN)
     with start([DEBIAN, TARGET, "100000", "serve"], stderr=subprocess.DEVNULL) as t:
         image = ProcessImage(t.pid)
@@ -200,23 +202,56 @@ def test_target_never_stopped():
                 tracer.append(int(m.group(1)))
                 time.sleep(0.002)
 
+        def end_phase():
+            t.proc.stdin.write(b"\n")
+            t.proc.stdin.flush()
+            return float(t.proc.stdout.readline().split()[1])
+
         w = threading.Thread(target=watch)
         w.start()
-        reads = 0
-        t_end = time.monotonic() + 1.5
-        while time.monotonic() < t_end:
-            assert pymalloc.collect(image).values["allocated"].value
-            reads += 1
-        stop.set()
-        w.join()
-        t.proc.stdin.write(b"\n")
-        t.proc.stdin.flush()
-        during = float(t.proc.stdout.readline().split()[1])
-        time.sleep(1.5)                         # the same length, no reads
-        t.proc.stdin.write(b"\n")
-        t.proc.stdin.flush()
-        base = float(t.proc.stdout.readline().split()[1])
-    assert reads >= 10 and tracer and set(tracer) == {0}
-    # A 1 ms sleeper's longest gap: scheduling noise on a shared machine is
-    # the same with or without reads; a stop would show as the walk's length.
-    assert during <= max(2 * base, base + 0.005), (during, base)
+        during, base, reads = [], [], 0
+        end_phase()                             # start clean
+        # Our own CPU use must not be what delays the target on 2 shared
+        # cores: read at the lowest priority, as a watcher would.
+        prio = os.getpriority(os.PRIO_PROCESS, 0)
+        try:
+            for _ in range(5):
+                os.setpriority(os.PRIO_PROCESS, 0, 19)
+                t_end = time.monotonic() + 0.5
+                while time.monotonic() < t_end:
+                    assert pymalloc.collect(image).values["allocated"].value
+                    reads += 1
+                    time.sleep(0.02)
+                os.setpriority(os.PRIO_PROCESS, 0, prio)
+                during.append(end_phase())
+                time.sleep(0.5)
+                base.append(end_phase())
+        finally:
+            os.setpriority(os.PRIO_PROCESS, 0, prio)
+            stop.set()
+            w.join()
+    assert reads >= 50 and tracer and set(tracer) == {0}
+    d, b = sorted(during)[2], sorted(base)[2]
+    assert d <= max(2 * b, b + 0.010), (during, base)
+
+
+@pytest.mark.parametrize("python", [DEBIAN] + [p for p in PYENV if "3.13" in p or "3.12" in p])
+def test_churning_target_gives_checked_numbers_or_unknown(python):
+    """While the target allocates and frees arenas, every walk either passes
+    its checks (numbers consistent with each other) or says unknown with a
+    reason; never a number from a torn read."""
+    _need(python)
+    cm, _err = _run(python, n=20000, mode="churn")
+    with cm as t:
+        image = ProcessImage(t.pid)
+        results = [pymalloc.collect(image) for _ in range(30)]
+    ok = 0
+    for rt in results:
+        v = {k: x.value for k, x in rt.values.items()}
+        if rt.reason is not None:
+            assert all(x is None for x in v.values()), rt.reason
+            continue
+        ok += 1
+        assert 0 < v["arenas"] <= v["arenas_highwater"]
+        assert 0 < v["allocated"] + v["free_in_pools"] + v["unused_pools"] <= v["mapped"]
+    assert ok >= 20, [r.reason for r in results if r.reason]

@@ -6,6 +6,8 @@ is read from outside.  Standard library only; runs under any CPython 3.x.
 argv: N (objects per kind, default 100000), MODE:
   plain  every third object freed: partly used pools everywhere (default);
   frag   all but one object in 64 freed: arenas stay mapped, mostly empty;
+  churn  as plain, then keeps allocating and freeing objects (arenas come
+         and go) until killed: the walk must give a checked number or unknown;
   serve  as plain, plus a thread that times 1 ms sleeps.  After READY, each
          line on stdin ends a phase: the target prints "GAP <longest gap in
          seconds>" for the phase that just ended (the test reads from
@@ -55,5 +57,13 @@ if mode == "serve":
         print(f"GAP {gap[0]:.6f}", flush=True)
         gap[0] = 0.0
     stop.set()
+elif mode == "churn":
+    k = 0
+    while True:
+        batch = [(j, k) for j in range(20000)] + [str(j) * (k % 40) for j in range(5000)]
+        keep.append(batch)
+        if len(keep) > 60:
+            del keep[-50:]       # frees whole arenas now and then
+        k += 1
 else:
     sys.stdin.read()
