@@ -71,7 +71,9 @@ class Invalid(Exception):
 Page = namedtuple("Page", "addr used reserved capacity block_size xthread_free xheap "
                           "area area_size")
 Segment = namedtuple("Segment", "addr kind slices thread_id pages")
-Walk = namedtuple("Walk", "allocated segments abandoned huge pages pending_thread_free "
+# active: Σ over pages holding live blocks of capacity × block size (the
+# blocks carved so far: live ones plus the free ones stuck beside them).
+Walk = namedtuple("Walk", "allocated active segments abandoned huge pages pending_thread_free "
                           "pending_delayed key_checked")
 
 
@@ -219,11 +221,12 @@ def walk(read, maps, lib_ranges):
     for a, (_k, seg_slices, _info, kind, entries, thread_id) in heads:
         slices, pages = _pages(read, a, entries, kind, seg_slices)
         segs[a] = Segment(a, kind, slices, thread_id, pages)
-    allocated = pending_tf = pending_df = npages = 0
+    allocated = active = pending_tf = pending_df = npages = 0
     heaps = {}
     for seg in segs.values():
         for p in seg.pages:
             npages += 1
+            active += max(p.capacity, 1) * p.block_size
             n = p.used
             if p.xthread_free:
                 area = None
@@ -261,7 +264,7 @@ def walk(read, maps, lib_ranges):
         pending_df += n
     if allocated < 0:
         raise Invalid("pending frees exceed used blocks")
-    return Walk(allocated, len(segs), sum(1 for s in segs.values() if not s.thread_id),
+    return Walk(allocated, active, len(segs), sum(1 for s in segs.values() if not s.thread_id),
                 sum(1 for s in segs.values() if s.kind == MI_SEGMENT_HUGE), npages,
                 pending_tf, pending_df, key_checked)
 

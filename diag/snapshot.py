@@ -161,6 +161,9 @@ def _mimalloc_walk(col, image, stats, native):
     stats["allocated"] = Value.derived(
         w.allocated, f"segment walk of mimalloc {desc}: sum over pages of (used - blocks "
                      f"pending on xthread_free and thread_delayed_free) x block size")
+    if stats.get("active") is None or stats["active"].value is None:
+        stats["active"] = Value.derived(
+            w.active, "segment walk: sum over pages holding live blocks of capacity x block size")
     native["mimalloc_walk"] = {"ok": True, "build": desc, **w._asdict()}
 
 

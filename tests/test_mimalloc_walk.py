@@ -51,6 +51,10 @@ def test_snapshot_allocated_is_real_for_pinned_build():
     assert a.provenance == "derived" and "segment walk" in a.source
     assert abs(a.value - live) <= 0.001 * live
     assert snap.native["mimalloc_walk"]["ok"] and col.status["mimalloc_walk"].ok
+    # active: carved blocks of pages in use, so it holds allocated and the
+    # free blocks the target left in those pages (a third of thread B's, half of A's)
+    act = snap.stats["active"]
+    assert act.provenance == "derived" and act.value > a.value
 
 
 def test_other_build_is_unknown():
