@@ -457,7 +457,8 @@ Walk = namedtuple("Walk", "arenas arena_ranges used_pools allocated free_in_pool
 
 
 def _read_arena_table(read, arenas_addr, maxarenas_addr, layout):
-    """[(index, arena_object tuple)] of arenas in use.  Raises Invalid."""
+    """(maxarenas, address of the vector, [(index, arena_object tuple)] of
+    the arenas in use).  Raises Invalid."""
     maxarenas = _u32(read(maxarenas_addr, 4))
     table_ptr = _u64(read(arenas_addr, 8))
     if maxarenas is None or table_ptr is None:

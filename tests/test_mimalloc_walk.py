@@ -8,7 +8,6 @@ import subprocess
 import threading
 import time
 
-import pytest
 
 import deps
 from targets import BUILD_DIR, PRELOADS, build_c, start
