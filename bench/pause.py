@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""What one allocdiag snapshot costs the target, next to gdb (measured in the same run).
+"""What one allocdiag snapshot costs the target, next to gdb and to the same
+work done in-process (measured in the same run).
 
 (a) Serving threads: a target with N threads churning malloc/free records
     the longest gap between two iterations of each thread.  The gap is read
@@ -12,10 +13,28 @@
     target and on a saturated one (4 churning threads per core), next to the
     in-process cost of the same calls under the same load (timed by the
     target itself, see pause_target.c).
+(c) --stops: the borrowed thread's stop for the stats calls alone, per
+    gather path, median and p95, idle and saturated, each next to the
+    in-process cost of the same work in the same target:
+      now      what a snapshot does (collectors/allocators): glibc one
+               malloc_info; jemalloc one malloc_stats_print + 1 mallctl;
+               gperftools GetStats + the properties it does not print
+      repeat   the same with the per-process caches an allocdiag process
+               keeps between snapshots (TUI, record): jemalloc prints the
+               general section only every 10 s ("Jgdablxeh" between)
+      percall  the per-call path: glibc mallinfo2 + malloc_info (two heap
+               walks); jemalloc epoch + one mallctl per name; gperftools
+               every property + GetStats
+    Caches that live for one allocdiag process (jemalloc constants, the
+    strcat IFUNC) are cleared before each stop, as a fresh `allocdiag
+    inspect` has them.  glibc runs on a fragmented heap (--frag-mib).
 
     python bench/pause.py [--allocators glibc,jemalloc,tcmalloc] [--threads 4] [--reps 15]
-Goals (issue 3): serving threads not stopped (>= 10x below gdb); borrowed
-stop <= 2 ms median idle and <= 2x in-process on a saturated target.
+    python bench/pause.py --stops [--frag-mib 256] [--reps 30]
+Goals: (a) serving threads not stopped (>= 10x below gdb); (b) borrowed stop
+<= 2 ms median idle and <= 2x in-process on a saturated target (issue 3);
+(c) issue 9 item 8: glibc stop <= 1.3 x in-process malloc_info + 0.3 ms;
+jemalloc and gperftools idle stop <= 0.5 ms median.
 """
 
 import argparse
@@ -36,6 +55,11 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from targets import build_c, start  # noqa: E402
 from diag import snapshot  # noqa: E402
+from collectors import allocators, livestats  # noqa: E402
+from collectors.allocators import jemalloc as je_module  # noqa: E402
+from collectors.detect import detect  # noqa: E402
+from collectors.image import ProcessImage  # noqa: E402
+from collectors.remote import RemoteProcess  # noqa: E402
 
 GDB_CALL = {"glibc": "call (void) malloc_stats()",
             "jemalloc": "call (void) malloc_stats_print(0, 0, 0)",
@@ -51,8 +75,8 @@ def window(gapmap, nthreads, action, settle=0.3):
     return max(gaps) / 1000.0
 
 
-def inproc_ns(t, reps):
-    t.proc.stdin.write(f"time {reps}\n".encode())
+def inproc_ns(t, reps, mode="now"):
+    t.proc.stdin.write(f"time {reps} {mode}\n".encode())
     t.proc.stdin.flush()
     line = t.proc.stdout.readline().decode()
     return int(line.split()[1])
@@ -112,13 +136,108 @@ def med(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
+def p95(xs):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(0.95 * (len(xs) - 1))))] if xs else float("nan")
+
+
+class Stopper:
+    """Borrowed-thread stops (us) for the stats calls of one gather mode."""
+
+    def __init__(self, pid, mode):
+        image = ProcessImage(pid)
+        det = detect(image)
+        self.alloc, self.mode = det.allocator, mode
+        self.mod = allocators.module(det.allocator.kind)
+        res = livestats.Resolver(image)
+        self.opts = {"glibc_xml": True, "per_arena": False,
+                     "jemalloc_per_call": mode == "percall", "tcmalloc_per_call": mode == "percall"}
+        self.plans = [self.mod.plan(res, det.serving, det.allocator, self.opts)]
+        if det.allocator.kind == "glibc" and mode == "percall":
+            # The former snapshot: mallinfo2, then malloc_info (two heap walks).
+            self.plans.insert(0, self.mod.plan(res, det.serving, det.allocator,
+                                               dict(self.opts, glibc_xml=False)))
+        self.rp = RemoteProcess(pid, forbidden_ranges=livestats.forbidden_ranges(image, det),
+                                deadline_s=5.0, call_timeout_s=livestats.CALL_TIMEOUT_S)
+
+    def once(self):
+        if self.mode != "repeat":
+            # A fresh `allocdiag inspect` has none of the per-process caches.
+            je_module._constant_cache.clear()
+            je_module._ifunc_cache.clear()
+            je_module.forget_general()
+        with self.rp.borrow() as c:
+            raws = [self.mod.gather(c, a, self.opts) for a in self.plans]
+        for raw in raws:
+            self.mod.parse(raw, self.alloc)
+        return max(self.rp.pause_us)
+
+
+MODES = ("now", "repeat", "percall")
+# pause_target's in-process twin of each mode.
+INPROC_MODE = {("jemalloc", "repeat"): "repeat"}
+
+
+def stop_table(allocator, nthreads, reps, frag_mib):
+    """(c): per mode, (stop median, p95, in-process median) in us.  The modes
+    take turns, stop by stop, so they see the same load on a shared box."""
+    exe = build_c(os.path.join(HERE, "pause_target.c"), "-lpthread", "-ldl", name="pause_target")
+    frag = frag_mib if allocator == "glibc" else 0
+    rows = {}
+    with tempfile.NamedTemporaryFile(prefix="allocdiag-gaps-") as gf:
+        gf.write(b"\0" * 4096)
+        gf.flush()
+        with start([exe, str(nthreads), gf.name, str(frag)], allocator=allocator,
+                   stderr=subprocess.DEVNULL, timeout=120) as t:
+            stoppers = {mode: Stopper(t.pid, mode) for mode in MODES}
+            stoppers["repeat"].once()                            # fills its caches
+            us = {mode: [] for mode in MODES}
+            for _ in range(reps):
+                for mode in MODES:
+                    us[mode].append(stoppers[mode].once())
+            for mode in MODES:
+                rows[mode] = (med(us[mode]), p95(us[mode]),
+                              inproc_ns(t, reps, INPROC_MODE.get((allocator, mode), mode)) / 1000.0)
+            if allocator == "glibc":
+                rows["walk"] = (None, None, inproc_ns(t, reps, "walk") / 1000.0)
+    return rows
+
+
+def print_stops(allocator, frag_mib, reps):
+    busy_threads = 4 * (os.cpu_count() or 2)
+    heap = f", fragmented {frag_mib} MiB heap" if allocator == "glibc" else ""
+    print(f"== {allocator}{heap}: borrowed-thread stop for the stats calls, {reps} stops each")
+    for label, n in (("idle", 0), (f"saturated ({busy_threads} churning threads)", busy_threads)):
+        rows = stop_table(allocator, n, reps, frag_mib)
+        print(f"  {label}")
+        for mode in MODES:
+            m, p, inproc = rows[mode]
+            print(f"    {mode:8} stop median {m / 1000:7.2f} ms  p95 {p / 1000:7.2f} ms   "
+                  f"in-process same work {inproc / 1000:7.2f} ms")
+        if "walk" in rows:
+            walk = rows["walk"][2]
+            goal = 1.3 * walk + 300
+            print(f"    goal: 1.3 x in-process malloc_info ({walk / 1000:.2f} ms) + 0.3 ms = "
+                  f"{goal / 1000:.2f} ms; now {rows['now'][0] / 1000:.2f} ms "
+                  f"({'met' if rows['now'][0] <= goal else 'NOT met'})")
+        elif n == 0:
+            print(f"    goal: idle median <= 0.50 ms; now {rows['now'][0] / 1000:.2f} ms "
+                  f"({'met' if rows['now'][0] <= 500 else 'NOT met'})")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--allocators", default="glibc,jemalloc,tcmalloc")
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--no-gdb", action="store_true")
+    ap.add_argument("--stops", action="store_true", help="only (c): stops per gather path")
+    ap.add_argument("--frag-mib", type=int, default=256)
     args = ap.parse_args()
+    if args.stops:
+        for allocator in args.allocators.split(","):
+            print_stops(allocator, args.frag_mib, args.reps)
+        return
     gdb = None if args.no_gdb else shutil.which("gdb")
     for allocator in args.allocators.split(","):
         quiet, ours, theirs = run(allocator, args.threads, args.reps, gdb)

@@ -172,6 +172,7 @@ def _set_jemalloc(rp, mallctl, name, value):
             # EFAULT/ENOENT for arenas that were never initialised: skip.
             failures += rc not in (0, 14, 2)
         new = jemalloc.mallctl_read(c, mallctl, f"arenas.{name}", "ssize_t", scratch)
+    jemalloc.forget_general()          # cached arenas.*_decay_ms are stale now
     if failures:
         raise Unsupported(f"jemalloc refused {name}={v} on {failures} arenas")
     return str(old), str(new), f"mallctl arenas.{name} and arena.<i>.{name} for {narenas} arenas"

@@ -90,5 +90,8 @@ class SelfResolver:
     def libc_ifunc(self, name):
         return False          # dlsym already returned the implementation
 
+    def libc_impl(self, name):
+        return self.libc(name)
+
     def process_key(self, obj):
         return (os.getpid(), "self")

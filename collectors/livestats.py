@@ -23,11 +23,13 @@ bench/README.md):
   ``mi_stats_get_json`` where the version has it.
 """
 
+import ctypes
 import os
 import time
 from collections import namedtuple
 
 from collectors import allocators, heapmaps, remote
+import collectors.allocators.common  # noqa: F401  (allocators.common.Retry)
 from collectors.allocators.glibc import LARGE_TEXT  # noqa: F401  (tests/test_safety.py)
 from collectors.errors import Unsupported
 from collectors.remote import RemoteProcess
@@ -67,6 +69,32 @@ class Resolver:
         # Static executables carry their libc inside.
         return self.address(self.image.exe, name)
 
+    def libc_impl(self, name):
+        """For an IFUNC NAME of the target's libc: the address of the
+        implementation the resolver selects, computed in this process when
+        the target maps the very same libc file (same device and inode) --
+        the offset of the implementation within the file is then the same.
+        Saves a call into the target.  The CPU is the same, so the variant
+        chosen here runs there (a target's GLIBC_TUNABLES may make its own
+        resolver choose a different, equally valid variant).  None when the
+        files differ (a container with its own libc): resolve in the target."""
+        target = self._libc_object(name)
+        own = _own_ifunc(name)
+        if target is None or own is None:
+            return None
+        (major, minor, inode), offset = own
+        t_major, _, t_minor = target.dev.partition(":")
+        if (int(t_major, 16), int(t_minor, 16), target.inode) != (major, minor, inode):
+            return None
+        return target.bias + offset
+
+    def _libc_object(self, name):
+        for obj in self.image.objects:
+            if obj.elf is not None and obj.elf.defines(name) and obj.bias is not None and (
+                    obj.elf.soname or "").startswith(("libc.so", "libc.musl")):
+                return obj
+        return None
+
     def libc_ifunc(self, name):
         """True when libc's NAME is an STT_GNU_IFUNC: its address is the
         resolver, which returns the implementation for this CPU (x86-64
@@ -86,6 +114,41 @@ class Resolver:
         """(pid, start time, object): a key a recycled pid cannot match."""
         image = self.image
         return (image.pid, remote._starttime(image.pid, image.procfs.root), obj.path)
+
+
+class _LinkMap(ctypes.Structure):
+    _fields_ = [("l_addr", ctypes.c_size_t), ("l_name", ctypes.c_char_p)]
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+_RTLD_DL_LINKMAP = 2          # dlfcn.h
+_own_ifuncs = {}
+
+
+def _own_ifunc(name):
+    """((major, minor, inode) of this process's libc, offset of the
+    implementation of NAME its IFUNC selected here from the load bias), or
+    None."""
+    if name in _own_ifuncs:
+        return _own_ifuncs[name]
+    out = None
+    try:
+        libc = ctypes.CDLL(None)
+        impl = ctypes.cast(getattr(libc, name), ctypes.c_void_p).value
+        info, lm = _DlInfo(), ctypes.POINTER(_LinkMap)()
+        dladdr1 = libc.dladdr1
+        dladdr1.argtypes = (ctypes.c_void_p, ctypes.POINTER(_DlInfo), ctypes.c_void_p, ctypes.c_int)
+        if impl and dladdr1(impl, ctypes.byref(info), ctypes.byref(lm), _RTLD_DL_LINKMAP) and lm:
+            st = os.stat(os.fsdecode(info.dli_fname))
+            out = ((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino), impl - lm.contents.l_addr)
+    except (AttributeError, OSError, ValueError):
+        out = None
+    _own_ifuncs[name] = out
+    return out
 
 
 JEMALLOC_PUBLIC = frozenset((
@@ -193,11 +256,23 @@ def collect(image, detection, *, deadline_s=2.0, call_timeout_s=CALL_TIMEOUT_S, 
                        deadline_s=deadline_s, call_timeout_s=call_timeout_s,
                        procfs=(procfs or image.procfs.root))
     t0 = time.perf_counter()
-    with rp.borrow() as c:
-        raw = mod.gather(c, addrs, opts)
-        thread = {"tid": c.tid, "kind": c.kind, "syscall": c.syscall}
+    pauses = []
+    for attempt in range(2):
+        with rp.borrow() as c:
+            raw = mod.gather(c, addrs, opts)
+            thread = {"tid": c.tid, "kind": c.kind, "syscall": c.syscall}
+        pauses.extend(rp.pause_us)
+        try:
+            native = mod.parse(raw, detection.allocator)
+            break
+        except allocators.common.Retry as retry:
+            # The fast way's output was unusable (see the module); the
+            # fallback it names costs one more stop, this once.
+            if attempt:
+                raise
+            opts.update(retry.opts)
+            addrs = mod.plan(Resolver(image), detection.serving, detection.allocator, opts)
     collect_s = time.perf_counter() - t0
-    native = mod.parse(raw, detection.allocator)
     native["collect_s"] = round(collect_s, 6)
     stats = mod.normalise(native)
     if kind == "glibc" and stats.get("resident") is not None and stats["resident"].value is None:
@@ -207,4 +282,4 @@ def collect(image, detection, *, deadline_s=2.0, call_timeout_s=CALL_TIMEOUT_S, 
             stats["resident"] = Value.derived(
                 res, "smaps Rss of [heap] + the 64 MiB-aligned arena heaps (mmapped chunks "
                      "not attributed: a lower bound)")
-    return LiveStats(kind, native, stats, list(rp.pause_us), thread)
+    return LiveStats(kind, native, stats, pauses, thread)

@@ -20,6 +20,7 @@ import ctypes
 import os
 
 from collectors import allocators
+from collectors.allocators import common
 from collectors.errors import AllocdiagError, Unsupported
 from collectors.inproc import InProcess, SelfResolver, symbol
 from collectors.procfs import parse_maps
@@ -178,6 +179,11 @@ def snapshot_self(**options):
     opts = {"glibc_xml": True, "per_arena": False, **options}
     addrs = mod.plan(_Resolver(lib), path, alloc, opts)
     raw = mod.gather(InProcess(), addrs, opts)
-    native = mod.parse(raw, alloc)
+    try:
+        native = mod.parse(raw, alloc)
+    except common.Retry as retry:
+        opts.update(retry.opts)
+        addrs = mod.plan(_Resolver(lib), path, alloc, opts)
+        native = mod.parse(mod.gather(InProcess(), addrs, opts), alloc)
     native["path"] = path
     return kind, native, mod.normalise(native)

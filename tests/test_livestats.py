@@ -122,12 +122,20 @@ def test_prefixed_jemalloc_stats_are_the_other_allocator():
 def test_tcmalloc_properties_match_target(allocator, lib):
     exe = build_c("capture_tcmalloc.c", lib, "-lpthread", name=f"capture_{allocator}")
     with start([exe, "--serve"], allocator=allocator) as t:
-        det, ls = live(t.pid)
+        det, ls = live(t.pid, per_arena=True)
+        det, quick = live(t.pid)
         assert t.alive()
     p = truth(t.lines)
     props = ls.native["properties"]
     for key, value in p.items():
         assert props[key] == value, key
+    # A plain snapshot: GetStats (the printed properties derived exactly from
+    # it) + the two knob properties; the cumulative counters are unknown.
+    assert quick.native["properties"]["tcmalloc.max_total_thread_cache_bytes"] == \
+        p["tcmalloc.max_total_thread_cache_bytes"]
+    assert quick.native["properties"]["generic.current_allocated_bytes"] == \
+        p["generic.current_allocated_bytes"]
+    assert quick.native["properties"]["tcmalloc.pageheap_commit_count"] is None
     assert ls.stats["allocated"].value == p["generic.current_allocated_bytes"]
     assert ls.stats["resident"].value == p["generic.total_physical_bytes"]
     assert ls.native["getstats"]["summary"]["bytes_in_use_by_app"] == p["generic.current_allocated_bytes"]
@@ -201,7 +209,7 @@ def test_inspect_from_file(fixture, kind):
 
 @pytest.mark.parametrize("fixture", ["malloc_info-glibc-2.36.truncated.xml",
                                      "jemalloc-5.3.0-stats.truncated.json",
-                                     "malloc_info-xxe-text.xml"])
+                                     "malloc_info-xxe-text.hand-written.xml"])
 def test_inspect_from_malformed_file(fixture):
     r = run_cli("inspect", "--from", os.path.join(ROOT, "tests", "fixtures", fixture))
     assert r.returncode == 5 and "Traceback" not in r.stderr and r.stderr.strip()
@@ -348,3 +356,47 @@ def test_live_self_and_file_have_the_same_native_keys(allocator):
     # Every field of every document is declared once in the schema.
     for doc in (live_doc, own["native"], file_doc):
         assert undeclared(kind, doc) == []
+
+
+def _stats_print_bytes(pid):
+    """Length of the JSON one snapshot's malloc_stats_print wrote."""
+    from collectors import allocators
+    from collectors.remote import RemoteProcess
+    image = ProcessImage(pid)
+    det = detect(image)
+    mod = allocators.module("jemalloc")
+    mod.forget_general()
+    opts = {"per_arena": False}
+    a = mod.plan(livestats.Resolver(image), det.serving, det.allocator, opts)
+    rp = RemoteProcess(pid, forbidden_ranges=livestats.forbidden_ranges(image, det))
+    with rp.borrow() as c:
+        raw = mod.gather(c, a, opts)
+    return len(raw["json"])
+
+
+def test_jemalloc_stats_print_output_is_bounded():
+    # strcat has no bound: the buffer must hold any output of these options.
+    # Per-arena tables are off, so 64 initialised arenas print what 2 do, and
+    # the longest strings (prof_prefix up to PATH_MAX, cut at 255 by the
+    # emitter) stay inside the bound.
+    from collectors.allocators import jemalloc as je
+    exe = build_c("many_arenas_je.c", "-lpthread", name="many_arenas_je")
+    sizes = {}
+    for n, conf in ((2, "narenas:2"), (64, "narenas:64,percpu_arena:disabled"),
+                    (65, "narenas:64,percpu_arena:disabled,prof_prefix:/" + "p" * 4000)):
+        with start([exe, str(n)], allocator="jemalloc", env={"MALLOC_CONF": conf}) as t:
+            sizes[n] = _stats_print_bytes(t.pid)
+            det, ls = live(t.pid)
+            assert t.alive()
+        assert ls.native["mallctl"]["arenas.narenas"] >= min(n, 64)     # + the huge arena
+        assert ls.stats["allocated"].value > 0
+        # A string the emitter cut leaves the JSON broken: that process is
+        # read one mallctl at a time instead (one more stop, this once).
+        assert ("malloc_stats_print" in ls.native["gathered_by"]) == (n != 65)
+    assert max(sizes.values()) < je.STATS_BOUND < je.STATS_BUF
+    # The arena count does not change the size (numbers may get a digit or
+    # two; a long string adds at most its 255 printed bytes).
+    assert abs(sizes[64] - sizes[2]) < 256 and abs(sizes[65] - sizes[2]) < 2 * je.STATS_STRING_MAX
+    print(f"malloc_stats_print {je.STATS_OPTS.decode()}: {sizes[2]} bytes (2 arenas), "
+          f"{sizes[64]} (64 arenas), {sizes[65]} (64 arenas, 4 KiB prof_prefix); "
+          f"bound {je.STATS_BOUND}")

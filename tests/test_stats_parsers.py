@@ -130,7 +130,7 @@ def test_mallinfo2_struct():
 
 @pytest.mark.parametrize("name,match", [
     ("malloc_info-glibc-2.36.truncated.xml", "not well-formed"),
-    ("malloc_info-bad-number.xml", "not an integer"),
+    ("malloc_info-bad-number.hand-written.xml", "not an integer"),
 ])
 def test_glibc_malformed_fixtures(name, match):
     with pytest.raises(MalformedData, match=match):
@@ -158,7 +158,8 @@ def test_glibc_truncated_at_every_point_never_leaks_a_traceback():
             glibc_stats.parse_malloc_info(xml[:cut])
 
 
-@pytest.mark.parametrize("name", ["malloc_info-xxe-attribute.xml", "malloc_info-xxe-text.xml"])
+@pytest.mark.parametrize("name", ["malloc_info-xxe-attribute.hand-written.xml",
+                                  "malloc_info-xxe-text.hand-written.xml"])
 def test_glibc_xxe_not_resolved(name):
     secret = open("/etc/hostname").read().strip() if os.path.exists("/etc/hostname") else None
     with pytest.raises(MalformedData) as exc:

@@ -1,7 +1,7 @@
 """Helpers the allocator modules share: symbol checks, stdio streams over
 scratch memory, and reading text the allocator wrote."""
 
-from collectors.errors import RemoteCallError, Unsupported
+from collectors.errors import MalformedData, RemoteCallError, Unsupported
 
 SCRATCH_TEXT = 48 * 1024      # bytes of stack scratch for text/XML outputs
 IONBF = 2                     # stdio.h _IONBF: no stdio buffer (nothing malloc'd for it)
@@ -54,3 +54,13 @@ def mmap_buffer(c, addrs, size):
 
 def signed(v):
     return v - (1 << 64) if v >= 1 << 63 else v
+
+
+class Retry(MalformedData):
+    """What a gather brought back cannot be parsed, but another way of
+    gathering (OPTS merged into the options) can: the caller makes one more
+    stop with them."""
+
+    def __init__(self, msg, opts):
+        super().__init__(msg)
+        self.opts = opts

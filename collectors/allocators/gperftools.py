@@ -97,6 +97,11 @@ FROM_GETSTATS = {
     "tcmalloc.slack_bytes": ("bytes_in_page_heap_freelist", "bytes_released_to_os"),
 }
 NOT_PRINTED = tuple(n for n, _, _ in PROPERTIES if n not in FROM_GETSTATS)
+# Of those, the knobs (diag.knobs, diag.findings) are read on every snapshot;
+# the cumulative page-heap counters and the heap limit only on request
+# (opts["per_arena"], the CLI's --arenas "more detail" switch): each is one
+# more call, ~0.1 ms of stop.  Not read, they are None (unknown).
+EVERY_SNAPSHOT = ("tcmalloc.max_total_thread_cache_bytes", "tcmalloc.aggressive_memory_decommit")
 GETSTATS_BUF = common.SCRATCH_TEXT     # >= 10000: DumpStats level 2 (size classes, spans)
 
 
@@ -104,8 +109,10 @@ def plan(res, obj, alloc, opts):
     get = "MallocExtension_GetNumericProperty"
     a = {"get": common.need(res.address(obj, get), get, "tcmalloc"),
          "stats": res.address(obj, "MallocExtension_GetStats")}
-    a["props"] = NOT_PRINTED if a["stats"] and not opts.get("tcmalloc_per_call") else \
-        tuple(n for n, _, _ in PROPERTIES)
+    if not a["stats"] or opts.get("tcmalloc_per_call"):
+        a["props"] = tuple(n for n, _, _ in PROPERTIES)
+    else:
+        a["props"] = NOT_PRINTED if opts.get("per_arena") else EVERY_SNAPSHOT
     return a
 
 
@@ -167,7 +174,8 @@ def parse(raw, alloc):
             error = str(exc)
     native = _document(raw["properties"], stats, alloc)
     native["gathered_by"] = ("MallocExtension_GetStats + GetNumericProperty for "
-                             f"{len(raw['properties'])} properties it does not print"
+                             f"{', '.join(sorted(raw['properties']))} (not printed); the printed "
+                             "properties derived from GetStats"
                              if stats is not None and len(raw["properties"]) < len(PROPERTIES)
                              else "MallocExtension_GetNumericProperty, one call per property")
     if error:

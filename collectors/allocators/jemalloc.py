@@ -14,10 +14,11 @@ on the same keys.
 """
 
 import struct
+import time
 
 from collectors import jemalloc_stats
 from collectors.allocators import common
-from collectors.errors import RemoteCallError
+from collectors.errors import MalformedData, RemoteCallError
 from collectors.schema import BYTES, COUNT, FLAG, MS, NativeField, PAGES, TEXT
 
 # (mallctl name, C type, unit, meaning).  The one list of the mallctls
@@ -124,6 +125,16 @@ def page_size(native):
 # classes; x no mutex stats; e no extents; h no HPA stats.  "m" is left out
 # so the merged arena (pactive, pdirty, pmuzzy) is printed.
 STATS_OPTS = b"Jdablxeh"
+# The general section (version, config, opt, arenas: "g" omits it) is most of
+# the printing (~85 % of the in-process cost: one mallctl-by-name per option
+# and one per size class) and is constant but for arenas.narenas and the
+# arenas.*_decay_ms defaults.  Within one allocdiag process (TUI, record,
+# exporter) it is printed with the first snapshot of a target process and
+# again every GENERAL_REFRESH_S; the snapshots between print the stats only
+# and take the general values from then.  allocdiag's own `set` forgets
+# them (forget_general).
+STATS_OPTS_NO_GENERAL = b"Jgdablxeh"
+GENERAL_REFRESH_S = 10.0
 
 # strcat has no bound, so BUF must hold any output these options can
 # produce.  With per-arena tables off the output does not grow with the
@@ -147,8 +158,14 @@ assert STATS_BUF > STATS_BOUND
 # Versions whose option letters and JSON layout this was checked against.
 STATS_VERSIONS = ("5.2.", "5.3.")
 
-# mallctls malloc_stats_print does not print, read one by one after it.
-NOT_PRINTED = ("background_thread",)
+# The one mallctl malloc_stats_print does not print, the runtime
+# ``background_thread`` switch, is derived from what it prints: with the
+# switch on, stats.background_thread.num_threads counts the running threads
+# (>= 1: enabling creates thread 0 synchronously); off, ctl.c zeroes the
+# background stats (src/background_thread.c background_threads_enable,
+# background_thread_stats_read; src/ctl.c ctl_background_thread_stats_read).
+# One call fewer per snapshot.
+DERIVED = {"background_thread": "stats.background_thread.num_threads > 0"}
 
 _CTYPES = {"size_t": "<Q", "uint64": "<Q", "ssize_t": "<q", "unsigned": "<I", "bool": "<?",
            "const char*": "<Q"}
@@ -159,6 +176,17 @@ _CONSTANT = ("version", "config.", "opt.", "arenas.page", "arenas.quantum", "are
              "arenas.nlextents")
 _constant_cache = {}
 _ifunc_cache = {}
+_general_cache = {}            # process key -> (monotonic time, {mallctl: value}, opt/config)
+_print_broken = {}             # process key -> why its malloc_stats_print JSON did not parse
+
+
+def forget_general(process_key=None):
+    """Drop cached general values (all, or one process's): after a write
+    such as `allocdiag set`, the next snapshot prints them again."""
+    if process_key is None:
+        _general_cache.clear()
+    else:
+        _general_cache.pop(process_key, None)
 
 
 def plan(res, obj, alloc, opts):
@@ -166,10 +194,15 @@ def plan(res, obj, alloc, opts):
     mallctl = common.need(res.address(obj, prefix + "mallctl"), prefix + "mallctl", "jemalloc")
     a = {"mallctl": mallctl, "process_key": res.process_key(obj), "print": None}
     version = getattr(alloc, "version", None) or ""
-    if not opts.get("jemalloc_per_call") and version.startswith(STATS_VERSIONS):
+    if not opts.get("jemalloc_per_call") and version.startswith(STATS_VERSIONS) and \
+            a["process_key"] not in _print_broken:
         a["print"] = res.address(obj, prefix + "malloc_stats_print")
         a["strcat"] = res.libc("strcat")
         a["strcat_ifunc"] = bool(a["strcat"]) and res.libc_ifunc("strcat")
+        if a["strcat_ifunc"]:
+            impl = res.libc_impl("strcat")
+            if impl:
+                a["strcat"], a["strcat_ifunc"] = impl, False
         if not a["strcat"]:
             a["print"] = None
     return a
@@ -200,9 +233,16 @@ def gather(c, a, opts):
     scratch = mallctl_scratch(c)
     raw = {}
     if a["print"]:
+        key = a.get("process_key")
+        cached = _general_cache.get(key) if key and not opts.get("jemalloc_full_print") else None
+        if cached and time.monotonic() - cached[0] < GENERAL_REFRESH_S:
+            print_opts, raw["general"] = STATS_OPTS_NO_GENERAL, cached
+        else:
+            print_opts = STATS_OPTS
+        raw["process_key"] = key
         buf = c.scratch(STATS_BUF)
-        opt_at = c.scratch(len(STATS_OPTS) + 1)
-        c.write(opt_at, STATS_OPTS + b"\0")
+        opt_at = c.scratch(len(print_opts) + 1)
+        c.write(opt_at, print_opts + b"\0")
         c.write(buf, b"\0")                 # strcat appends after the first NUL
         strcat = a["strcat"]
         if a.get("strcat_ifunc"):
@@ -218,8 +258,7 @@ def gather(c, a, opts):
             # buffer was written: stop using this process.
             raise RemoteCallError("jemalloc malloc_stats_print wrote past its buffer")
         raw["json"] = text
-        raw["mallctl"] = {n: mallctl_read(c, a["mallctl"], n, _CTYPE_OF[n], scratch)
-                          for n in NOT_PRINTED}
+        raw["mallctl"] = {}
     else:
         raw["mallctl"] = _per_call(c, a, scratch)
     if opts.get("per_arena"):
@@ -259,9 +298,37 @@ def parse(raw, alloc):
     native = {"mallctl": values, "prefix": getattr(alloc, "prefix", None) or "",
               "side_effects": []}
     if "json" in raw:
-        parsed = jemalloc_stats.parse_stats_json(raw["json"])
+        try:
+            parsed = jemalloc_stats.parse_stats_json(raw["json"])
+        except MalformedData as exc:
+            # The emitter cuts every value at 255 bytes, quotes included
+            # (emitter.h BUF_SIZE): a longer option string (opt.prof_prefix
+            # may be PATH_MAX long) leaves the JSON broken.  Read this
+            # process one mallctl at a time from now on.
+            if raw.get("process_key"):
+                _print_broken[raw["process_key"]] = exc.msg
+            raise common.Retry(f"malloc_stats_print JSON unusable ({exc.msg}); reading "
+                               "mallctls one by one", {"jemalloc_per_call": True}) from None
+        if "general" in raw:
+            _, general, sections = raw["general"]
+            values.update(general)
+            parsed = dict(parsed, **sections)
         values.update(jemalloc_stats.mallctls(parsed, [n for n, _, _, _ in MALLCTLS]))
-        native["gathered_by"] = "malloc_stats_print(strcat, buf, \"%s\")" % STATS_OPTS.decode()
+        if "general" not in raw and raw.get("process_key"):
+            _general_cache[raw["process_key"]] = (
+                time.monotonic(),
+                {n: values[n] for n, _, _, _ in MALLCTLS if not n.startswith("stats.") and n in values},
+                {"opt": parsed.get("opt") or {}, "config": parsed.get("config") or {}})
+        threads = values.get("stats.background_thread.num_threads")
+        if isinstance(threads, int):
+            values["background_thread"] = threads > 0
+        native["gathered_by"] = ("malloc_stats_print(strcat, buf, \"%s\")%s; background_thread "
+                                 "derived: %s" % ((STATS_OPTS_NO_GENERAL if "general" in raw
+                                                   else STATS_OPTS).decode(),
+                                                  " (general section from a print "
+                                                  f"< {GENERAL_REFRESH_S:g} s ago)"
+                                                  if "general" in raw else "",
+                                                  DERIVED["background_thread"]))
         native["side_effects"].extend(_remove_print_buffer(values, parsed))
     else:
         native["gathered_by"] = "mallctl, one call per name"
@@ -321,6 +388,9 @@ def parse_file(data):
     text = data.decode("utf-8", "replace") if isinstance(data, (bytes, bytearray)) else data
     parsed = jemalloc_stats.parse_stats_json(text)
     values = jemalloc_stats.mallctls(parsed, [n for n, _, _, _ in MALLCTLS])
+    threads = values.get("stats.background_thread.num_threads")
+    if isinstance(threads, int):
+        values["background_thread"] = threads > 0
     for name, _, _, _ in MALLCTLS:
         values.setdefault(name, None)
     return {"mallctl": values, "prefix": None, "side_effects": [],

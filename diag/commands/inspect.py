@@ -25,7 +25,8 @@ def add_parser(sub):
                    help="read /proc and the ELF files only; never stop a thread of the target "
                         "(allocator stats are then unknown)")
     p.add_argument("--arenas", action="store_true",
-                   help="also read per-arena rows (jemalloc; glibc arenas are always read)")
+                   help="more detail, longer stop: per-arena rows (jemalloc; glibc arenas are "
+                        "always read) and gperftools' cumulative page-heap counters")
     p.add_argument("--from", dest="from_file", metavar="FILE",
                    help="read a saved malloc_info XML, jemalloc malloc_stats_print JSON "
                         "(opts 'J'), gperftools MallocExtension_GetStats text or mimalloc "
