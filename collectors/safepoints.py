@@ -1,0 +1,335 @@
+"""Safe-point policy of the remote-call engine: which thread may be borrowed.
+
+A borrowed thread must hold no allocator lock (DESIGN.md "Remote calls",
+rule 2; measured facts in reference/safe-points.md).  In order of
+preference (``CATEGORY_ORDER``):
+
+- ``restartable``: parked in a wait that the kernel restarts by itself when
+  the saved registers are restored (rax at the stop is -ERESTARTSYS,
+  -ERESTARTNOHAND or -ERESTART_RESTARTBLOCK; each one measured by
+  tests/test_safepoints.py on this kernel), issued from outside allocator
+  code.  No stack walk needed.
+- ``epoll``: epoll_wait/epoll_pwait/epoll_pwait2/rt_sigtimedwait.  They hold a
+  plain -EINTR at the stop; the engine restores them with rax =
+  -ERESTARTNOHAND (``eintr_restart_regs``), the kernel's own restart path.
+- ``futex``: a FUTEX_WAIT_BITSET wait (condition variable, semaphore,
+  pthread_join) that a ``.eh_frame`` stack walk from the stopped thread's
+  registers proves is outside the allocator: no frame in allocator code, and
+  the outermost frame of the innermost C-library run inside an allow-listed
+  wait function (exact ``.dynsym`` ranges).  Never FUTEX_WAIT (glibc's lock
+  contention waits with value 2), PI, requeue or futex_waitv.
+- ``running``: interrupted in user code outside every forbidden range.
+
+Also here: ``forbidden_ranges`` (what a running thread must not be in) and
+``static_allocator_ranges`` (an allocator linked into the executable), used
+by ``collectors.livestats``.
+"""
+
+import bisect
+import os
+
+from collectors import unwind
+
+# ---- syscalls (x86-64 numbers, arch/x86/entry/syscalls/syscall_64.tbl) -----
+# Waits that restart transparently after a ptrace stop (rax at the stop, on
+# Linux 6.18: -ERESTARTSYS for accept/accept4/recvfrom/recvmsg/wait4/waitid/
+# read; -ERESTARTNOHAND for pause/rt_sigsuspend/select/pselect6/ppoll;
+# -ERESTART_RESTARTBLOCK for nanosleep/clock_nanosleep/poll with a timeout).
+RESTARTABLE_WAITS = {
+    0: "read", 7: "poll", 23: "select", 34: "pause", 35: "nanosleep",
+    43: "accept", 45: "recvfrom", 47: "recvmsg", 61: "wait4", 130: "rt_sigsuspend",
+    230: "clock_nanosleep", 247: "waitid", 270: "pselect6", 271: "ppoll", 288: "accept4",
+}
+# Waits that return a plain -EINTR after a ptrace stop (fs/eventpoll.c ep_poll,
+# kernel/signal.c do_sigtimedwait): restored with rax = -ERESTARTNOHAND.
+EPOLL_WAITS = {232: "epoll_wait", 281: "epoll_pwait", 441: "epoll_pwait2",
+               128: "rt_sigtimedwait"}
+NR_futex = 202
+NR_futex_waitv = 449
+NR_restart_syscall = 219
+
+# include/uapi/linux/futex.h
+FUTEX_WAIT = 0
+FUTEX_LOCK_PI = 6
+FUTEX_WAIT_BITSET = 9
+FUTEX_WAIT_REQUEUE_PI = 11
+FUTEX_LOCK_PI2 = 13
+FUTEX_PRIVATE_FLAG = 128
+FUTEX_CLOCK_REALTIME = 256
+FUTEX_CMD_MASK = ~(FUTEX_PRIVATE_FLAG | FUTEX_CLOCK_REALTIME)
+
+# errno values the kernel leaves in rax (include/linux/errno.h)
+EINTR = 4
+ERESTARTSYS = 512
+ERESTARTNOINTR = 513
+ERESTARTNOHAND = 514
+ERESTART_RESTARTBLOCK = 516
+ERESTART = {-ERESTARTSYS: "ERESTARTSYS", -ERESTARTNOINTR: "ERESTARTNOINTR",
+            -ERESTARTNOHAND: "ERESTARTNOHAND",
+            -ERESTART_RESTARTBLOCK: "ERESTART_RESTARTBLOCK"}
+
+SYSCALL_INSN = b"\x0f\x05"           # x86-64 `syscall`
+USER_CS_64 = 0x33                    # __USER_CS: 64-bit code (int 0x80 is i386 ABI)
+
+RESTARTABLE, EPOLL, FUTEX, RUNNING = "restartable", "epoll", "futex", "running"
+CATEGORY_ORDER = {RESTARTABLE: 0, EPOLL: 1, FUTEX: 2, RUNNING: 3}
+
+# Allocators' own threads (comm), never borrowed: they wait inside allocator
+# code, often on a condition variable that looks like any other.
+BACKGROUND_THREAD_COMMS = ("jemalloc_bg_thd",)
+
+# C-library functions a thread may be parked in for the futex rule (exact
+# .dynsym ranges; Debian's libc has no .symtab).  Internal helpers
+# (__futex_abstimed_wait_common, __pthread_cond_wait_common) lie inside the
+# walk but not outermost.
+LIBC_WAIT_FUNCTIONS = frozenset((
+    "pthread_cond_wait", "pthread_cond_timedwait", "pthread_cond_clockwait",
+    "sem_wait", "sem_timedwait", "sem_clockwait",
+    "pthread_join", "pthread_timedjoin_np", "pthread_clockjoin_np",
+    "pthread_barrier_wait",
+))
+# glibc's allocator entry points (its internal functions are only reachable
+# through these, so a frame inside any of them means "inside malloc").
+GLIBC_MALLOC_FUNCTIONS = frozenset((
+    "malloc", "free", "calloc", "realloc", "reallocarray", "memalign", "aligned_alloc",
+    "posix_memalign", "valloc", "pvalloc", "malloc_usable_size", "malloc_trim",
+    "mallinfo", "mallinfo2", "malloc_stats", "malloc_info", "mallopt", "cfree",
+    "__libc_malloc", "__libc_free", "__libc_calloc", "__libc_realloc",
+    "__libc_memalign", "__libc_valloc", "__libc_pvalloc", "__libc_mallinfo",
+    "__libc_mallopt", "__malloc_hook", "malloc_get_state", "malloc_set_state",
+))
+LIBC_PREFIXES = ("libc.so", "libc-", "ld-linux", "ld-musl", "libc.musl", "libpthread")
+
+
+def is_libc_name(name):
+    return os.path.basename(name).startswith(LIBC_PREFIXES)
+
+
+def futex_cmd(op):
+    """The FUTEX_* command of a futex op word (flags stripped)."""
+    return op & FUTEX_CMD_MASK & 0x7F
+
+
+def classify_wait(nr, args):
+    """(category, words) for a thread blocked in syscall NR with ARGS, or
+    (None, why refused).  Categories: RESTARTABLE, EPOLL, FUTEX."""
+    if nr in RESTARTABLE_WAITS:
+        return RESTARTABLE, RESTARTABLE_WAITS[nr]
+    if nr in EPOLL_WAITS:
+        return EPOLL, EPOLL_WAITS[nr]
+    if nr == NR_futex:
+        op = args[1] if len(args) > 1 else -1
+        cmd = futex_cmd(op)
+        if cmd == FUTEX_WAIT_BITSET:
+            return FUTEX, "futex condition-variable/semaphore wait"
+        if cmd == FUTEX_WAIT and len(args) > 2 and args[2] == 2:
+            return None, "futex lock wait (mutex contention)"
+        if cmd in (FUTEX_LOCK_PI, FUTEX_LOCK_PI2, FUTEX_WAIT_REQUEUE_PI):
+            return None, "futex priority-inheritance lock wait"
+        if cmd == FUTEX_WAIT:
+            return None, "plain futex wait (not a condition variable or semaphore)"
+        return None, f"futex operation {op:#x}"
+    if nr == NR_futex_waitv:
+        return None, "futex_waitv"
+    return None, None
+
+
+# ---- the stack-walk proof for futex waits -----------------------------------------
+
+class _Ranges:
+    """Sorted, non-overlapping [(start, end, name)] with point lookup."""
+
+    def __init__(self, ranges):
+        self._r = sorted(ranges)
+        self._starts = [r[0] for r in self._r]
+
+    def __call__(self, addr):
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if i >= 0 and addr < self._r[i][1]:
+            return self._r[i][2]
+        return None
+
+    def __bool__(self):
+        return bool(self._r)
+
+
+class StackJudge:
+    """Judges futex-waiting threads of one process by walking their stacks.
+
+    FORBIDDEN is the engine's ``forbidden_ranges``: its non-libc entries are
+    allocator code (an allocator library's text, a static allocator's symbol
+    ranges, or a whole executable whose allocator could not be delimited);
+    libc/ld.so entries are not, but glibc's malloc functions are (exact
+    ``.dynsym`` ranges).  READ(addr, n) -> bytes or None."""
+
+    def __init__(self, pid, maps_text, forbidden, read, procfs="/proc"):
+        self.unwinder = unwind.Unwinder(pid, maps_text, read, procfs)
+        self.allocator = _Ranges([r for r in forbidden if not is_libc_name(r[2])])
+        self._libc = None
+        self._libc_done = False
+
+    # -- libc facts, from the libc mapping's .dynsym ----------------------------
+    def _libc_facts(self):
+        if self._libc_done:
+            return self._libc
+        self._libc_done = True
+        from collectors import elf
+        for m in self.unwinder._maps:
+            if not os.path.basename(m.path).startswith(("libc.so", "libc-")):
+                continue
+            try:
+                obj = elf.CACHE.get(m.opener)
+                bias = self.unwinder._bias(m)
+            except Exception:
+                return None
+            waits, malloc = [], []
+            for s in obj.dynsym:
+                if not s.defined or not s.st_value or s.type not in (2, 10):
+                    continue
+                rng = (bias + s.st_value, bias + s.st_value + max(s.st_size, 1), s.name)
+                if s.name in LIBC_WAIT_FUNCTIONS:
+                    waits.append(rng)
+                elif s.name in GLIBC_MALLOC_FUNCTIONS:
+                    malloc.append(rng)
+            self._libc = (m.path, _Ranges(waits), _Ranges(malloc))
+            break
+        return self._libc
+
+    def _is_libc(self, frame):
+        return is_libc_name(frame.path)
+
+    def verdict(self, frames):
+        """None when FRAMES (innermost first) prove a wait outside the
+        allocator, else the reason in user words."""
+        facts = self._libc_facts()
+        for f in frames:
+            where = self.allocator(f.pc)
+            if where:
+                return f"inside {where}"
+            if facts is not None and f.path == facts[0]:
+                fn = facts[2](f.pc)
+                if fn:
+                    return f"inside glibc {fn}()"
+        if not frames or not self._is_libc(frames[0]):
+            return "futex call not made by the C library's wait functions"
+        outer = None
+        for f in frames:
+            if not self._is_libc(f):
+                break
+            outer = f
+        if facts is None:
+            return "C library symbols unavailable"
+        fn = facts[1](outer.pc) if outer.path == facts[0] else None
+        if fn is None:
+            return (f"waiting in {os.path.basename(outer.path)}+{outer.vaddr:#x}, not in "
+                    "pthread_cond_wait/sem_wait/pthread_join")
+        return None
+
+    def prepare(self, pc, sp):
+        """Before any stop: parse the CFI a walk from (PC, SP) reaches, and
+        pre-judge.  Returns a refusal reason when the look-ahead already
+        shows allocator frames (no need to stop the thread), else None."""
+        frames = self.unwinder.prepare(pc, sp)
+        for f in frames:
+            where = self.allocator(f.pc)
+            if where:
+                return f"inside {where}"
+        facts = self._libc_facts()
+        if facts is not None:
+            for f in frames:
+                if f.path == facts[0] and facts[2](f.pc):
+                    return f"inside glibc {facts[2](f.pc)}()"
+        return None
+
+    def judge(self, dwarf_regs):
+        """Walk from the stopped thread's registers with CFI parsed already
+        (never parses while a thread is stopped).  None = proven safe."""
+        try:
+            frames = self.unwinder.walk(dwarf_regs, parse=False)
+        except unwind.NeedsParse as e:
+            return f"stack walk needs {os.path.basename(e.path)}'s CFI (parsed for the next try)"
+        except Exception as e:      # any failure: not proven
+            return f"stack walk failed ({e})"
+        return self.verdict(frames)
+
+
+# ---- forbidden ranges for running threads (used by livestats) ------------------
+
+JEMALLOC_PUBLIC = frozenset((
+    "aligned_alloc", "calloc", "dallocx", "free", "mallctl", "mallctlbymib", "mallctlnametomib",
+    "malloc", "malloc_stats_print", "malloc_usable_size", "mallocx", "memalign", "nallocx",
+    "posix_memalign", "rallocx", "realloc", "sallocx", "sdallocx", "valloc", "xallocx"))
+
+
+def _is_anchor(kind, prefix, name):
+    """Global functions that certainly belong to the allocator's code."""
+    if kind == "jemalloc":
+        return name.startswith("je_") or (name.startswith(prefix or "") and
+                                          name[len(prefix or ""):] in JEMALLOC_PUBLIC)
+    if kind == "mimalloc":
+        return name.startswith(("mi_", "_mi_"))
+    if kind in ("tcmalloc", "tcmalloc-google"):
+        return name.startswith(("tc_", "MallocExtension", "TCMalloc")) or "tcmalloc" in name
+    return False
+
+
+def static_allocator_ranges(obj, kind, prefix):
+    """Code ranges of an allocator linked into the executable OBJ.
+
+    The linker lays each archive member's code out contiguously, but GCC
+    splits it between .text, .text.unlikely (cold blocks) and .text.startup,
+    so the allocator's code forms a few clusters.  Walking the functions in
+    address order, a cluster is a maximal run that starts and ends with an
+    anchor (a global function certainly the allocator's: its public API
+    and, for jemalloc, the je_ private namespace) and contains no foreign
+    global function (such as main); static functions inside a run are the
+    allocator's.  None when .symtab is missing (stripped): the caller then
+    forbids the whole text."""
+    symtab = obj.elf.symtab(obj.opener.open) if obj.elf is not None else {}
+    funcs = sorted((s for s in symtab.values() if s.type in (2, 10) and s.st_value),
+                   key=lambda s: s.st_value)
+    if obj.bias is None or sum(1 for s in funcs if _is_anchor(kind, prefix, s.name)) < 3:
+        return None
+    out = []
+    start = end = None
+    for s in funcs:
+        if _is_anchor(kind, prefix, s.name):
+            if start is None:
+                start = s.st_value
+            end = max(end or 0, s.st_value + max(s.st_size, 1))
+        elif s.bind != 0 and start is not None:      # a foreign global ends the run
+            out.append((obj.bias + start, obj.bias + end, f"{kind} (static)"))
+            start = end = None
+    if start is not None:
+        out.append((obj.bias + start, obj.bias + end, f"{kind} (static)"))
+    return out
+
+
+def forbidden_ranges(image, detection):
+    """Executable ranges a borrowed thread must not be inside (PC) nor have
+    return addresses in (near its stack top): the C library and the loader
+    (glibc's internal malloc code lies outside its exported symbols), and
+    the allocator's code.  For an allocator linked into the executable that
+    is its own span (static_allocator_ranges), else the executable's whole
+    text (then only threads parked in an idle wait from outside the
+    executable qualify: conservative).  The non-libc entries are what the
+    futex stack walk treats as allocator code."""
+    names = ("libc.so", "libc.musl", "ld-linux", "ld-musl", "libpthread")
+    serving = detection.serving
+    out = []
+    for obj in image.objects:
+        base = os.path.basename(obj.path)
+        whole = any(n in base for n in names)
+        if obj is serving:
+            if obj is image.exe:
+                alloc = detection.allocator
+                spans = static_allocator_ranges(obj, alloc.kind, alloc.prefix)
+                if spans is not None:
+                    out.extend(spans)
+                    continue
+            whole = True
+        if whole:
+            for m in image.maps:
+                if m.path == obj.path and "x" in m.perms:
+                    out.append((m.start, m.end, base))
+    return out

@@ -1,0 +1,359 @@
+"""Stack walks of a live thread from its registers, with the ``.eh_frame``
+call-frame information (CFI) of the objects it maps.
+
+Debian builds have no frame pointers, so a walk must evaluate the CFI rules
+the compiler emitted: for each PC, the canonical frame address (CFA, the
+caller's stack pointer) as ``register + offset`` and where each callee-saved
+register and the return address were stored.  pyelftools parses the CIEs and
+FDEs (``elftools.dwarf.callframe``); this module keeps, per object, the FDEs
+sorted by ``initial_location`` and decodes an FDE's rule table the first time
+a PC in it is seen.
+
+Parsing is the expensive part (libc ~0.4 s, a large executable ~1 s), so a
+table is parsed once per file identity (st_dev, st_ino, st_size,
+st_mtime_ns; as ``collectors.elf`` caches) and kept for the rest of the run.
+The remote engine parses what a walk needs *before* it stops a thread
+(``Unwinder.prepare``) and, while a thread is stopped, walks only with tables
+already parsed (``Unwinder.walk(..., parse=False)``).
+
+Anything the walker does not understand -- a PC outside every mapped object
+or FDE, a CFA or register rule given as a DWARF expression (PLT stubs,
+signal trampolines), a register needed but unknown, an unreadable stack
+word, a walk deeper than ``MAX_FRAMES`` -- raises ``UnwindError``: a caller
+that needs a proof must treat it as "not proven".
+"""
+
+import bisect
+import os
+import threading
+
+from elftools.common.exceptions import ELFError
+from elftools.dwarf.callframe import CIE, FDE, RegisterRule
+from elftools.elf.elffile import ELFFile
+
+from collectors import elf
+
+__all__ = ["UnwindError", "CfiTable", "Frame", "Unwinder", "cfi_table", "DWARF_REGS"]
+
+# DWARF register numbers of x86-64 (System V psABI, figure 3.36) -> the
+# user_regs_struct field.  16 is the return address column.
+DWARF_REGS = {0: "rax", 1: "rdx", 2: "rcx", 3: "rbx", 4: "rsi", 5: "rdi", 6: "rbp",
+              7: "rsp", 8: "r8", 9: "r9", 10: "r10", 11: "r11", 12: "r12", 13: "r13",
+              14: "r14", 15: "r15", 16: "rip"}
+RSP, RA = 7, 16
+# Registers a callee must preserve: without a rule for them in a frame they
+# keep their value ("same value").  The others are unknown in a caller.
+CALLEE_SAVED = (3, 6, 12, 13, 14, 15)
+MAX_FRAMES = 512
+WORD = 8
+PAGE = 4096
+
+
+class UnwindError(Exception):
+    """The walk could not be completed; ``str()`` says where and why."""
+
+
+class Frame:
+    """One frame of a walk: ``pc`` (absolute), ``path`` of the object it lies
+    in, ``vaddr`` (pc in the object's own addresses), ``cfa``."""
+
+    __slots__ = ("pc", "path", "vaddr", "cfa")
+
+    def __init__(self, pc, path, vaddr, cfa):
+        self.pc, self.path, self.vaddr, self.cfa = pc, path, vaddr, cfa
+
+    def __repr__(self):
+        return f"Frame({self.pc:#x} {os.path.basename(self.path)}+{self.vaddr:#x})"
+
+
+class CfiTable:
+    """The FDEs of one object's ``.eh_frame``, sorted, with lazily decoded
+    rule tables."""
+
+    def __init__(self, path, f):
+        self.path = path
+        self._lock = threading.Lock()
+        self._decoded = {}
+        try:
+            ef = ELFFile(f)
+            if ef.get_section_by_name(".eh_frame") is None:
+                raise UnwindError(f"{path}: no .eh_frame")
+            dwarf = ef.get_dwarf_info(relocate_dwarf_sections=False)
+            if not dwarf.has_EH_CFI():
+                raise UnwindError(f"{path}: no .eh_frame")
+            fdes = []
+            for entry in dwarf.EH_CFI_entries():
+                if isinstance(entry, FDE):
+                    start = entry.header["initial_location"]
+                    fdes.append((start, start + entry.header["address_range"], entry))
+        except UnwindError:
+            raise
+        except (ELFError, ValueError, KeyError, IndexError, TypeError, AssertionError,
+                EOFError, AttributeError) as exc:
+            raise UnwindError(f"{path}: .eh_frame unreadable "
+                              f"({type(exc).__name__}: {exc})") from None
+        fdes.sort(key=lambda t: t[0])
+        self._starts = [t[0] for t in fdes]
+        self._fdes = fdes
+
+    def __len__(self):
+        return len(self._fdes)
+
+    def row(self, vaddr):
+        """(cfa_rule, {regnum: RegisterRule}) in effect at VADDR."""
+        i = bisect.bisect_right(self._starts, vaddr) - 1
+        if i < 0 or vaddr >= self._fdes[i][1]:
+            raise UnwindError(f"no CFI for {os.path.basename(self.path)}+{vaddr:#x}")
+        start, _end, fde = self._fdes[i]
+        with self._lock:
+            rows = self._decoded.get(start)
+        if rows is None:
+            try:
+                table = fde.get_decoded().table
+            except Exception as exc:     # pyelftools raised on one libc FDE: refuse
+                raise UnwindError(f"CFI of {os.path.basename(self.path)}+{start:#x} "
+                                  f"undecodable ({type(exc).__name__})") from None
+            rows = ([r["pc"] for r in table], table)
+            with self._lock:
+                self._decoded[start] = rows
+        pcs, table = rows
+        j = bisect.bisect_right(pcs, vaddr) - 1
+        if j < 0:
+            raise UnwindError(f"no CFI row for {os.path.basename(self.path)}+{vaddr:#x}")
+        r = table[j]
+        return r["cfa"], {k: v for k, v in r.items() if isinstance(k, int)}
+
+
+# ---- the per-run cache, by file identity -------------------------------------
+_tables = {}
+_tables_lock = threading.Lock()
+
+
+def _identity(opener):
+    st = opener.stat()
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def cached_table(opener):
+    """The parsed CfiTable for OPENER's file if already parsed, else None
+    (never parses: what the engine uses while a thread is stopped)."""
+    try:
+        key = _identity(opener)
+    except OSError:
+        return None
+    with _tables_lock:
+        return _tables.get(key)
+
+
+def cfi_table(opener):
+    """The CfiTable of the file OPENER (``collectors.elf.ObjectFile``) opens,
+    parsed at most once per file identity.  A file that cannot be parsed is
+    remembered as such (UnwindError raised again, no second parse)."""
+    try:
+        key = _identity(opener)
+    except OSError as exc:
+        raise UnwindError(f"{opener.display_path}: {exc.strerror}") from None
+    with _tables_lock:
+        hit = _tables.get(key)
+    if hit is None:
+        try:
+            with opener.open() as f:
+                hit = CfiTable(opener.display_path, f)
+        except UnwindError as exc:
+            hit = exc
+        except OSError as exc:
+            raise UnwindError(f"{opener.display_path}: {exc.strerror}") from None
+        with _tables_lock:
+            hit = _tables.setdefault(key, hit)
+    if isinstance(hit, UnwindError):
+        raise hit
+    return hit
+
+
+def clear_cache():
+    """Forget every parsed table (tests)."""
+    with _tables_lock:
+        _tables.clear()
+
+
+# ---- walking ---------------------------------------------------------------------
+
+class _Mapping:
+    __slots__ = ("start", "end", "offset", "path", "opener", "bias")
+
+    def __init__(self, start, end, offset, path, opener):
+        self.start, self.end, self.offset, self.path, self.opener = \
+            start, end, offset, path, opener
+        self.bias = None
+
+
+class _StackCache:
+    """Stack words read page by page: a walk reads a handful of pages, not one
+    syscall per saved register."""
+
+    def __init__(self, read):
+        self._read = read
+        self._pages = {}
+
+    def word(self, addr):
+        page = addr & ~(PAGE - 1)
+        if addr + WORD > page + PAGE:          # a word across two pages
+            head = page + PAGE - addr
+            return int.from_bytes(self.word_bytes(addr, head) +
+                                  self.word_bytes(page + PAGE, WORD - head), "little")
+        return int.from_bytes(self.word_bytes(addr, WORD), "little")
+
+    def word_bytes(self, addr, n):
+        page = addr & ~(PAGE - 1)
+        data = self._pages.get(page)
+        if data is None:
+            data = self._read(page, PAGE)
+            if data is None:
+                raise UnwindError(f"stack word at {addr:#x} unreadable")
+            self._pages[page] = data
+        off = addr - page
+        return data[off:off + n]
+
+
+class Unwinder:
+    """Walks threads of one process.  ``maps_text`` is /proc/PID/maps text;
+    ``read(addr, n)`` returns bytes or None (process memory); ``procfs`` and
+    ``pid`` locate the mapped files (container-safe, as ``collectors.elf``)."""
+
+    def __init__(self, pid, maps_text, read, procfs="/proc"):
+        self.pid = pid
+        self._read = read
+        maps = []
+        for line in maps_text.splitlines():
+            parts = line.split(None, 5)
+            if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
+                continue
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            path = parts[5].strip()
+            if path.endswith(" (deleted)"):
+                path = path[:-len(" (deleted)")]
+            maps.append(_Mapping(start, end, int(parts[2], 16), path,
+                                 elf.ObjectFile(procfs, pid, start, end, path)))
+        maps.sort(key=lambda m: m.start)
+        self._maps = maps
+        self._starts = [m.start for m in maps]
+
+    def mapping(self, pc):
+        i = bisect.bisect_right(self._starts, pc) - 1
+        if i >= 0 and pc < self._maps[i].end:
+            return self._maps[i]
+        return None
+
+    def _bias(self, m):
+        if m.bias is None:
+            try:
+                obj = elf.CACHE.get(m.opener)
+            except Exception as exc:
+                raise UnwindError(f"{m.path}: {exc}") from None
+            bias = obj.load_bias(m.start, m.offset)
+            if bias is None:
+                raise UnwindError(f"{m.path}: no PT_LOAD for the mapping at {m.start:#x}")
+            m.bias = bias
+        return m.bias
+
+    def _table(self, m, parse):
+        if parse:
+            return cfi_table(m.opener)
+        t = cached_table(m.opener)
+        if t is None:
+            raise NeedsParse(m.path)
+        if isinstance(t, UnwindError):
+            raise t
+        return t
+
+    def walk(self, regs, *, parse=False, partial=False):
+        """Frames from REGS ({DWARF regnum: value}; at least rip and rsp)
+        outward to the thread's first frame.  ``parse=False``: use only
+        tables parsed already (raises NeedsParse naming the object that is
+        missing).  ``partial=True``: stop quietly (instead of raising) when a
+        register the rules need is unknown -- for a look-ahead walk from
+        /proc/PID/task/TID/syscall, which gives only pc and sp."""
+        regs = dict(regs)
+        stack = _StackCache(self._read)
+        frames = []
+        for depth in range(MAX_FRAMES):
+            pc = regs.get(RA)
+            if pc is None:
+                raise UnwindError("return address unknown")
+            m = self.mapping(pc if depth == 0 else pc - 1)
+            if m is None:
+                raise UnwindError(f"pc {pc:#x} is not in a mapped file (JIT or "
+                                  "anonymous code)")
+            bias = self._bias(m)
+            vaddr = pc - bias
+            # A return address may point just past the end of a function
+            # that ends with a call (noreturn): look it up at pc - 1.
+            cfa_rule, rules = self._table(m, parse).row(vaddr if depth == 0 else vaddr - 1)
+            if cfa_rule.expr is not None or cfa_rule.reg is None:
+                raise UnwindError(f"CFA given as an expression at "
+                                  f"{os.path.basename(m.path)}+{vaddr:#x}")
+            base = regs.get(cfa_rule.reg)
+            if base is None:
+                if partial:
+                    frames.append(Frame(pc, m.path, vaddr, None))
+                    return frames
+                raise UnwindError(f"register {DWARF_REGS.get(cfa_rule.reg)} unknown at "
+                                  f"{os.path.basename(m.path)}+{vaddr:#x}")
+            cfa = (base + cfa_rule.offset) & ((1 << 64) - 1)
+            frames.append(Frame(pc, m.path, vaddr, cfa))
+            new = {r: regs[r] for r in CALLEE_SAVED if r in regs}
+            for reg, rule in rules.items():
+                t = rule.type
+                if t == RegisterRule.OFFSET:
+                    new[reg] = stack.word(cfa + rule.arg)
+                elif t == RegisterRule.VAL_OFFSET:
+                    new[reg] = cfa + rule.arg
+                elif t == RegisterRule.REGISTER:
+                    if rule.arg in regs:
+                        new[reg] = regs[rule.arg]
+                    else:
+                        new.pop(reg, None)
+                elif t == RegisterRule.SAME_VALUE:
+                    if reg in regs:
+                        new[reg] = regs[reg]
+                elif t == RegisterRule.UNDEFINED:
+                    new.pop(reg, None)
+                    if reg == RA:
+                        return frames          # the outermost frame (_start, clone3)
+                else:
+                    raise UnwindError(f"register rule {t} at "
+                                      f"{os.path.basename(m.path)}+{vaddr:#x}")
+            if RA not in rules:
+                # no rule for the return address: x86-64 CIEs always give one
+                raise UnwindError(f"no return-address rule at "
+                                  f"{os.path.basename(m.path)}+{vaddr:#x}")
+            new[RSP] = cfa
+            if not new.get(RA):
+                return frames                  # return address 0: end of stack
+            if cfa <= regs[RSP]:
+                raise UnwindError(f"stack does not grow outward at frame {depth}")
+            regs = new
+        raise UnwindError(f"more than {MAX_FRAMES} frames")
+
+    def prepare(self, pc, sp):
+        """Parse the CFI of every object a walk from (PC, SP) reaches without
+        knowing the other registers (a look-ahead from
+        /proc/PID/task/TID/syscall, done before the thread is stopped).
+        Returns the frames found; never raises for a walk that stops early."""
+        try:
+            return self.walk({RA: pc, RSP: sp}, parse=True, partial=True)
+        except UnwindError:
+            return []
+
+
+class NeedsParse(UnwindError):
+    """A walk while stopped met an object whose CFI is not parsed yet."""
+
+    def __init__(self, path):
+        super().__init__(f"CFI of {os.path.basename(path)} not parsed yet")
+        self.path = path
+
+
+def regs_from_user(regs):
+    """{DWARF regnum: value} from an x86-64 user_regs_struct."""
+    return {n: getattr(regs, name) for n, name in DWARF_REGS.items()}
