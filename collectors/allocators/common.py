@@ -34,12 +34,16 @@ def fmemopen(c, addrs, buf, size):
     return f
 
 
-def text_at(c, addr, size):
+def text_at(c, addr, size, first=None):
     """The NUL-terminated text in SIZE bytes at ADDR, read in one go (one
-    process_vm_readv: fewer syscalls than a page-by-page scan).  Returns
-    (text, terminated): terminated is False when no NUL lies inside."""
-    data = c.read(addr, size)
+    process_vm_readv: fewer syscalls than a page-by-page scan), or FIRST
+    bytes first and the rest only when no NUL lies in them.  Returns (text,
+    terminated): terminated is False when no NUL lies inside SIZE."""
+    data = c.read(addr, min(first or size, size))
     end = data.find(b"\0")
+    if end < 0 and len(data) < size:
+        data += c.read(addr + len(data), size - len(data))
+        end = data.find(b"\0")
     return (data, False) if end < 0 else (data[:end], True)
 
 

@@ -154,6 +154,7 @@ STATS_STRING_MAX = 255 + 2              # emitter BUF_SIZE - 1, quoted
 STATS_BOUND = (STATS_SIZE_CLASSES_MAX * STATS_BIN_MAX + STATS_KEYS_MAX * (STATS_KEY_MAX +
                STATS_NUMBER_MAX) + STATS_STRINGS_MAX * STATS_STRING_MAX)
 STATS_BUF = 56 * 1024                   # > STATS_BOUND (about 47 KiB); stack scratch
+STATS_READ_FIRST = 16 * 1024            # > the ~9 KiB printed on 5.3: usually one read
 assert STATS_BUF > STATS_BOUND
 # Versions whose option letters and JSON layout this was checked against.
 STATS_VERSIONS = ("5.2.", "5.3.")
@@ -242,8 +243,9 @@ def gather(c, a, opts):
         raw["process_key"] = key
         buf = c.scratch(STATS_BUF)
         opt_at = c.scratch(len(print_opts) + 1)
-        c.write(opt_at, print_opts + b"\0")
-        c.write(buf, b"\0")                 # strcat appends after the first NUL
+        # One write: the options string, padding, and the NUL at the start
+        # of BUF that strcat appends after (scratch grows down: OPT_AT < BUF).
+        c.write(opt_at, (print_opts + b"\0").ljust(buf - opt_at, b"\0") + b"\0")
         strcat = a["strcat"]
         if a.get("strcat_ifunc"):
             # The symbol is glibc's IFUNC resolver: ask it for this CPU's
@@ -252,7 +254,7 @@ def gather(c, a, opts):
             strcat = _ifunc_cache.get(a["process_key"]) or c.call(strcat)
             _ifunc_cache[a["process_key"]] = strcat
         c.call(a["print"], strcat, buf, opt_at)
-        text, terminated = common.text_at(c, buf, STATS_BUF)
+        text, terminated = common.text_at(c, buf, STATS_BUF, first=STATS_READ_FIRST)
         if not terminated:
             # Cannot happen within STATS_BOUND; if it did, memory past the
             # buffer was written: stop using this process.
