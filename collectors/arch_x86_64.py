@@ -152,6 +152,16 @@ def syscall_state(regs):
     return _signed(regs.orig_rax), _signed(regs.rax)
 
 
+def syscall_args(regs):
+    """The six syscall arguments (rdi, rsi, rdx, r10, r8, r9): still in their
+    registers at a stop inside the syscall (only rax, rcx, r11 change)."""
+    return (regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9)
+
+
+def code_segment(regs):
+    return regs.cs
+
+
 MAX_ARGS = 12   # six in registers, the rest on the stack
 
 

@@ -85,26 +85,26 @@ import struct
 import threading
 import time
 
-from collectors import ptrace
+from collectors import ptrace, safepoints, unwind
 from collectors.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,
                                RemoteCallError, Unsupported)
 
 __all__ = ["RemoteProcess", "Call", "is_quarantined", "quarantine_reason",
            "text_ranges"]
 
-_ARCH_MODULES = {"x86_64": "arch_x86_64", "amd64": "arch_x86_64",
-                 "aarch64": "arch_aarch64", "arm64": "arch_aarch64"}
+# Architectures with an arch module.  (aarch64 is described in
+# arch_x86_64's docstring but not written yet.)
+_ARCH_MODULES = {"x86_64": "arch_x86_64", "amd64": "arch_x86_64"}
 
 
-def _load_arch():
-    machine = platform.machine()
+def _load_arch(machine=None):
+    machine = machine or platform.machine()
     mod = _ARCH_MODULES.get(machine)
     if mod is None:
-        raise Unsupported(f"remote calls are not implemented for {machine}")
-    try:
-        return importlib.import_module(f"collectors.{mod}")
-    except ImportError:
-        raise Unsupported(f"remote calls are not implemented for {machine}") from None
+        raise Unsupported(f"unsupported architecture {machine}: remote calls (live "
+                          "allocator stats) are implemented for x86_64 only; "
+                          "--no-attach still works")
+    return importlib.import_module(f"collectors.{mod}")
 
 
 # ---- signals ---------------------------------------------------------------
@@ -115,9 +115,34 @@ _SYNC = (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL,
 _STOP_SIGNALS = {signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU}
 
 
-# (pid, tid) -> the sleep we interrupted in that thread: it now shows as
-# restart_syscall until the sleep ends (see arch RESTART_SYSCALL).
-_restarted = {}
+class Registry:
+    """Per-run state shared by every RemoteProcess of this run:
+
+    - ``quarantine``: (pid, starttime) -> reason.  After a call timed out or
+      crashed, no further calls go to that process.
+    - ``restarted``: (pid, tid) -> what we interrupted in that thread when
+      its wait resumes through restart_syscall (a sleep name, or "futex").
+    - ``orphans``: tid -> _Stopped, tracees that did not acknowledge
+      PTRACE_INTERRUPT in time; restored and detached as soon as they stop.
+
+    ``reset()`` empties all three (tests).  The dicts are cleared in place,
+    so the module-level aliases stay valid."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.quarantine = {}
+        self.restarted = {}
+        self.orphans = {}
+
+    def reset(self):
+        with self.lock:
+            self.quarantine.clear()
+            self.restarted.clear()
+            self.orphans.clear()
+
+
+REGISTRY = Registry()
+_restarted = REGISTRY.restarted
 
 
 def _bit(sig):
@@ -131,8 +156,7 @@ _ALL_BLOCKABLE = ((1 << 64) - 1) & ~(_bit(signal.SIGKILL) | _bit(signal.SIGSTOP)
 _LIBC_PREFIXES = ("libc.so", "libc-", "ld-linux", "ld-musl", "libc.musl",
                   "libpthread")
 
-ERESTART = {-512: "ERESTARTSYS", -513: "ERESTARTNOINTR",
-            -514: "ERESTARTNOHAND", -516: "ERESTART_RESTARTBLOCK"}
+ERESTART = safepoints.ERESTART
 
 
 class SigInfo:
@@ -167,8 +191,8 @@ def _signame(sig):
 
 
 # ---- quarantine registry (process-wide) -------------------------------------
-_qlock = threading.Lock()
-_quarantine = {}          # (pid, starttime) -> reason
+_qlock = REGISTRY.lock
+_quarantine = REGISTRY.quarantine
 
 
 def _starttime(pid, procfs="/proc"):
@@ -201,8 +225,8 @@ def _quarantine_pid(pid, starttime, reason):
 # A traced thread that does not acknowledge PTRACE_INTERRUPT (uninterruptible
 # sleep) cannot be detached until it stops.  It is remembered here and
 # restored/detached as soon as it stops (checked at every borrow and at exit).
-_orphans = {}             # tid -> _Stopped
-_orphan_lock = threading.Lock()
+_orphans = REGISTRY.orphans
+_orphan_lock = threading.RLock()
 
 
 def _reap_orphans():
@@ -221,7 +245,7 @@ def _reap_orphans():
                 continue
             with contextlib.suppress(Exception):
                 if st.regs is not None:
-                    st.arch.set_regs(tid, st.pid, st.regs)
+                    st.arch.set_regs(tid, st.pid, st.final_regs())
                     st.arch.set_ext_state(tid, st.pid, st.xstate)
                     ptrace.setsigmask(tid, st.pid, st.sigmask)
                 ptrace.detach(tid, st.pid, 0)
@@ -302,6 +326,17 @@ class _Stopped:
         self.scratch_top = None
         self.scratch_low = None
         self.probed = set()
+        self.category = None      # safepoints.RESTARTABLE | EPOLL | FUTEX | RUNNING
+        self.restart_rax = None   # rax to restore instead of the saved one (EINTR -> restart)
+
+    def final_regs(self):
+        """The registers to give back: the saved ones, with rax =
+        -ERESTARTNOHAND when the stop turned a wait's result into -EINTR."""
+        if self.restart_rax is None:
+            return self.regs
+        regs = self.arch.copy_regs(self.regs)
+        regs.rax = self.restart_rax & ((1 << 64) - 1)
+        return regs
 
 
 class RemoteProcess:
@@ -324,6 +359,7 @@ class RemoteProcess:
         rs = sorted((int(s), int(e), str(n)) for s, e, n in forbidden_ranges)
         self._forbidden = rs
         self._fstarts = [r[0] for r in rs]
+        self._judge_stack = None  # safepoints.StackJudge, built when a futex wait is judged
         # Test-only switches that disable one protection, to show the tests
         # catch its absence: "xstate", "sigsegv_unblock", "sigblock".
         self._unsafe = frozenset(_unsafe)
@@ -388,9 +424,45 @@ class RemoteProcess:
     def _task(self, tid, leaf):
         return f"{self.procfs}/{self.pid}/task/{tid}/{leaf}"
 
+    def _thread_facts(self, tid):
+        """(state, nr, args, sp, pc, comm) of TID from /proc, without stopping
+        it; nr -1 when it runs user code.  Raises RemoteCallError when the
+        thread vanished."""
+        stat = _read_text(self._task(tid, "stat"), self.pid, tid)
+        sc = _read_text(self._task(tid, "syscall"), self.pid, tid).split()
+        comm = stat[stat.find("(") + 1:stat.rfind(")")]
+        state = stat.rsplit(")", 1)[1].split()[0]
+        nr, args, sp, pc = -1, (), None, None
+        if sc and sc[0] != "running":
+            nr = int(sc[0])
+            if len(sc) >= 9:
+                args = tuple(int(x, 16) for x in sc[1:7])
+                sp, pc = int(sc[7], 16), int(sc[8], 16)
+            elif len(sc) >= 3:
+                sp, pc = int(sc[-2], 16), int(sc[-1], 16)
+        return state, nr, args, sp, pc, comm
+
+    def _classify(self, tid, nr, args):
+        """(category, words) of a thread blocked in syscall NR, or (None, why)."""
+        if nr == self.arch.RESTART_SYSCALL:
+            what = self._restarted_kind(tid)
+            if what in self.arch.RESTART_BLOCK_SLEEPS:
+                return safepoints.RESTARTABLE, f"{what} (restarted)"
+            if what == "futex":
+                return safepoints.FUTEX, "futex condition-variable/semaphore wait (restarted)"
+            return None, "a wait resumed by restart_syscall that allocdiag did not interrupt"
+        cat, words = safepoints.classify_wait(nr, args)
+        if cat is None and words is None:
+            name = self.arch.SYSCALL_NAMES.get(nr, f"syscall {nr}")
+            words = f"in {name}"
+            if nr == 65 or nr == 220:
+                words += " (a ptrace stop would make it return EINTR)"
+        return cat, words
+
     def _candidates(self, only_tid):
-        """Threads worth stopping, best first, and why the others are not."""
-        idle, running, why = [], [], {}
+        """Threads worth stopping, best first (safepoints.CATEGORY_ORDER), as
+        [(tid, category, facts)], and why the others are not."""
+        cands, why = [], {}
         try:
             tids = [int(t) for t in os.listdir(f"{self.procfs}/{self.pid}/task")]
         except OSError as e:
@@ -401,40 +473,71 @@ class RemoteProcess:
             tids = [only_tid]
         for tid in tids:
             try:
-                stat = _read_text(self._task(tid, "stat"), self.pid, tid)
-                sc = _read_text(self._task(tid, "syscall"), self.pid, tid).split()
-            except NoSuchProcess:
-                raise
-            except AccessDenied:
+                state, nr, args, sp, pc, comm = self._thread_facts(tid)
+            except (NoSuchProcess, AccessDenied):
                 raise
             except RemoteCallError:
                 continue            # thread vanished
-            state = stat.rsplit(")", 1)[1].split()[0]
-            if not sc or sc[0] == "running":
-                nr, pc = -1, None
-            else:
-                nr = int(sc[0])
-                pc = int(sc[-1], 16) if len(sc) >= 3 else None
-            if state == "S" and nr in self.arch.IDLE_SYSCALLS:
-                idle.append((tid, "idle"))
-            elif state == "S" and nr == self.arch.RESTART_SYSCALL and self._restarted_sleep(tid):
-                idle.append((tid, "idle"))
+            facts = {"nr": nr, "args": args, "sp": sp, "pc": pc, "comm": comm}
+            if comm in safepoints.BACKGROUND_THREAD_COMMS:
+                why[tid] = f"{comm}: the allocator's own background thread"
+            elif state == "S" and nr >= 0:
+                cat, words = self._classify(tid, nr, args)
+                if cat is None:
+                    why[tid] = words + self._where(pc, sp)
+                    continue
+                where = self._in_forbidden(pc) if pc is not None else None
+                if where and not safepoints.is_libc_name(where):
+                    why[tid] = f"{words} issued from inside {where}"
+                    continue
+                facts["words"] = words
+                cands.append((tid, cat, facts))
             elif state in ("R", "S") and nr == -1:
                 if not self._forbidden:
                     why[tid] = "running user code (no forbidden ranges to judge it)"
                 elif pc is not None and self._in_forbidden(pc):
-                    why[tid] = f"pc inside {self._in_forbidden(pc)}"
+                    why[tid] = f"running inside {self._in_forbidden(pc)}"
                 else:
-                    running.append((tid, "running"))
-            elif state in ("D",):
-                why[tid] = "uninterruptible sleep"
+                    cands.append((tid, safepoints.RUNNING, facts))
+            elif state == "D":
+                why[tid] = "uninterruptible sleep (disk or kernel wait)"
             elif state in ("Z", "X"):
                 why[tid] = "exited"
             elif state in ("T", "t"):
                 why[tid] = "stopped"
             else:
-                why[tid] = f"in {self.arch.SYSCALL_NAMES.get(nr, f'syscall {nr}')}"
-        return idle + running, why
+                why[tid] = f"{self.arch.SYSCALL_NAMES.get(nr, f'syscall {nr}')} " \
+                           f"(state {state})"
+        cands.sort(key=lambda c: safepoints.CATEGORY_ORDER[c[1]])
+        return cands, why
+
+    def _where(self, pc, sp):
+        """' inside X' for a refused wait when a walk with CFI parsed already
+        (no parsing, no stop) finds allocator frames; else ''."""
+        if self._judge_stack is None or pc is None or sp is None:
+            return ""
+        try:
+            frames = self._judge_stack.unwinder.walk({unwind.RA: pc, unwind.RSP: sp},
+                                                     parse=False, partial=True)
+        except Exception:
+            return ""
+        why = self._judge_stack.verdict(frames)
+        return f" {why}" if why and why.startswith("inside") else ""
+
+    def _stack_judge(self):
+        """The StackJudge of this process (built on first use: only when a
+        futex-waiting thread is the next candidate)."""
+        if self._judge_stack is None:
+            maps = _read_text(f"{self.procfs}/{self.pid}/maps", self.pid)
+            self._judge_stack = safepoints.StackJudge(
+                self.pid, maps, self._forbidden, self._try_read, self.procfs)
+        return self._judge_stack
+
+    def _try_read(self, addr, n):
+        try:
+            return ptrace.read_memory(self.pid, addr, n)
+        except RemoteCallError:
+            return None
 
     # ---- signal blocking in allocdiag -----------------------------------------
     def _block(self):
@@ -585,20 +688,35 @@ class RemoteProcess:
         if st.at == "group":
             return "group-stop"
         nr, ret = self.arch.syscall_state(st.regs)
+        eintr_fix = None
+        if nr >= 0 and ret == -safepoints.EINTR and nr in safepoints.EINTR_RESTARTABLE:
+            # The stop made this wait return EINTR: whether borrowed or not,
+            # give it back as -ERESTARTNOHAND, so the kernel restarts it (or
+            # returns EINTR if a signal with a handler is delivered on the
+            # way out, as it would have without us).
+            eintr_fix = self._eintr_restartable(st)
+            if eintr_fix is None:
+                st.restart_rax = -safepoints.ERESTARTNOHAND
         if nr >= 0:
-            name = self.arch.SYSCALL_NAMES.get(nr, f"syscall {nr}")
-            if nr == self.arch.RESTART_SYSCALL and self._restarted_sleep(st.tid):
-                name = f"{_restarted[(self.pid, st.tid)]} (restarted)"
-            elif nr not in self.arch.IDLE_SYSCALLS:
-                return f"in {name}"
+            cat, name = self._classify(st.tid, nr, self.arch.syscall_args(st.regs))
+            if cat is None:
+                return name
             # The wait must not have been issued by the allocator itself (e.g.
             # a spin-lock back-off sleep): PC may be in libc's syscall wrapper,
-            # but no forbidden non-libc text on the top of the stack.
+            # but no forbidden non-libc text.
             bad = self._idle_caller_check(st)
             if bad:
                 return f"{name} {bad}"
+            if ret == -safepoints.EINTR and st.restart_rax is None:
+                return f"{name}: returned EINTR at the stop and cannot be restarted " \
+                       f"({eintr_fix or 'not a wait'}); released"
+            if cat == safepoints.FUTEX:
+                why = self._stack_judge().judge(unwind.regs_from_user(st.regs))
+                if why:
+                    return f"{name}: {why}"
             st.syscall = name
-            st.boundary = ret not in ERESTART
+            st.category = cat
+            st.boundary = ret not in ERESTART and st.restart_rax is None
             st.kind = "idle"
             return None
         # in user code
@@ -606,27 +724,54 @@ class RemoteProcess:
             return "running user code (no forbidden ranges to judge it)"
         where = self._in_forbidden(self.arch.pc(st.regs))
         if where:
-            return f"pc inside {where}"
+            return f"running inside {where}"
         sp = self.arch.sp(st.regs)
         for addr, word in self._stack_words(sp, self.stack_window):
             where = self._in_forbidden(word)
             if where:
-                return f"return address into {where} at sp+{addr - sp:#x}"
+                return f"running: return address into {where} at sp+{addr - sp:#x}"
         st.kind = "running"
+        st.category = safepoints.RUNNING
         return None
+
+    def _eintr_restartable(self, st):
+        """None when a wait that holds -EINTR at the stop may be restored
+        with -ERESTARTNOHAND: a 64-bit `syscall` instruction just before rip
+        (int 0x80 is also 2 bytes but uses i386 numbers) and orig_rax >= 0
+        (else the kernel would not restart and -514 would reach the program)."""
+        regs = st.regs
+        if self.arch.code_segment(regs) != safepoints.USER_CS_64:
+            return "not 64-bit code"
+        nr, _ = self.arch.syscall_state(regs)
+        if nr < 0:
+            return "no syscall to restart"
+        insn = self._try_read(self.arch.pc(regs) - len(safepoints.SYSCALL_INSN),
+                              len(safepoints.SYSCALL_INSN))
+        if insn != safepoints.SYSCALL_INSN:
+            return "no syscall instruction before the pc"
+        return None
+
+    def _restarted_kind(self, tid):
+        """What we interrupted in TID if it now resumes through
+        restart_syscall: a sleep name (kernel wait channel not a futex), or
+        "futex" (wait channel a futex); None when we did not interrupt it."""
+        what = _restarted.get((self.pid, tid))
+        if what is None:
+            return None
+        try:
+            wchan = _read_text(self._task(tid, "wchan"), self.pid, tid)
+        except AllocdiagError:
+            return None
+        if what == "futex":
+            return what if "futex" in wchan else None
+        return what if "futex" not in wchan else None
 
     def _restarted_sleep(self, tid):
         """True for a thread in restart_syscall that we ourselves stopped in
         a sleep with a restart block, and that the kernel does not show
         waiting on a futex (futex waits with a timeout also resume through
         restart_syscall)."""
-        if (self.pid, tid) not in _restarted:
-            return False
-        try:
-            wchan = _read_text(self._task(tid, "wchan"), self.pid, tid)
-        except AllocdiagError:
-            return False
-        return "futex" not in wchan
+        return self._restarted_kind(tid) in self.arch.RESTART_BLOCK_SLEEPS
 
     def _idle_caller_check(self, st):
         """An idle wait must not be a raw syscall instruction inside allocator
@@ -663,11 +808,21 @@ class RemoteProcess:
             rounds += 1
             cands, why = self._candidates(only_tid)
             last_why.update(why)
-            for tid, kind in cands:
+            for tid, cat, facts in cands:
+                if cat == safepoints.FUTEX:
+                    # Parse the CFI the walk needs now, before the stop (the
+                    # parse is not time spent waiting for a safe point).
+                    t0 = time.monotonic()
+                    pre = self._stack_judge().prepare(facts["pc"], facts["sp"]) \
+                        if facts["pc"] is not None else None
+                    t_end += time.monotonic() - t0
+                    if pre:
+                        last_why[tid] = f"{facts['words']} {pre}"
+                        continue
                 old = self._block()
                 st = None
                 try:
-                    st = self._stop(tid, kind)
+                    st = self._stop(tid, "idle" if cat != safepoints.RUNNING else "running")
                     reason = self._judge(st)
                 except _Skip as s:
                     self._unblock(old)
@@ -699,18 +854,24 @@ class RemoteProcess:
             time.sleep(0.001 if rounds < 20 else 0.005)
 
     def _refusal(self, why, only_tid):
-        detail = "; ".join(f"tid {t}: {r}" for t, r in sorted(why.items())[:8])
+        """Per thread, what it was doing and why it was not borrowed, and
+        what the user can do."""
+        detail = "; ".join(f"tid {t} {r}" for t, r in sorted(why.items())[:12])
+        if len(why) > 12:
+            detail += f"; ... ({len(why) - 12} more threads)"
         secs = f"{self.deadline_s:g}"
         if only_tid is not None:
             head = f"thread {only_tid} was never at a safe point for {secs} s"
-        elif self._forbidden:
+            return f"{head}: {detail}" if detail else head
+        if why and self._forbidden and all(r.startswith(("running", "in "))
+                                                   for r in why.values()):
             head = (f"every thread was busy inside the allocator or libc for {secs} s "
-                    "(no thread parked in an idle wait, none interrupted outside "
-                    "allocator/libc text)")
+                    "(none parked in a wait, none interrupted outside allocator/libc text)")
         else:
-            head = (f"no thread was parked in an idle wait for {secs} s, and no "
-                    "forbidden ranges were given to judge running threads")
-        return f"{head}: {detail}" if detail else head
+            head = f"no thread could be borrowed safely within {secs} s"
+        hint = ("; what to do: try again (threads move between waits), give it more "
+                "time, or read what needs no call into the process (--no-attach)")
+        return (f"{head}: {detail}" if detail else head) + hint
 
     # ---- running code in the thread -------------------------------------------
     def _call_mask(self, st):
@@ -901,7 +1062,7 @@ class RemoteProcess:
             return
         try:
             direct = self._redeliver(st) if st.held else None
-            self.arch.set_regs(st.tid, self.pid, st.regs)
+            self.arch.set_regs(st.tid, self.pid, st.final_regs())
             if "xstate" not in self._unsafe:
                 self.arch.set_ext_state(st.tid, self.pid, st.xstate)
             if st.mask_changed:
@@ -953,10 +1114,14 @@ class RemoteProcess:
                 base = (st.syscall or "").split(" ")[0]
                 if base in self.arch.RESTART_BLOCK_SLEEPS and not st.boundary:
                     _restarted[(self.pid, st.tid)] = base
+                elif st.category == safepoints.FUTEX and not st.boundary:
+                    # a futex wait with a timeout resumes through restart_syscall
+                    _restarted[(self.pid, st.tid)] = "futex"
                 else:
                     _restarted.pop((self.pid, st.tid), None)
                 self.last = {"tid": st.tid, "kind": st.kind, "syscall": st.syscall,
-                             "boundary": st.boundary, "calls": st.calls,
+                             "category": st.category, "restarted_eintr":
+                             st.restart_rax is not None, "boundary": st.boundary, "calls": st.calls,
                              "group_stop_seen": st.group_stop_seen}
                 self._unblock(old)
 

@@ -45,8 +45,14 @@ RESTARTABLE_WAITS = {
 EPOLL_WAITS = {232: "epoll_wait", 281: "epoll_pwait", 441: "epoll_pwait2",
                128: "rt_sigtimedwait"}
 NR_futex = 202
+NR_semop, NR_semtimedop = 65, 220
 NR_futex_waitv = 449
 NR_restart_syscall = 219
+
+# Waits that may be given back with rax = -ERESTARTNOHAND when a stop left
+# -EINTR in rax: a -EINTR from them means "interrupted, nothing done".
+EINTR_RESTARTABLE = frozenset(RESTARTABLE_WAITS) | frozenset(EPOLL_WAITS) | {
+    NR_futex, NR_semop, NR_semtimedop}
 
 # include/uapi/linux/futex.h
 FUTEX_WAIT = 0
