@@ -30,65 +30,16 @@ from collectors.errors import MalformedData
 MALLCTL_ARENAS_ALL = 4096        # include/jemalloc/jemalloc_macros.h.in
 MALLCTL_ARENAS_DESTROYED = 4097
 
-# The mallctls allocdiag reads, with their C types (src/ctl.c CTL_RO_*GEN).
-STATS_MALLCTLS = {
-    "epoch": "uint64",                       # write to refresh the snapshot
-    "version": "const char*",
-    "config.stats": "bool",
-    "opt.background_thread": "bool",
-    "background_thread": "bool",
-    "opt.narenas": "unsigned",
-    "opt.dirty_decay_ms": "ssize_t",
-    "opt.muzzy_decay_ms": "ssize_t",
-    "opt.retain": "bool",
-    "arenas.narenas": "unsigned",
-    "arenas.page": "size_t",
-    "arenas.dirty_decay_ms": "ssize_t",
-    "arenas.muzzy_decay_ms": "ssize_t",
-    "stats.allocated": "size_t",
-    "stats.active": "size_t",
-    "stats.metadata": "size_t",
-    "stats.metadata_thp": "size_t",
-    "stats.resident": "size_t",
-    "stats.mapped": "size_t",
-    "stats.retained": "size_t",
-    "stats.zero_reallocs": "size_t",
-    "stats.background_thread.num_threads": "size_t",
-    "stats.background_thread.num_runs": "uint64",
-    "stats.background_thread.run_interval": "uint64",
-    "stats.arenas.4096.pactive": "size_t",
-    "stats.arenas.4096.pdirty": "size_t",
-    "stats.arenas.4096.pmuzzy": "size_t",
-    "stats.arenas.4096.dirty_decay_ms": "ssize_t",
-    "stats.arenas.4096.muzzy_decay_ms": "ssize_t",
-    "stats.arenas.4096.tcache_bytes": "size_t",
-}
-
-# JSON path (under the top-level "jemalloc" object) -> mallctl name.
-_JSON_SCALARS = {
-    ("version",): "version",
-    ("config", "stats"): "config.stats",
-    ("opt", "background_thread"): "opt.background_thread",
-    ("opt", "narenas"): "opt.narenas",
-    ("opt", "dirty_decay_ms"): "opt.dirty_decay_ms",
-    ("opt", "muzzy_decay_ms"): "opt.muzzy_decay_ms",
-    ("opt", "retain"): "opt.retain",
-    ("arenas", "narenas"): "arenas.narenas",
-    ("arenas", "page"): "arenas.page",
-    ("arenas", "dirty_decay_ms"): "arenas.dirty_decay_ms",
-    ("arenas", "muzzy_decay_ms"): "arenas.muzzy_decay_ms",
-    ("stats", "allocated"): "stats.allocated",
-    ("stats", "active"): "stats.active",
-    ("stats", "metadata"): "stats.metadata",
-    ("stats", "metadata_thp"): "stats.metadata_thp",
-    ("stats", "resident"): "stats.resident",
-    ("stats", "mapped"): "stats.mapped",
-    ("stats", "retained"): "stats.retained",
-    ("stats", "zero_reallocs"): "stats.zero_reallocs",
-    ("stats", "background_thread", "num_threads"): "stats.background_thread.num_threads",
-    ("stats", "background_thread", "num_runs"): "stats.background_thread.num_runs",
-    ("stats", "background_thread", "run_interval"): "stats.background_thread.run_interval",
-}
+# The mallctls normalise_jemalloc reads (and the parse result's "mallctl"
+# holds).  The full list allocdiag reports, with types, units and meanings,
+# is collectors/allocators/jemalloc.py MALLCTLS.
+_NORMALISED = ("version", "config.stats", "opt.background_thread", "opt.narenas",
+               "opt.dirty_decay_ms", "opt.muzzy_decay_ms", "opt.retain", "arenas.narenas",
+               "arenas.page", "arenas.dirty_decay_ms", "arenas.muzzy_decay_ms",
+               "stats.allocated", "stats.active", "stats.metadata", "stats.metadata_thp",
+               "stats.resident", "stats.mapped", "stats.retained", "stats.zero_reallocs",
+               "stats.background_thread.num_threads", "stats.background_thread.num_runs",
+               "stats.background_thread.run_interval")
 _ARENA_SUMMABLE = ("pactive", "pdirty", "pmuzzy", "tcache_bytes")
 
 _REQUIRED = ("stats.allocated", "stats.active", "stats.metadata", "stats.resident",
@@ -134,40 +85,12 @@ def parse_stats_json(text):
         if not isinstance(val, dict):
             raise MalformedData(f"jemalloc stats JSON: stats.arenas.{key} is not an object")
 
-    mallctl = {}
-    for path, name in _JSON_SCALARS.items():
-        node = je
-        for part in path:
-            node = node.get(part) if isinstance(node, dict) else None
-        if node is not None:
-            mallctl[name] = node
-    for name in _REQUIRED:
-        val = mallctl.get(name)
-        if not isinstance(val, int) or isinstance(val, bool) or val < 0:
-            raise MalformedData(f"jemalloc stats JSON: {name} missing or not a "
-                                f"non-negative integer ({val!r})")
-
-    # Merged arena view (mallctl stats.arenas.4096.*).
     merged_from = None
     if "merged" in arenas_stats:
-        merged, merged_from = arenas_stats["merged"], "stats.arenas.merged"
-        for key in _ARENA_SUMMABLE:
-            if key in merged:
-                mallctl[f"stats.arenas.{MALLCTL_ARENAS_ALL}.{key}"] = merged[key]
-    else:
-        numbered = [v for k, v in arenas_stats.items() if k.isdigit()]
-        if numbered:
-            merged_from = "sum of stats.arenas.<i> (no merged entry: one arena initialised)"
-            for key in _ARENA_SUMMABLE:
-                vals = [a.get(key) for a in numbered]
-                if all(isinstance(v, int) for v in vals):
-                    mallctl[f"stats.arenas.{MALLCTL_ARENAS_ALL}.{key}"] = sum(vals)
-    for key in ("pdirty", "pmuzzy", "pactive"):
-        val = mallctl.get(f"stats.arenas.{MALLCTL_ARENAS_ALL}.{key}")
-        if val is not None and (not isinstance(val, int) or val < 0):
-            raise MalformedData(f"jemalloc stats JSON: {key} is not a non-negative integer")
-
-    return {
+        merged_from = "stats.arenas.merged"
+    elif any(k.isdigit() for k in arenas_stats):
+        merged_from = "sum of stats.arenas.<i> (no merged entry: one arena initialised)"
+    out = {
         "version": je.get("version"),
         "config": je.get("config", {}),
         "opt": je.get("opt", {}),
@@ -177,8 +100,20 @@ def parse_stats_json(text):
                              if kk not in ("bins", "lextents", "extents", "mutexes", "hpa_shard")}
                          for k, v in arenas_stats.items()},
         "merged_from": merged_from,
-        "mallctl": mallctl,
     }
+    names = _NORMALISED + tuple(f"stats.arenas.{MALLCTL_ARENAS_ALL}.{k}" for k in _ARENA_SUMMABLE)
+    mallctl = mallctls(out, names)
+    for name in _REQUIRED:
+        val = mallctl.get(name)
+        if not isinstance(val, int) or isinstance(val, bool) or val < 0:
+            raise MalformedData(f"jemalloc stats JSON: {name} missing or not a "
+                                f"non-negative integer ({val!r})")
+    for key in ("pdirty", "pmuzzy", "pactive"):
+        val = mallctl.get(f"stats.arenas.{MALLCTL_ARENAS_ALL}.{key}")
+        if val is not None and (not isinstance(val, int) or val < 0):
+            raise MalformedData(f"jemalloc stats JSON: {key} is not a non-negative integer")
+    out["mallctl"] = mallctl
+    return out
 
 
 def mallctls(parsed, names):

@@ -223,8 +223,10 @@ def test_jemalloc_normalise_same_from_json_and_mallctl():
 
 
 def test_jemalloc_mallctl_table():
-    t = jemalloc_stats.STATS_MALLCTLS
-    assert t["epoch"] == "uint64" and t["version"] == "const char*"
+    from collectors.allocators import jemalloc
+    t = {name: ctype for name, ctype, _, _ in jemalloc.MALLCTLS}
+    assert len(t) == len(jemalloc.MALLCTLS)          # each name declared once
+    assert t["version"] == "const char*"
     assert t["stats.arenas.4096.pdirty"] == "size_t"
     assert t["opt.dirty_decay_ms"] == "ssize_t" and t["arenas.narenas"] == "unsigned"
     assert t["opt.background_thread"] == "bool"

@@ -170,7 +170,6 @@ DERIVED = {"background_thread": "stats.background_thread.num_threads > 0"}
 
 _CTYPES = {"size_t": "<Q", "uint64": "<Q", "ssize_t": "<q", "unsigned": "<I", "bool": "<?",
            "const char*": "<Q"}
-_CTYPE_OF = {n: t for n, t, _, _ in MALLCTLS}
 # Values fixed once jemalloc initialised: on the per-call path, read once per
 # process (keyed by pid and start time), not on every snapshot.
 _CONSTANT = ("version", "config.", "opt.", "arenas.page", "arenas.quantum", "arenas.nbins",
