@@ -35,19 +35,10 @@ import struct
 from diag.model import Value
 from collectors.errors import MalformedData
 
-# struct mallinfo2 (malloc/malloc.h, glibc >= 2.33): ten size_t, in this order.
-MALLINFO2_FIELDS = (
-    "arena",     # non-mmapped space allocated from the system (sum of system_mem)
-    "ordblks",   # number of free chunks (top + regular bins)
-    "smblks",    # number of free fastbin blocks
-    "hblks",     # number of mmapped regions
-    "hblkhd",    # bytes in mmapped regions
-    "usmblks",   # always 0
-    "fsmblks",   # bytes in freed fastbin blocks
-    "uordblks",  # total allocated (in-use) space, arenas only
-    "fordblks",  # total free space (top + bins + fastbins)
-    "keepcost",  # top-most releasable space (main arena top chunk)
-)
+# struct mallinfo2 (malloc/malloc.h, glibc >= 2.33): ten size_t, in this
+# order.  Units and meanings: collectors/allocators/glibc.py MALLINFO2.
+MALLINFO2_FIELDS = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                    "uordblks", "fordblks", "keepcost")
 _MALLINFO2 = struct.Struct("@10N")   # native size_t; 80 bytes on x86-64
 MALLINFO2_SIZE = _MALLINFO2.size
 

@@ -27,60 +27,8 @@ import re
 from diag.model import Value
 from collectors.errors import MalformedData
 
-# Property names gperftools 2.10's GetNumericProperty answers (strings of the
-# packaged libtcmalloc.so.4; tcmalloc.cc).
-GPERFTOOLS_PROPERTIES = (
-    "generic.current_allocated_bytes",
-    "generic.heap_size",
-    "generic.total_physical_bytes",
-    "tcmalloc.pageheap_free_bytes",
-    "tcmalloc.pageheap_unmapped_bytes",
-    "tcmalloc.central_cache_free_bytes",
-    "tcmalloc.transfer_cache_free_bytes",
-    "tcmalloc.thread_cache_free_bytes",
-    "tcmalloc.current_total_thread_cache_bytes",
-    "tcmalloc.max_total_thread_cache_bytes",
-    "tcmalloc.slack_bytes",
-    "tcmalloc.aggressive_memory_decommit",
-    "tcmalloc.heap_limit_mb",
-    "tcmalloc.pageheap_committed_bytes",
-    "tcmalloc.pageheap_scavenge_count",
-    "tcmalloc.pageheap_commit_count",
-    "tcmalloc.pageheap_total_commit_bytes",
-    "tcmalloc.pageheap_decommit_count",
-    "tcmalloc.pageheap_total_decommit_bytes",
-    "tcmalloc.pageheap_reserve_count",
-    "tcmalloc.pageheap_total_reserve_bytes",
-)
-
-# google/tcmalloc (tcmalloc/global_stats.cc); read through
-# MallocExtension_Internal_GetNumericProperty(name, strlen(name), &value).
-GOOGLE_TCMALLOC_PROPERTIES = (
-    "generic.current_allocated_bytes",
-    "generic.bytes_in_use_by_app",
-    "generic.heap_size",
-    "generic.physical_memory_used",
-    "generic.virtual_memory_used",
-    "generic.peak_memory_usage",
-    "generic.realized_fragmentation",
-    "tcmalloc.pageheap_free_bytes",
-    "tcmalloc.pageheap_unmapped_bytes",
-    "tcmalloc.central_cache_free",
-    "tcmalloc.cpu_free",
-    "tcmalloc.sharded_transfer_cache_free",
-    "tcmalloc.transfer_cache_free",
-    "tcmalloc.thread_cache_free",
-    "tcmalloc.metadata_bytes",
-    "tcmalloc.external_fragmentation_bytes",
-    "tcmalloc.required_bytes",
-    "tcmalloc.slack_bytes",
-    "tcmalloc.local_bytes",
-    "tcmalloc.per_cpu_caches_active",
-    "tcmalloc.max_total_thread_cache_bytes",
-    "tcmalloc.desired_usage_limit_bytes",
-    "tcmalloc.hard_usage_limit_bytes",
-    "tcmalloc.num_released_total_bytes",
-)
+# The property names each flavour answers, with units and meanings, are
+# declared in collectors/allocators/gperftools.py and google_tcmalloc.py.
 
 _MALLOC_LINE = re.compile(
     r"^MALLOC:\s*(?P<op>[+=])?\s*(?P<num>-?\d+(?:\.\d+)?)(?=\s|$)\s*"

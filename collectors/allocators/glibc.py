@@ -30,6 +30,9 @@ MALLINFO2 = (
     ("keepcost", BYTES, "size of the main arena's top chunk (releasable by malloc_trim)"),
 )
 
+# The struct's order is the parser's (glibc_stats.MALLINFO2_FIELDS).
+assert tuple(n for n, _, _ in MALLINFO2) == glibc_stats.MALLINFO2_FIELDS
+
 _ROW = (("from", BYTES, "smallest chunk size in this bin (regular bins include the PREV_INUSE bit)"),
         ("to", BYTES, "largest chunk size in this bin"),
         ("total", BYTES, "bytes of free chunks in this bin"),

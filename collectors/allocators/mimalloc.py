@@ -64,6 +64,9 @@ PROCESS_INFO = (
     ("page_faults", COUNT, "major page faults"),
     ("current_rss_is_commit", FLAG, "current_rss is the commit counter (always true on Linux)"),
 )
+# mi_process_info's out-parameters, in order, are the parser's.
+assert tuple(n for n, _, _ in PROCESS_INFO[:-1]) == mimalloc_stats.PROCESS_INFO_FIELDS
+
 _AMOUNT = (("value", "the printed amount, as a number"), ("min", "smallest value the rounded "
            "print allows"), ("max", "largest value the rounded print allows"))
 
