@@ -442,10 +442,12 @@ class RemoteProcess:
                 sp, pc = int(sc[-2], 16), int(sc[-1], 16)
         return state, nr, args, sp, pc, comm
 
-    def _classify(self, tid, nr, args):
-        """(category, words) of a thread blocked in syscall NR, or (None, why)."""
+    def _classify(self, tid, nr, args, stopped=False):
+        """(category, words) of a thread blocked in syscall NR, or (None, why).
+        STOPPED: the thread is in our ptrace-stop, so its wait channel no
+        longer says what it waits for (it was checked before the stop)."""
         if nr == self.arch.RESTART_SYSCALL:
-            what = self._restarted_kind(tid)
+            what = _restarted.get((self.pid, tid)) if stopped else self._restarted_kind(tid)
             if what in self.arch.RESTART_BLOCK_SLEEPS:
                 return safepoints.RESTARTABLE, f"{what} (restarted)"
             if what == "futex":
@@ -698,7 +700,8 @@ class RemoteProcess:
             if eintr_fix is None:
                 st.restart_rax = -safepoints.ERESTARTNOHAND
         if nr >= 0:
-            cat, name = self._classify(st.tid, nr, self.arch.syscall_args(st.regs))
+            cat, name = self._classify(st.tid, nr, self.arch.syscall_args(st.regs),
+                                       stopped=True)
             if cat is None:
                 return name
             # The wait must not have been issued by the allocator itself (e.g.
@@ -1172,6 +1175,7 @@ class Call:
         self.tid = st.tid
         self.kind = st.kind
         self.syscall = st.syscall
+        self.category = st.category     # safepoints.RESTARTABLE | EPOLL | FUTEX | RUNNING
         self.max_args = rp.arch.MAX_ARGS
 
     def call(self, func_addr, *args, timeout_s=None):

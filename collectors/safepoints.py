@@ -159,6 +159,36 @@ class _Ranges:
         return bool(self._r)
 
 
+JMP_REL32 = 0xE9
+
+
+def _tail_call_targets(obj, opener, sym):
+    """[(start, end)] (object addresses) of the functions SYM tail-calls.
+
+    A tail call leaves no frame: glibc's sem_wait and sem_clockwait end with
+    ``jmp`` into an internal, unexported slow path, which is then the
+    outermost libc frame of the walk.  Such a target counts as part of SYM
+    when a `jmp rel32` inside SYM's exact range lands exactly on the start of
+    an FDE outside it (a stray 0xe9 byte inside another instruction almost
+    never does); its range is that FDE's."""
+    try:
+        code = obj.text_bytes(sym.st_value, sym.st_size, opener.open)
+        table = unwind.cfi_table(opener)
+    except Exception:
+        return []
+    out = []
+    for i in range(len(code or b"") - 4):
+        if code[i] != JMP_REL32:
+            continue
+        target = sym.st_value + i + 5 + int.from_bytes(code[i + 1:i + 5], "little", signed=True)
+        if sym.st_value <= target < sym.st_value + sym.st_size:
+            continue
+        fde = table.fde_starting_at(target)
+        if fde:
+            out.append(fde)
+    return out
+
+
 class StackJudge:
     """Judges futex-waiting threads of one process by walking their stacks.
 
@@ -195,6 +225,8 @@ class StackJudge:
                 rng = (bias + s.st_value, bias + s.st_value + max(s.st_size, 1), s.name)
                 if s.name in LIBC_WAIT_FUNCTIONS:
                     waits.append(rng)
+                    waits.extend((bias + a, bias + b, f"{s.name} (tail call)")
+                                 for a, b in _tail_call_targets(obj, m.opener, s))
                 elif s.name in GLIBC_MALLOC_FUNCTIONS:
                     malloc.append(rng)
             self._libc = (m.path, _Ranges(waits), _Ranges(malloc))

@@ -99,6 +99,13 @@ class CfiTable:
     def __len__(self):
         return len(self._fdes)
 
+    def fde_starting_at(self, vaddr):
+        """(start, end) of the FDE whose initial_location is exactly VADDR, or None."""
+        i = bisect.bisect_left(self._starts, vaddr)
+        if i < len(self._starts) and self._starts[i] == vaddr:
+            return self._fdes[i][0], self._fdes[i][1]
+        return None
+
     def row(self, vaddr):
         """(cfa_rule, {regnum: RegisterRule}) in effect at VADDR."""
         i = bisect.bisect_right(self._starts, vaddr) - 1

@@ -1,0 +1,328 @@
+"""Safe points of the remote engine (collectors/safepoints.py) on real
+processes: epoll-family waits made invisible, restartable waits, futex waits
+proven by a stack walk, borrowing order and refusal messages.
+
+Target: tests/targets/sp_waits.c -- one worker thread parked in a chosen
+wait, counting every EINTR its waits return (read without stopping it).
+"""
+
+import os
+import signal
+import time
+
+import pytest
+
+from targets import build_c, start
+
+from collectors import ptrace, remote
+from collectors.errors import RemoteCallError, Unsupported
+from collectors.remote import RemoteProcess, text_ranges
+
+ITERS, EINTR, BAD, LAST_RET, LAST_ERRNO, USR1, DONE, TIMEOUTS = range(8)
+LIBC_NAMES = ("libc.so", "ld-linux", "libjemalloc", "libtcmalloc", "libmimalloc")
+
+
+def sp_bin():
+    return build_c("sp_waits.c", "-pthread")
+
+
+def parse_ready(ready):
+    out = {}
+    for word in ready.split():
+        k, _, v = word.partition("=")
+        out[k] = int(v, 16) if v.startswith("0x") else int(v) if v.isdigit() else v
+    return out
+
+
+def stat(t, a, field):
+    raw = ptrace.read_memory(t.pid, a["stats"] + 8 * field, 8)
+    return int.from_bytes(raw, "little", signed=True)
+
+
+def syscall_of(pid, tid):
+    with open(f"/proc/{pid}/task/{tid}/syscall") as f:
+        return f.read().split()
+
+
+def parked(t, a, nr, timeout=3.0):
+    t_end = time.monotonic() + timeout
+    while time.monotonic() < t_end:
+        sc = syscall_of(t.pid, a["tid"])
+        with open(f"/proc/{t.pid}/task/{a['tid']}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        if sc[0] == str(nr) and state == "S":
+            return
+        time.sleep(0.002)
+    raise AssertionError(f"worker never parked in syscall {nr}")
+
+
+def assert_released(pid):
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            st = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+        assert st["TracerPid"].strip() == "0", tid
+        assert not st["State"].startswith("t"), tid
+
+
+@pytest.fixture
+def sp():
+    stack = []
+
+    def _start(mode, **kw):
+        cm = start([sp_bin(), mode], **kw)
+        t = cm.__enter__()
+        stack.append(cm)
+        return t, parse_ready(t.ready)
+
+    yield _start
+    for cm in reversed(stack):
+        cm.__exit__(None, None, None)
+
+
+def rax_at_stop(pid, tid):
+    """Stop TID once (no call), return (rax, orig_rax), restore exactly."""
+    from collectors import arch_x86_64 as arch
+    ptrace.seize(tid, pid)
+    ptrace.interrupt(tid, pid)
+    while ptrace.waitpid_nohang(tid, pid) is None:
+        time.sleep(0.0005)
+    regs = arch.get_regs(tid, pid)
+    ptrace.detach(tid, pid)
+    return arch.syscall_state(regs)[1], arch.syscall_state(regs)[0]
+
+
+# ---------------------------------------------------------------------------
+# epoll-family waits
+
+EPOLL_MODES = [("epoll_wait", 232), ("epoll_pwait", 281), ("epoll_pwait2", 441),
+               ("sigtimedwait", 128)]
+
+
+@pytest.mark.parametrize("mode,nr", EPOLL_MODES)
+def test_epoll_wait_stop_shows_eintr(sp, mode, nr):
+    """The measured fact the rule rests on: at the interrupt stop these waits
+    hold -EINTR, and restoring the registers exactly makes the program see
+    it (what the engine must not do)."""
+    t, a = sp(mode)
+    parked(t, a, nr)
+    assert rax_at_stop(t.pid, a["tid"]) == (-4, nr)
+    time.sleep(0.05)
+    assert stat(t, a, EINTR) == 1
+
+
+@pytest.mark.parametrize("mode,nr", EPOLL_MODES)
+def test_epoll_waits_borrowed_without_visible_eintr(sp, mode, nr):
+    t, a = sp(mode)
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))
+    rewritten = 0
+    for _ in range(40):
+        parked(t, a, nr)
+        with rp.borrow(tid=a["tid"]) as c:
+            assert c.kind == "idle" and c.syscall == {"sigtimedwait": "rt_sigtimedwait"}.get(mode, mode)
+        rewritten += rp.last["restarted_eintr"]
+    time.sleep(0.05)
+    assert rewritten >= 30, rewritten           # the stop really made them EINTR
+    assert stat(t, a, EINTR) == 0
+    assert stat(t, a, BAD) == 0
+    assert_released(t.pid)
+
+
+@pytest.mark.parametrize("mode,nr", EPOLL_MODES[:3])
+def test_real_signal_during_the_stop_gives_one_eintr(sp, mode, nr):
+    """A SIGUSR1 (handler, no SA_RESTART) sent while we hold the thread: the
+    program sees exactly one EINTR and the handler runs once, as without us."""
+    t, a = sp(mode)
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))
+    for i in range(3):
+        parked(t, a, nr)
+        with rp.borrow(tid=a["tid"]):
+            os.kill(t.pid, signal.SIGUSR1)
+            time.sleep(0.01)
+        t_end = time.monotonic() + 2
+        while stat(t, a, USR1) < i + 1 and time.monotonic() < t_end:
+            time.sleep(0.005)
+        assert stat(t, a, USR1) == i + 1
+        assert stat(t, a, EINTR) == i + 1
+    assert_released(t.pid)
+
+
+def test_finite_epoll_timeout_still_returns(sp):
+    """A 300 ms epoll_wait borrowed again and again still times out (0
+    returned, no EINTR): a restart restarts with the full timeout, bounded."""
+    t, a = sp("epoll_wait", env={"SP_WAIT_MS": "300"})
+    rp = RemoteProcess(t.pid)
+    for _ in range(10):
+        parked(t, a, 232)
+        with rp.borrow(tid=a["tid"]):
+            pass
+        time.sleep(0.02)
+    t_end = time.monotonic() + 3
+    while stat(t, a, TIMEOUTS) < 2 and time.monotonic() < t_end:
+        time.sleep(0.01)
+    assert stat(t, a, TIMEOUTS) >= 2
+    assert stat(t, a, EINTR) == 0 and stat(t, a, BAD) == 0
+
+
+# ---------------------------------------------------------------------------
+# restartable waits
+
+RESTARTABLE = [("accept4", 288, -512), ("recvfrom", 45, -512), ("recvmsg", 47, -512),
+               ("wait4", 61, -512), ("waitid", 247, -512), ("sigsuspend", 130, -514)]
+
+
+@pytest.mark.parametrize("mode,nr,rax", RESTARTABLE)
+def test_restartable_wait_rax_at_stop(sp, mode, nr, rax):
+    """Measured here, not assumed: these waits hold -ERESTARTSYS /
+    -ERESTARTNOHAND at the stop, and an exact restore is invisible."""
+    t, a = sp(mode)
+    parked(t, a, nr)
+    for _ in range(3):
+        assert rax_at_stop(t.pid, a["tid"]) == (rax, nr)
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert stat(t, a, ITERS) == 0 and stat(t, a, EINTR) == 0
+
+
+@pytest.mark.parametrize("mode,nr,rax", RESTARTABLE)
+def test_restartable_waits_are_borrowed(sp, mode, nr, rax):
+    t, a = sp(mode)
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))
+    for _ in range(20):
+        parked(t, a, nr)
+        with rp.borrow(tid=a["tid"]) as c:
+            assert c.kind == "idle" and c.category == "restartable"
+    time.sleep(0.05)
+    assert stat(t, a, ITERS) == 0 and stat(t, a, EINTR) == 0   # nothing returned
+    assert_released(t.pid)
+
+
+# ---------------------------------------------------------------------------
+# futex waits
+
+@pytest.mark.parametrize("mode", ["condwait", "semwait", "join", "condtimedwait"])
+def test_futex_condvar_waits_proven_by_stack_walk(sp, mode):
+    env = {"SP_WAIT_MS": "60000"} if mode == "condtimedwait" else {}
+    t, a = sp(mode, env=env)
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))
+    for _ in range(15):
+        with rp.borrow(tid=a["tid"]) as c:
+            assert c.category == "futex", c.syscall
+    time.sleep(0.05)
+    assert stat(t, a, ITERS) == 0 and stat(t, a, EINTR) == 0
+    assert_released(t.pid)
+
+
+def test_futex_wait_in_allocator_code_is_refused(sp):
+    """The same condvar wait, but called from a function the test declares
+    allocator code: the walk finds the frame, the thread is refused without
+    being stopped (look-ahead) or after the walk."""
+    from elftools.elf.elffile import ELFFile
+    t, a = sp("fakealloc")
+    with open(sp_bin(), "rb") as f:
+        sym = ELFFile(f).get_section_by_name(".symtab").get_symbol_by_name(
+            "fake_allocator_wait")[0]
+    fake = [(a["fake_lo"], a["fake_lo"] + sym["st_size"], "libfakealloc.so")]
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES) + fake,
+                       deadline_s=0.3)
+    with pytest.raises(RemoteCallError) as ei:
+        with rp.borrow(tid=a["tid"]):
+            pass
+    assert "inside libfakealloc.so" in str(ei.value)
+    assert "condition-variable" in str(ei.value)
+    assert_released(t.pid)
+
+
+def test_futex_mutex_wait_is_refused(sp):
+    t, a = sp("mutex")
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES),
+                       deadline_s=0.3)
+    with pytest.raises(RemoteCallError, match="futex lock wait"):
+        with rp.borrow(tid=a["tid"]):
+            pass
+    assert rp.stats["rejected_stops"] == 0        # never stopped
+    assert_released(t.pid)
+
+
+def test_jemalloc_background_thread_is_refused():
+    """jemalloc's own background thread waits on a condvar inside
+    libjemalloc: refused by name, and its stack walk names libjemalloc."""
+    with start([sp_bin(), "mutex"], allocator="jemalloc",
+               env={"MALLOC_CONF": "background_thread:true"}) as t:
+        a = parse_ready(t.ready)
+        t_end = time.monotonic() + 3
+        bg = []
+        while not bg and time.monotonic() < t_end:
+            bg = [int(x) for x in os.listdir(f"/proc/{t.pid}/task")
+                  if open(f"/proc/{t.pid}/task/{x}/comm").read().strip() == "jemalloc_bg_thd"]
+            time.sleep(0.02)
+        assert bg, "no jemalloc background thread"
+        rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES),
+                           deadline_s=0.3)
+        with pytest.raises(RemoteCallError) as ei:
+            with rp.borrow(tid=bg[0]):
+                pass
+        assert f"tid {bg[0]} jemalloc_bg_thd: the allocator's own background thread" \
+            in str(ei.value)
+        # the walk itself (bypassing the name rule) also refuses it
+        from collectors import safepoints
+        sj = rp._stack_judge()
+        sc = syscall_of(t.pid, bg[0])
+        why = sj.prepare(int(sc[-1], 16), int(sc[-2], 16))
+        assert why and "libjemalloc" in why, why
+        assert a["tid"]
+        assert_released(t.pid)
+
+
+# ---------------------------------------------------------------------------
+# order and messages
+
+def test_borrowing_order_prefers_restartable_then_epoll(sp):
+    """Main thread in read() (restartable) and worker in epoll_wait: main is
+    taken first; with main excluded the epoll thread is."""
+    t, a = sp("epoll_wait")
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))
+    parked(t, a, 232)
+    for _ in range(5):
+        with rp.borrow() as c:
+            assert c.tid == a["main"] and c.syscall == "read"
+
+
+def test_order_epoll_before_futex(sp):
+    """Worker in a condvar wait, main in read(): restartable first.  The CFI
+    is parsed only when a futex thread is the next candidate."""
+    from collectors import unwind
+    unwind.clear_cache()
+    t, a = sp("condwait")
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))
+    with rp.borrow() as c:
+        assert c.tid == a["main"]
+    assert rp._judge_stack is None               # nothing parsed
+    with rp.borrow(tid=a["tid"]):
+        pass
+    assert rp._judge_stack is not None
+
+
+def test_refusal_message_says_what_each_thread_does(sp):
+    t, a = sp("mutex")
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES),
+                       deadline_s=0.3)
+    with pytest.raises(RemoteCallError) as ei:
+        with rp.borrow(tid=a["tid"]):
+            pass
+    msg = str(ei.value)
+    assert f"tid {a['tid']} futex lock wait" in msg
+    assert "busy inside the allocator" not in msg
+    assert ei.value.exit_code == 6
+
+
+def test_unsupported_architecture_is_a_clean_error():
+    with pytest.raises(Unsupported, match="unsupported architecture aarch64"):
+        remote._load_arch("aarch64")
+
+
+def test_registry_reset():
+    remote.REGISTRY.quarantine[(1, 2)] = "x"
+    remote.REGISTRY.restarted[(1, 2)] = "nanosleep"
+    remote.REGISTRY.reset()
+    assert remote._quarantine == {} and remote._restarted == {}
+    assert remote._quarantine is remote.REGISTRY.quarantine
