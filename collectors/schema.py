@@ -55,7 +55,7 @@ COMMON_FIELDS = (
 # Fields of the collection, not of the allocator: left out when comparing
 # what live, self and file mode produce (tests/test_livestats.py).
 CONTEXT_KEYS = frozenset(("side_effects", "gathered_by", "collect_s", "path", "borrowed_thread",
-                          "config", "knobs", "heap_resident"))
+                          "config", "knobs", "heap_resident", "mimalloc_walk"))
 
 
 def split(name):

@@ -400,3 +400,14 @@ def test_jemalloc_stats_print_output_is_bounded():
     print(f"malloc_stats_print {je.STATS_OPTS.decode()}: {sizes[2]} bytes (2 arenas), "
           f"{sizes[64]} (64 arenas), {sizes[65]} (64 arenas, 4 KiB prof_prefix); "
           f"bound {je.STATS_BOUND}")
+
+
+@pytest.mark.parametrize("allocator", ["glibc", "jemalloc", "tcmalloc", "mimalloc"])
+def test_snapshot_native_is_declared_in_the_schema(allocator):
+    # What views render (snapshot.native, with config, knobs, the borrowed
+    # thread and walks added by diag.snapshot) has a unit for every field.
+    with start([build_c("idle.c"), "1"], allocator=allocator) as t:
+        snap, col = snapshot.take(t.pid)
+    assert col.status["remote"].ok
+    doc = json.loads(json.dumps(snap.native, default=str))
+    assert undeclared(snap.allocator.kind, doc) == []

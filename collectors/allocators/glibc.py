@@ -46,6 +46,7 @@ FIELDS = (
     NativeField("malloc_info.has_fast", FLAG, "the output has fastbin totals (glibc <= 2.42)", _MI),
     NativeField("malloc_info.arenas.*.nr", COUNT, "arena number (0 = main arena)", _MI),
     NativeField("malloc_info.arenas.*.unsorted", TEXT, "none when the unsorted bin is empty", _MI),
+    NativeField("malloc_info.arenas.*.sizes", TEXT, "empty when no bin holds a free chunk", _MI),
     NativeField("malloc_info.arenas.*.fast", TEXT, "none without fastbins", _MI),
     NativeField("malloc_info.arenas.*.flag_bytes", BYTES,
                 "PREV_INUSE bits included in this arena's rest.size", "allocdiag"),

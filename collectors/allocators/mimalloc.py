@@ -19,6 +19,7 @@ from collectors.schema import BYTES, COUNT, FLAG, MS, NativeField, RATIO, TEXT
 _ST = "mimalloc src/stats.c _mi_stats_print (mi_stats_print_out)"
 _JS = "mimalloc src/stats.c mi_stats_get_json"
 _PI = "mimalloc src/stats.c mi_process_info"
+_WK = "collectors/mimalloc_segments.py (segment walk from memory)"
 
 # Rows of the text report (mimalloc 2.0.9 _mi_stats_print) and counts of
 # the JSON one, with their unit: mi_stat_print's unit argument (1 = bytes,
@@ -99,6 +100,23 @@ FIELDS = (
     NativeField("options", TEXT, "none when option names are not known for this version", "mi_option_get"),
     NativeField("options.?", COUNT, "an mi_option value (mi_option_get)", "mimalloc include/mimalloc.h mi_option_t"),
     NativeField("version", TEXT, "mimalloc version (mi_version() 209 = 2.0.9)", "mimalloc"),
+    # Added by diag.snapshot from collectors.mimalloc_segments (no stop).
+    NativeField("mimalloc_walk.ok", FLAG, "the out-of-process segment walk succeeded", _WK),
+    NativeField("mimalloc_walk.reason", TEXT, "why there was no walk (build not pinned, ...)", _WK),
+    NativeField("mimalloc_walk.build", TEXT, "the pinned mimalloc build walked", _WK),
+    NativeField("mimalloc_walk.allocated", BYTES, "live blocks x block size, pending frees "
+                "subtracted", _WK),
+    NativeField("mimalloc_walk.active", BYTES, "capacity x block size of pages holding live "
+                "blocks", _WK),
+    NativeField("mimalloc_walk.segments", COUNT, "segments found", _WK),
+    NativeField("mimalloc_walk.abandoned", COUNT, "segments without an owning thread", _WK),
+    NativeField("mimalloc_walk.huge", COUNT, "huge segments", _WK),
+    NativeField("mimalloc_walk.pages", COUNT, "pages walked", _WK),
+    NativeField("mimalloc_walk.pending_thread_free", COUNT, "blocks pending on xthread_free", _WK),
+    NativeField("mimalloc_walk.pending_delayed", COUNT, "blocks pending on thread_delayed_free",
+                _WK),
+    NativeField("mimalloc_walk.key_checked", FLAG, "segment cookies checked against "
+                "_mi_heap_main's", _WK),
     NativeField("stats_error", TEXT, "why the stats text did not parse", "allocdiag"),
 ) + tuple(NativeField(f"stats.rows.{r}.?.{k}", u, f"{m}: {km}", _ST)
           for r, u, m in STAT_ROWS for k, km in _AMOUNT) + tuple(
