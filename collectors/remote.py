@@ -22,8 +22,9 @@ call_timeout_s=1.0, block_signals=True)``
     PTRACE_INTERRUPT), saves registers + XSAVE state + signal mask, yields a
     ``Call``; on exit restores all of it exactly, re-delivers held signals
     with their original siginfo and detaches.  Gives up with RemoteCallError
-    after ``deadline_s`` ("every thread was busy inside the allocator or libc
-    for 2.0 s").  SIGINT/TERM/HUP/QUIT to this process are blocked while a
+    after ``deadline_s`` with, per thread, what it was doing and why it was
+    refused ("tid 812 futex lock wait (mutex contention)", "tid 9
+    jemalloc_bg_thd: the allocator's own background thread").  SIGINT/TERM/HUP/QUIT to this process are blocked while a
     thread is stopped and take effect after the detach.
     After it: ``.pause_us`` (µs each stopped thread was stopped, rejected
     candidates included), ``.held_signals`` (signals that arrived during the
@@ -50,12 +51,21 @@ accepted from the tracing thread); different borrows may use different threads.
 
 Safety rules implemented here
 -----------------------------
-- Safe point: a thread in state S inside one of ``arch.IDLE_SYSCALLS``
-  (re-verified from orig_rax after the stop; a stop just after the wait
-  returned -- orig_rax set, rax = result -- is a boundary and is fine: the
-  registers are restored exactly, so the program sees the result), or a
-  running thread interrupted outside any forbidden range.  Futex, epoll,
-  sigtimedwait, semop, mmap & co are never borrowed.
+- Safe points (policy in ``collectors.safepoints``), tried in this order:
+  restartable waits (read, poll, select, pause, nanosleep, accept/accept4,
+  recvfrom/recvmsg, wait4/waitid, rt_sigsuspend, ...; issued from outside
+  allocator text), epoll-family waits (epoll_wait/epoll_pwait/epoll_pwait2/
+  rt_sigtimedwait: they hold -EINTR at the stop and are given back with
+  rax = -ERESTARTNOHAND, orig_rax and rip unchanged, after checking `0f 05`
+  at rip-2 and cs 0x33), FUTEX_WAIT_BITSET waits that a ``.eh_frame`` walk
+  (``collectors.unwind``; CFI parsed before the stop) proves outside the
+  allocator and inside pthread_cond_*wait/sem_*wait/pthread_join, and last
+  running threads interrupted outside every forbidden range.  A stop that
+  lands after the wait returned (rax >= 0) is restored exactly.  Futex lock
+  waits, PI/requeue ops, futex_waitv, semop, mmap & co and allocator
+  background threads (``jemalloc_bg_thd``) are never borrowed.  Any stopped
+  wait that holds -EINTR because of the stop is given back with
+  -ERESTARTNOHAND, borrowed or not.
 - The return-to-0 trap is a forced SIGSEGV: SIGSEGV (and the other synchronous
   signals) are unblocked in the thread for the call so the kernel never resets
   the program's SIGSEGV handler; a process that ignores SIGSEGV is refused.
