@@ -21,7 +21,8 @@ work done in-process (measured in the same run).
                gperftools GetStats + the properties it does not print
       repeat   the same with the per-process caches an allocdiag process
                keeps between snapshots (TUI, record): jemalloc prints the
-               general section only every 10 s ("Jgdablxeh" between)
+               general section only every 10 s ("Jgdablxeh" between),
+               gperftools reads its two knob properties every 10 s
       percall  the per-call path: glibc mallinfo2 + malloc_info (two heap
                walks); jemalloc epoch + one mallctl per name; gperftools
                every property + GetStats
@@ -57,6 +58,7 @@ from targets import build_c, start  # noqa: E402
 from diag import snapshot  # noqa: E402
 from collectors import allocators, livestats  # noqa: E402
 from collectors.allocators import jemalloc as je_module  # noqa: E402
+from collectors.allocators import gperftools as tc_module  # noqa: E402
 from collectors.detect import detect  # noqa: E402
 from collectors.image import ProcessImage  # noqa: E402
 from collectors.remote import RemoteProcess  # noqa: E402
@@ -166,6 +168,7 @@ class Stopper:
             je_module._constant_cache.clear()
             je_module._ifunc_cache.clear()
             je_module.forget_general()
+            tc_module.forget_knobs()
         with self.rp.borrow() as c:
             raws = [self.mod.gather(c, a, self.opts) for a in self.plans]
         for raw in raws:
@@ -175,7 +178,7 @@ class Stopper:
 
 MODES = ("now", "repeat", "percall")
 # pause_target's in-process twin of each mode.
-INPROC_MODE = {("jemalloc", "repeat"): "repeat"}
+INPROC_MODE = {("jemalloc", "repeat"): "repeat", ("tcmalloc", "repeat"): "repeat"}
 
 
 def stop_table(allocator, nthreads, reps, frag_mib):

@@ -14,8 +14,9 @@
  *   percall   the per-call path (jemalloc: epoch + one mallctl per name;
  *             gperftools: every property + GetStats; glibc: mallinfo2 +
  *             malloc_info, i.e. two heap walks)
- *   repeat    jemalloc: the stats-only print of snapshots after the first
- *             ("Jgdablxeh"); others as now
+ *   repeat    snapshots after the first in one allocdiag process: jemalloc
+ *             the stats-only print ("Jgdablxeh"), gperftools GetStats only
+ *             (knob properties cached); glibc as now
  *   walk      glibc only: one malloc_info, nothing else (the goal's unit)
  */
 #define _GNU_SOURCE
@@ -126,7 +127,8 @@ static void stats_calls(int percall) {
     } else if (getprop) {
         size_t v;
         /* now: the two knob properties GetStats does not print (EVERY_SNAPSHOT) */
-        size_t end = percall == 1 ? sizeof TC_ALL / sizeof *TC_ALL : TC_PRINTED + 2;
+        size_t end = percall == 1 ? sizeof TC_ALL / sizeof *TC_ALL :
+                     percall == 2 ? TC_PRINTED : TC_PRINTED + 2;   /* repeat: knobs cached */
         for (size_t i = percall == 1 ? 0 : TC_PRINTED; i < end; i++)
             getprop(TC_ALL[i], &v);
         void (*gs)(char *, int) = (void (*)(char *, int))dlsym(RTLD_DEFAULT, "MallocExtension_GetStats");

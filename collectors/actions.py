@@ -14,7 +14,7 @@ explicit user action (DESIGN.md rule 7), never as part of a snapshot.
 import struct
 
 from collectors import livestats
-from collectors.allocators import common, jemalloc, mimalloc
+from collectors.allocators import common, gperftools, jemalloc, mimalloc
 from collectors.errors import Unsupported
 from collectors.remote import RemoteProcess
 
@@ -119,6 +119,7 @@ def set_knob(image, detection, name, value, deadline_s=2.0):
             ok = c.call(put, n, v) & 0xFF
             c.call(get, n, out)
             new = struct.unpack("<Q", c.read(out, 8))[0]
+        gperftools.forget_knobs()       # cached knob properties are stale now
         if not ok:
             raise Unsupported(f"tcmalloc refused {prop}={v}")
         return str(old), str(new), f"MallocExtension_SetNumericProperty({prop})"

@@ -11,6 +11,7 @@ Native document::
 
 import os
 import struct
+import time
 
 from collectors import tcmalloc_stats
 from collectors.allocators import common
@@ -105,10 +106,21 @@ EVERY_SNAPSHOT = ("tcmalloc.max_total_thread_cache_bytes", "tcmalloc.aggressive_
 GETSTATS_BUF = common.SCRATCH_TEXT     # >= 10000: DumpStats level 2 (size classes, spans)
 
 
+# Within one allocdiag process (TUI, record) the knob properties are read
+# again only every KNOBS_REFRESH_S; allocdiag's own `set` forgets them.
+KNOBS_REFRESH_S = 10.0
+_knobs_cache = {}              # process key -> (monotonic time, {property: value})
+
+
+def forget_knobs():
+    _knobs_cache.clear()
+
+
 def plan(res, obj, alloc, opts):
     get = "MallocExtension_GetNumericProperty"
     a = {"get": common.need(res.address(obj, get), get, "tcmalloc"),
-         "stats": res.address(obj, "MallocExtension_GetStats")}
+         "stats": res.address(obj, "MallocExtension_GetStats"),
+         "process_key": res.process_key(obj)}
     if not a["stats"] or opts.get("tcmalloc_per_call"):
         a["props"] = tuple(n for n, _, _ in PROPERTIES)
     else:
@@ -139,7 +151,16 @@ def stats_text(c, fn, size=GETSTATS_BUF):
 
 
 def gather(c, a, opts):
-    raw = {"properties": properties(c, a["get"], a["props"])}
+    names = a["props"]
+    cached = _knobs_cache.get(a.get("process_key"))
+    raw = {}
+    if names == EVERY_SNAPSHOT and cached and time.monotonic() - cached[0] < KNOBS_REFRESH_S:
+        raw["properties"], raw["knobs_cached"] = dict(cached[1]), True
+    else:
+        raw["properties"] = properties(c, a["get"], names)
+        if a.get("process_key") and all(n in raw["properties"] for n in EVERY_SNAPSHOT):
+            _knobs_cache[a["process_key"]] = (time.monotonic(),
+                                              {n: raw["properties"][n] for n in EVERY_SNAPSHOT})
     if a["stats"]:
         raw["getstats"] = stats_text(c, a["stats"])
     return raw
@@ -174,8 +195,9 @@ def parse(raw, alloc):
             error = str(exc)
     native = _document(raw["properties"], stats, alloc)
     native["gathered_by"] = ("MallocExtension_GetStats + GetNumericProperty for "
-                             f"{', '.join(sorted(raw['properties']))} (not printed); the printed "
-                             "properties derived from GetStats"
+                             f"{', '.join(sorted(raw['properties']))} (not printed"
+                             + (f"; read < {KNOBS_REFRESH_S:g} s ago" if raw.get("knobs_cached")
+                                else "") + "); the printed properties derived from GetStats"
                              if stats is not None and len(raw["properties"]) < len(PROPERTIES)
                              else "MallocExtension_GetNumericProperty, one call per property")
     if error:
