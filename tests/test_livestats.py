@@ -411,3 +411,21 @@ def test_snapshot_native_is_declared_in_the_schema(allocator):
     assert col.status["remote"].ok
     doc = json.loads(json.dumps(snap.native, default=str))
     assert undeclared(snap.allocator.kind, doc) == []
+
+
+def test_jemalloc_per_call_fallback_gives_the_same_document():
+    # The per-call path (no malloc_stats_print, an unknown version, or JSON
+    # the emitter broke) reads the same declared mallctls one by one.
+    exe = build_c("capture_jemalloc.c", "-ljemalloc", "-lpthread")
+    with start([exe, "--serve"], allocator="jemalloc") as t:
+        det, fast = live(t.pid)
+        det, slow = live(t.pid, jemalloc_per_call=True)
+        assert t.alive()
+    m = truth(t.lines, "LIVE")
+    assert set(fast.native["mallctl"]) == set(slow.native["mallctl"])
+    assert "one call per name" in slow.native["gathered_by"]
+    for key in ("stats.allocated", "stats.active", "arenas.page", "arenas.narenas", "version",
+                "opt.dirty_decay_ms", "background_thread"):
+        assert fast.native["mallctl"][key] == slow.native["mallctl"][key], key
+    assert slow.native["mallctl"]["stats.allocated"] == m["stats.allocated"]
+    assert slow.native["side_effects"] == []
