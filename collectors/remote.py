@@ -87,6 +87,7 @@ Safety rules implemented here
 import atexit
 import bisect
 import contextlib
+from collections import namedtuple
 import importlib
 import os
 import platform
@@ -589,6 +590,49 @@ class RemoteProcess:
                 self._check_still_traced(st)
             time.sleep(self.SLEEP_S)
 
+    def _next_stop(self, st, deadline, absorb=True):
+        """The next stop of the tracee, classified (``Stop.kind``):
+
+        - ``interrupt``: our PTRACE_INTERRUPT stop;
+        - ``group``: a group-stop (SIGSTOP & co, reported as an event stop
+          under PTRACE_SEIZE);
+        - ``event``: another ptrace event stop;
+        - ``return-trap``: the SIGSEGV of a call returning to address 0;
+        - ``fault``: a synchronous signal the thread raised itself (crash);
+        - ``signal``: any other signal-delivery-stop (asynchronous signal);
+        - ``exited``: the tracee is gone (exited or killed);
+        - ``timeout``: nothing by DEADLINE (the thread still runs).
+
+        With ABSORB, ``event`` stops are resumed and ``signal`` stops are
+        collected into ``st.held`` (suppressed now, re-delivered with their
+        siginfo at the release) and resumed, so the caller sees only the
+        other kinds.  The one place that reads tracee stops."""
+        while True:
+            status = self._wait(st, deadline)
+            if status is None:
+                return Stop("timeout", 0, None, None)
+            k, sig, event = ptrace.decode_status(status)
+            if k != "stopped":
+                return Stop("exited", sig, None, None)
+            if event == ptrace.PTRACE_EVENT_STOP:
+                return Stop("group" if sig in _STOP_SIGNALS else "interrupt", sig, None, None)
+            if event:
+                if absorb:
+                    ptrace.cont(st.tid, self.pid, 0)
+                    continue
+                return Stop("event", sig, None, None)
+            si = SigInfo(ptrace.getsiginfo(st.tid, self.pid))
+            regs = self.arch.get_regs(st.tid, self.pid)
+            if self.arch.is_return_trap(regs, si):
+                return Stop("return-trap", sig, si, regs)
+            if si.signo in _SYNC and si.code > 0:
+                return Stop("fault", sig, si, regs)
+            if absorb:
+                st.held.append(si)
+                ptrace.cont(st.tid, self.pid, 0)
+                continue
+            return Stop("signal", sig, si, regs)
+
     def _check_still_traced(self, st):
         try:
             f = _status_fields(_read_text(self._task(st.tid, "status"), self.pid, st.tid))
@@ -656,39 +700,28 @@ class RemoteProcess:
                 raise NoSuchProcess(self.pid) from None
             raise _Skip("vanished") from None
         deadline = time.monotonic() + max(1.0, self.deadline_s)
-        while True:
-            try:
-                status = self._wait(st, deadline)
-            except (NoSuchProcess, RemoteCallError) as e:
-                if isinstance(e, NoSuchProcess):
-                    raise
-                raise _Skip("vanished") from None
-            if status is None:
-                # not stopping (uninterruptible): it stops later; detach then.
-                st.orphaned = True
-                with _orphan_lock:
-                    _orphans[tid] = st
-                raise _Skip("did not stop (uninterruptible)")
-            k, sig, event = ptrace.decode_status(status)
-            if k != "stopped":
-                if not ptrace.process_exists(self.pid, self.procfs):
-                    raise NoSuchProcess(self.pid, "the process exited")
-                raise _Skip("exited")
-            if event == ptrace.PTRACE_EVENT_STOP:
-                st.t_stop = time.monotonic()
-                st.at = "group" if sig in _STOP_SIGNALS else "interrupt"
-                break
-            if event:
-                ptrace.cont(tid, self.pid, 0)
-                continue
-            # a signal-delivery-stop that came first: the signal was dequeued
-            si = SigInfo(ptrace.getsiginfo(tid, self.pid))
-            if si.signo in _SYNC and si.code > 0:
-                # the thread faulted in its own code: hand it over untouched
-                ptrace.detach(tid, self.pid, si.signo)
-                raise _Skip(f"handling its own {_signame(si.signo)}")
-            st.held.append(si)
-            ptrace.cont(tid, self.pid, 0)
+        try:
+            stop = self._next_stop(st, deadline)
+        except NoSuchProcess:
+            raise
+        except RemoteCallError:
+            raise _Skip("vanished") from None
+        if stop.kind == "timeout":
+            # not stopping (uninterruptible): it stops later; detach then.
+            st.orphaned = True
+            with _orphan_lock:
+                _orphans[tid] = st
+            raise _Skip("did not stop (uninterruptible)")
+        if stop.kind == "exited":
+            if not ptrace.process_exists(self.pid, self.procfs):
+                raise NoSuchProcess(self.pid, "the process exited")
+            raise _Skip("exited")
+        if stop.kind in ("fault", "return-trap"):
+            # the thread faulted in its own code: hand it over untouched
+            ptrace.detach(tid, self.pid, stop.si.signo)
+            raise _Skip(f"handling its own {_signame(stop.si.signo)}")
+        st.t_stop = time.monotonic()
+        st.at = stop.kind                 # 'interrupt' or 'group'
         # save everything first: from here on _release gives it back exactly
         st.regs = self.arch.get_regs(tid, self.pid)
         st.xstate = self.arch.get_ext_state(tid, self.pid)
@@ -904,32 +937,22 @@ class RemoteProcess:
         ptrace.cont(st.tid, self.pid, 0)
         st.at = None
         while True:
-            status = self._wait(st, deadline)
-            if status is None:
+            stop = self._next_stop(st, deadline)
+            if stop.kind == "timeout":
                 return None
-            k, sig, event = ptrace.decode_status(status)
-            if k != "stopped":
+            if stop.kind == "exited":
                 st.gone = True
                 raise self._gone_error(st, "during the call")
-            if event == ptrace.PTRACE_EVENT_STOP:
-                if sig in _STOP_SIGNALS:
-                    # SIGSTOP/SIGTSTP while calling: finish the call; after the
-                    # detach the thread joins the group-stop.
-                    st.group_stop_seen = True
-                ptrace.cont(st.tid, self.pid, 0)
-                continue
-            if event:
-                ptrace.cont(st.tid, self.pid, 0)
-                continue
-            si = SigInfo(ptrace.getsiginfo(st.tid, self.pid))
-            regs = self.arch.get_regs(st.tid, self.pid)
-            if self.arch.is_return_trap(regs, si):
+            if stop.kind == "return-trap":
                 st.at = "delivery"
-                return regs
-            if si.signo in _SYNC and si.code > 0:
+                return stop.regs
+            if stop.kind == "fault":
                 st.at = "delivery"
-                raise _Crash(si, regs)
-            st.held.append(si)
+                raise _Crash(stop.si, stop.regs)
+            if stop.kind == "group":
+                # SIGSTOP/SIGTSTP while calling: finish the call; after the
+                # detach the thread joins the group-stop.
+                st.group_stop_seen = True
             ptrace.cont(st.tid, self.pid, 0)
 
     def _call(self, st, func, args, timeout_s):
@@ -972,42 +995,27 @@ class RemoteProcess:
                "allocdiag makes no further remote calls to this process in this run")
         _quarantine_pid(self.pid, self._start, why)
         ptrace.interrupt(st.tid, self.pid)
-        deadline = time.monotonic() + 2.0
-        while True:
-            status = self._wait(st, deadline)
-            if status is None:
-                st.orphaned = True
-                with _orphan_lock:
-                    _orphans[st.tid] = st
-                raise RemoteCallError(why + " (the thread could not be stopped to "
-                                      "restore it; it will be restored when it stops)",
-                                      pid=self.pid)
-            k, sig, event = ptrace.decode_status(status)
-            if k != "stopped":
-                st.gone = True
-                raise self._gone_error(st, "during the call")
-            if event == ptrace.PTRACE_EVENT_STOP:
-                st.at = "group" if sig in _STOP_SIGNALS else "interrupt"
-                with contextlib.suppress(Exception):
-                    regs = self.arch.get_regs(st.tid, self.pid)
-                    nr, _ = self.arch.syscall_state(regs)
-                    where = (f"in {self.arch.SYSCALL_NAMES.get(nr, nr)}" if nr >= 0
-                             else "running")
-                    why += f" [it was {where} at pc {self.arch.pc(regs):#x}]"
-                break
-            if event:
-                ptrace.cont(st.tid, self.pid, 0)
-                continue
-            si = SigInfo(ptrace.getsiginfo(st.tid, self.pid))
-            regs = self.arch.get_regs(st.tid, self.pid)
-            if self.arch.is_return_trap(regs, si):
-                st.at = "delivery"          # it returned after all
-                break
-            if si.signo in _SYNC and si.code > 0:
-                st.at = "delivery"
-                break
-            st.held.append(si)
-            ptrace.cont(st.tid, self.pid, 0)
+        stop = self._next_stop(st, time.monotonic() + 2.0)
+        if stop.kind == "timeout":
+            st.orphaned = True
+            with _orphan_lock:
+                _orphans[st.tid] = st
+            raise RemoteCallError(why + " (the thread could not be stopped to "
+                                  "restore it; it will be restored when it stops)",
+                                  pid=self.pid)
+        if stop.kind == "exited":
+            st.gone = True
+            raise self._gone_error(st, "during the call")
+        if stop.kind in ("interrupt", "group"):
+            st.at = stop.kind
+            with contextlib.suppress(Exception):
+                regs = self.arch.get_regs(st.tid, self.pid)
+                nr, _ = self.arch.syscall_state(regs)
+                where = (f"in {self.arch.SYSCALL_NAMES.get(nr, nr)}" if nr >= 0
+                         else "running")
+                why += f" [it was {where} at pc {self.arch.pc(regs):#x}]"
+        else:                       # return-trap (it returned after all) or fault
+            st.at = "delivery"
         raise RemoteCallError(why + " (thread restored and released)", pid=self.pid)
 
     # ---- giving the thread back -------------------------------------------------
@@ -1046,23 +1054,19 @@ class RemoteProcess:
             st.at = None
             deadline = time.monotonic() + 2.0
             while st.at != "delivery":
-                status = self._wait(st, deadline)
-                if status is None:
+                stop = self._next_stop(st, deadline)
+                if stop.kind == "timeout":
                     raise RemoteCallError("thread did not return to the re-delivery "
                                           "trap", pid=self.pid)
-                k, sig, event = ptrace.decode_status(status)
-                if k != "stopped":
+                if stop.kind == "exited":
                     st.gone = True
                     raise self._gone_error(st)
-                if event:
-                    ptrace.cont(st.tid, self.pid, 0)
-                    continue
-                si = SigInfo(ptrace.getsiginfo(st.tid, self.pid))
-                regs = self.arch.get_regs(st.tid, self.pid)
-                if self.arch.is_return_trap(regs, si):
+                if stop.kind == "return-trap":
                     st.at = "delivery"
+                elif stop.kind == "fault":
+                    st.held.append(stop.si)
+                    ptrace.cont(st.tid, self.pid, 0)
                 else:
-                    st.held.append(si)
                     ptrace.cont(st.tid, self.pid, 0)
         if st.at != "delivery":
             self._retrap(st)
@@ -1220,6 +1224,10 @@ class Call:
             out += data
             addr += chunk
         return out
+
+
+Stop = namedtuple("Stop", "kind sig si regs")
+Stop.__doc__ = "A classified tracee stop (RemoteProcess._next_stop)."
 
 
 class _Skip(Exception):
