@@ -2,9 +2,10 @@
 
 Recognised by content, not by name: glibc ``malloc_info`` XML, jemalloc
 ``malloc_stats_print`` JSON (opts "J"), gperftools ``MallocExtension_GetStats``
-text, mimalloc ``mi_stats_print`` text; each parsed by its allocator's module
-(collectors.allocators) into the native shape live and self mode produce.  Anything else, or a file that
-claims a format but does not parse, is a clear error (exit 5).
+text, mimalloc ``mi_stats_print`` text; each parsed by its allocator's
+module (collectors.allocators) into the native shape live and self mode
+produce.  Anything else, or a file that claims a format but does not parse,
+is a clear error (exit 5).
 """
 
 import json

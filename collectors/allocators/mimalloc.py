@@ -98,7 +98,8 @@ FIELDS = (
                     ("page_size", BYTES, "page size of the bin"))) + (
     NativeField("process_info", TEXT, "none when mi_process_info was not called", _PI),
     NativeField("options", TEXT, "none when option names are not known for this version", "mi_option_get"),
-    NativeField("options.?", COUNT, "an mi_option value (mi_option_get)", "mimalloc include/mimalloc.h mi_option_t"),
+    NativeField("options.?", COUNT, "an mi_option value (mi_option_get)",
+                "mimalloc include/mimalloc.h mi_option_t"),
     NativeField("version", TEXT, "mimalloc version (mi_version() 209 = 2.0.9)", "mimalloc"),
     # Added by diag.snapshot from collectors.mimalloc_segments (no stop).
     NativeField("mimalloc_walk.ok", FLAG, "the out-of-process segment walk succeeded", _WK),
