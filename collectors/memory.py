@@ -1,43 +1,147 @@
-"""Read words out of a live process without stopping it.
+"""Read (and, for the remote engine, write) another process's memory
+without stopping it: the one process-memory reader of allocdiag.
 
-Uses pread(2) on /proc/PID/mem.  The kernel checks PTRACE_MODE_ATTACH for
-this (the same check as ptrace attach and process_vm_readv), so Yama's
-ptrace_scope and CAP_SYS_PTRACE apply, but the target is never stopped.
+Two kernel paths, with different semantics, chosen explicitly:
+
+- ``process_vm_readv``/``process_vm_writev`` (default): honours page
+  protections, so a stack guard page or a PROT_NONE reservation is
+  *unreadable*.  The remote engine relies on that (its stack-headroom probe
+  must fail on a guard page).
+- ``/proc/PID/mem`` (``force=True``): FOLL_FORCE access, which also reads
+  PROT_NONE pages of a mapping (as zeros when never touched).  Heap walkers
+  (pymalloc, mimalloc segments) and detection read this way.
+
+Both need PTRACE_MODE_ATTACH rights (Yama's ptrace_scope, CAP_SYS_PTRACE);
+neither stops the target.
+
+Error semantics, per call:
+
+- ``read(addr, n)`` raises ``MemoryFault`` (a RemoteCallError) when any of
+  the N bytes is not mapped or not accessible; NoSuchProcess /
+  AccessDenied as translated by ``ptrace.translate_errno``.
+- ``try_read(addr, n)`` returns None instead of raising MemoryFault (the
+  process being gone still raises NoSuchProcess).
+- ``MemoryReader`` (the historical class name) reads through /proc/PID/mem
+  and its ``read`` is ``try_read``: its callers treat None as "not mapped".
 """
 
+import ctypes
+import errno
 import os
 import struct
 
-from collectors.errors import AccessDenied, NoSuchProcess
+from collectors.errors import AccessDenied, NoSuchProcess, RemoteCallError
+
+__all__ = ["MemoryFault", "ProcessMemory", "MemoryReader", "read", "try_read", "write"]
 
 
-class MemoryReader:
-    """An open handle on one process's memory; use as a context manager."""
+class MemoryFault(RemoteCallError):
+    """Some of the bytes asked for are not mapped or not accessible."""
 
-    def __init__(self, pid, procfs_root="/proc"):
+
+class _iovec(ctypes.Structure):
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_pvr = _libc.process_vm_readv
+_pvw = _libc.process_vm_writev
+for _f in (_pvr, _pvw):
+    _f.restype = ctypes.c_ssize_t
+    _f.argtypes = [ctypes.c_int, ctypes.POINTER(_iovec), ctypes.c_ulong,
+                   ctypes.POINTER(_iovec), ctypes.c_ulong, ctypes.c_ulong]
+
+
+def _vm(fn, pid, addr, buf, n, what):
+    from collectors import ptrace          # errno translation lives there
+    local = _iovec(ctypes.addressof(buf), n)
+    remote = _iovec(addr, n)
+    ctypes.set_errno(0)
+    got = fn(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    if got == -1:
+        err = ctypes.get_errno()
+        if err == errno.EFAULT:
+            raise MemoryFault(f"{what} {n} bytes at {addr:#x}: address not mapped "
+                              "or not accessible in the target", pid=pid)
+        raise ptrace.translate_errno(err, pid, what)
+    if got != n:
+        raise MemoryFault(f"{what} {n} bytes at {addr:#x}: only {got} bytes "
+                          "accessible", pid=pid)
+    return got
+
+
+def read(pid, addr, n):
+    """N bytes at ADDR in PID (process_vm_readv); raises MemoryFault."""
+    if n == 0:
+        return b""
+    buf = ctypes.create_string_buffer(n)
+    _vm(_pvr, pid, addr, buf, n, "process_vm_readv")
+    return buf.raw
+
+
+def try_read(pid, addr, n):
+    """Like ``read`` but None when the bytes are not all accessible."""
+    try:
+        return read(pid, addr, n)
+    except MemoryFault:
+        return None
+
+
+def write(pid, addr, data):
+    """Write DATA at ADDR in PID (process_vm_writev); raises MemoryFault."""
+    data = bytes(data)
+    if not data:
+        return
+    buf = ctypes.create_string_buffer(data, len(data))
+    _vm(_pvw, pid, addr, buf, len(data), "process_vm_writev")
+
+
+class ProcessMemory:
+    """One process's memory.  ``force=False``: process_vm_readv/writev
+    (page protections honoured); ``force=True``: /proc/PID/mem (FOLL_FORCE
+    reads).  Use as a context manager when ``force`` (it holds an fd)."""
+
+    def __init__(self, pid, procfs_root="/proc", force=False):
         self.pid = pid
-        path = os.path.join(procfs_root, str(pid), "mem")
-        try:
-            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise NoSuchProcess(pid) from None
-        except PermissionError:
-            raise AccessDenied(pid, "permission denied reading process memory "
-                                    "(/proc/PID/mem needs ptrace rights)") from None
+        self._procfs = procfs_root
+        self._fd = None
+        if force:
+            path = os.path.join(procfs_root, str(pid), "mem")
+            try:
+                self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                raise NoSuchProcess(pid) from None
+            except PermissionError:
+                raise AccessDenied(pid, "permission denied reading process memory "
+                                        "(/proc/PID/mem needs ptrace rights)") from None
 
-    def read(self, addr, size):
-        """SIZE bytes at ADDR, or None when that address is not mapped."""
+    def try_read(self, addr, size):
+        """SIZE bytes at ADDR, or None when not all of them are readable."""
+        if self._fd is None:
+            return try_read(self.pid, addr, size)
         try:
             data = os.pread(self._fd, size, addr)
         except OSError:
             # EIO: unmapped; ESRCH after the process exited.
-            if not os.path.exists(f"/proc/{self.pid}"):
+            if not os.path.exists(f"{self._procfs}/{self.pid}"):
                 raise NoSuchProcess(self.pid) from None
             return None
         return data if len(data) == size else None
 
+    def read(self, addr, size):
+        """SIZE bytes at ADDR; raises MemoryFault when not all readable."""
+        data = self.try_read(addr, size)
+        if data is None:
+            raise MemoryFault(f"read {size} bytes at {addr:#x}: address not mapped "
+                              "or not accessible in the target", pid=self.pid)
+        return data
+
+    def write(self, addr, data):
+        write(self.pid, addr, data)
+
     def read_u64(self, addr):
-        data = self.read(addr, 8)
+        """The little-endian u64 at ADDR, or None when unreadable."""
+        data = self.try_read(addr, 8)
         return struct.unpack("<Q", data)[0] if data else None
 
     def close(self):
@@ -50,3 +154,14 @@ class MemoryReader:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class MemoryReader(ProcessMemory):
+    """/proc/PID/mem reader whose ``read`` returns None for unmapped bytes
+    (the semantics detection and the heap walkers are written for)."""
+
+    def __init__(self, pid, procfs_root="/proc"):
+        super().__init__(pid, procfs_root, force=True)
+
+    def read(self, addr, size):
+        return self.try_read(addr, size)

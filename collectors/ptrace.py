@@ -1,8 +1,9 @@
 """Thin ctypes layer over the Linux syscalls the remote-call engine needs.
 
 ptrace (SEIZE, INTERRUPT, CONT, DETACH, GETREGS/SETREGS, GETREGSET/SETREGSET,
-GETSIGINFO/SETSIGINFO, GETSIGMASK/SETSIGMASK), waitpid with ``__WALL``,
-process_vm_readv/process_vm_writev and tgkill.
+GETSIGINFO/SETSIGINFO, GETSIGMASK/SETSIGMASK), waitpid with ``__WALL`` and
+tgkill.  Process memory is ``collectors.memory`` (``read_memory`` /
+``write_memory`` here delegate to it).
 
 Nothing here knows about registers' meaning or call frames (that is the
 ``arch_*`` module) or about when it is safe to stop a thread (``remote``).
@@ -68,13 +69,6 @@ class iovec(ctypes.Structure):
 _ptrace = _libc.ptrace
 _ptrace.restype = ctypes.c_long
 _ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-
-_pvr = _libc.process_vm_readv
-_pvw = _libc.process_vm_writev
-for _f in (_pvr, _pvw):
-    _f.restype = ctypes.c_ssize_t
-    _f.argtypes = [ctypes.c_int, ctypes.POINTER(iovec), ctypes.c_ulong,
-                   ctypes.POINTER(iovec), ctypes.c_ulong, ctypes.c_ulong]
 
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
@@ -204,39 +198,17 @@ def waitpid_nohang(tid, pid):
 
 
 # --------------------------------------------------------------------------
-# memory of another process, without stopping it
-
-def _vm(fn, pid, addr, buf, n, what):
-    local = iovec(ctypes.addressof(buf), n)
-    remote = iovec(addr, n)
-    ctypes.set_errno(0)
-    got = fn(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
-    if got == -1:
-        err = ctypes.get_errno()
-        if err == errno.EFAULT:
-            raise RemoteCallError(f"{what} {n} bytes at {addr:#x}: address not mapped "
-                                  "or not accessible in the target", pid=pid)
-        raise translate_errno(err, pid, what)
-    if got != n:
-        raise RemoteCallError(f"{what} {n} bytes at {addr:#x}: only {got} bytes "
-                              "accessible", pid=pid)
-    return got
-
+# memory of another process: collectors.memory is the one reader; these names
+# stay for callers (raise MemoryFault, a RemoteCallError, when unmapped).
 
 def read_memory(pid, addr, n):
-    if n == 0:
-        return b""
-    buf = ctypes.create_string_buffer(n)
-    _vm(_pvr, pid, addr, buf, n, "process_vm_readv")
-    return buf.raw
+    from collectors import memory
+    return memory.read(pid, addr, n)
 
 
 def write_memory(pid, addr, data):
-    data = bytes(data)
-    if not data:
-        return
-    buf = ctypes.create_string_buffer(data, len(data))
-    _vm(_pvw, pid, addr, buf, len(data), "process_vm_writev")
+    from collectors import memory
+    memory.write(pid, addr, data)
 
 
 def tgkill(pid, tid, sig):

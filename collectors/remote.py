@@ -96,7 +96,7 @@ import struct
 import threading
 import time
 
-from collectors import ptrace, safepoints, unwind
+from collectors import memory, ptrace, safepoints, unwind
 from collectors.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,
                                RemoteCallError, Unsupported)
 
@@ -547,10 +547,7 @@ class RemoteProcess:
         return self._judge_stack
 
     def _try_read(self, addr, n):
-        try:
-            return ptrace.read_memory(self.pid, addr, n)
-        except RemoteCallError:
-            return None
+        return memory.try_read(self.pid, addr, n)
 
     # ---- signal blocking in allocdiag -----------------------------------------
     def _block(self):
@@ -835,9 +832,8 @@ class RemoteProcess:
         addr, end = sp, sp + window
         while addr < end:
             chunk = min(end - addr, 4096 - (addr % 4096))
-            try:
-                data = ptrace.read_memory(self.pid, addr, chunk)
-            except RemoteCallError:
+            data = memory.try_read(self.pid, addr, chunk)
+            if data is None:
                 break
             w = self.arch.WORD
             for i in range(0, len(data) - w + 1, w):
@@ -962,14 +958,14 @@ class RemoteProcess:
         probe = lowest - self.stack_headroom
         if probe not in st.probed:
             try:
-                ptrace.read_memory(self.pid, probe, 8)
-            except RemoteCallError:
+                memory.read(self.pid, probe, 8)
+            except memory.MemoryFault:
                 raise RemoteCallError(
                     f"thread {st.tid} has less than {self.stack_headroom} bytes of stack "
                     "below the call frame; no call made", pid=self.pid) from None
             st.probed.add(probe)
         for addr, data in writes:
-            ptrace.write_memory(self.pid, addr, data)
+            memory.write(self.pid, addr, data)
         mask = self._call_mask(st)
         if not st.mask_changed and mask != st.sigmask:
             self._set_call_mask(st, mask)
@@ -1024,7 +1020,7 @@ class RemoteProcess:
         signal) by letting it 'call' address 0: it faults at once."""
         new, writes, _ = self.arch.prepare_call(st.regs, 0, (), st.scratch_low)
         for addr, data in writes:
-            ptrace.write_memory(self.pid, addr, data)
+            memory.write(self.pid, addr, data)
         self.arch.set_regs(st.tid, self.pid, new)
         if self._resume_until_trap(st, time.monotonic() + 2.0) is None:
             raise RemoteCallError("thread did not reach the re-delivery trap",
@@ -1197,10 +1193,10 @@ class Call:
         return self._rp._call(self._st, int(func_addr), args, timeout_s)
 
     def read(self, addr, n):
-        return ptrace.read_memory(self._rp.pid, addr, n)
+        return memory.read(self._rp.pid, addr, n)
 
     def write(self, addr, data):
-        ptrace.write_memory(self._rp.pid, addr, data)
+        memory.write(self._rp.pid, addr, data)
 
     def scratch(self, n):
         """Address of N bytes (16-aligned) on the thread's stack below the red
@@ -1217,7 +1213,7 @@ class Call:
         out = b""
         while len(out) < limit:
             chunk = min(4096 - (addr % 4096), limit - len(out))
-            data = ptrace.read_memory(self._rp.pid, addr, chunk)
+            data = memory.read(self._rp.pid, addr, chunk)
             i = data.find(b"\0")
             if i >= 0:
                 return out + data[:i]
