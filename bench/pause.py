@@ -29,6 +29,8 @@ work done in-process (measured in the same run).
     Caches that live for one allocdiag process (jemalloc constants, the
     strcat IFUNC) are cleared before each stop, as a fresh `allocdiag
     inspect` has them.  glibc runs on a fragmented heap (--frag-mib).
+    "in-process" is the target timing the work back to back (hot caches);
+    "cold" one run after 0.2 s of idling, as a remote stop finds it.
 
     python bench/pause.py [--allocators glibc,jemalloc,tcmalloc] [--threads 4] [--reps 15]
     python bench/pause.py --stops [--frag-mib 256] [--reps 30]
@@ -143,6 +145,19 @@ def p95(xs):
     return xs[min(len(xs) - 1, int(round(0.95 * (len(xs) - 1))))] if xs else float("nan")
 
 
+COLD_REPS, COLD_IDLE_S = 9, 0.2
+
+
+def inproc_cold_us(t, mode):
+    """In-process cost of one snapshot's work after the target idled
+    COLD_IDLE_S (cold caches, as a remote stop finds them), median."""
+    out = []
+    for _ in range(COLD_REPS):
+        time.sleep(COLD_IDLE_S)
+        out.append(inproc_ns(t, 1, mode) / 1000.0)
+    return med(out)
+
+
 class Stopper:
     """Borrowed-thread stops (us) for the stats calls of one gather mode."""
 
@@ -199,10 +214,11 @@ def stop_table(allocator, nthreads, reps, frag_mib):
                 for mode in MODES:
                     us[mode].append(stoppers[mode].once())
             for mode in MODES:
-                rows[mode] = (med(us[mode]), p95(us[mode]),
-                              inproc_ns(t, reps, INPROC_MODE.get((allocator, mode), mode)) / 1000.0)
+                twin = INPROC_MODE.get((allocator, mode), mode)
+                rows[mode] = (med(us[mode]), p95(us[mode]), inproc_ns(t, reps, twin) / 1000.0,
+                              inproc_cold_us(t, twin))
             if allocator == "glibc":
-                rows["walk"] = (None, None, inproc_ns(t, reps, "walk") / 1000.0)
+                rows["walk"] = (None, None, inproc_ns(t, reps, "walk") / 1000.0, None)
     return rows
 
 
@@ -214,9 +230,9 @@ def print_stops(allocator, frag_mib, reps):
         rows = stop_table(allocator, n, reps, frag_mib)
         print(f"  {label}")
         for mode in MODES:
-            m, p, inproc = rows[mode]
+            m, p, inproc, cold = rows[mode]
             print(f"    {mode:8} stop median {m / 1000:7.2f} ms  p95 {p / 1000:7.2f} ms   "
-                  f"in-process same work {inproc / 1000:7.2f} ms")
+                  f"in-process same work {inproc / 1000:7.2f} ms (cold {cold / 1000:.2f} ms)")
         if "walk" in rows:
             walk = rows["walk"][2]
             goal = 1.3 * walk + 300
