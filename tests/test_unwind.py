@@ -1,0 +1,112 @@
+"""The .eh_frame CFI unwinder (collectors/unwind.py) on real processes: a
+walk from a stopped thread's registers names the real call chain, tables are
+parsed once per file identity, and anything not understood is an error."""
+
+import os
+import time
+
+import pytest
+from elftools.elf.elffile import ELFFile
+
+from targets import build_c, start
+
+from collectors import arch_x86_64 as arch, memory, ptrace, unwind
+
+
+def sp_bin():
+    return build_c("sp_waits.c", "-pthread")
+
+
+def ready(t):
+    return {k: v for k, _, v in (w.partition("=") for w in t.ready.split())}
+
+
+def symbols(path):
+    with open(path, "rb") as f:
+        ef = ELFFile(f)
+        sec = ef.get_section_by_name(".symtab") or ef.get_section_by_name(".dynsym")
+        return [(s["st_value"], s["st_size"], s.name) for s in sec.iter_symbols()
+                if s["st_info"]["type"] == "STT_FUNC" and s["st_value"]]
+
+
+def name_of(frame, syms):
+    for v, n, name in syms:
+        if v <= frame.vaddr < v + max(n, 1):
+            return name
+    return None
+
+
+def stopped_regs(pid, tid):
+    ptrace.seize(tid, pid)
+    ptrace.interrupt(tid, pid)
+    while ptrace.waitpid_nohang(tid, pid) is None:
+        time.sleep(0.0005)
+    return arch.get_regs(tid, pid)
+
+
+def test_walk_names_the_call_chain():
+    """A condvar wait: libc's futex helper -> pthread_cond_wait ->
+    fake_allocator_wait (the target's) -> ... -> start_thread -> clone3, where
+    the walk ends on clone3's undefined return address."""
+    with start([sp_bin(), "fakealloc"]) as t:
+        tid = int(ready(t)["tid"])
+        time.sleep(0.1)
+        maps = open(f"/proc/{t.pid}/maps").read()
+        uw = unwind.Unwinder(t.pid, maps, lambda a, n: memory.try_read(t.pid, a, n))
+        sc = open(f"/proc/{t.pid}/task/{tid}/syscall").read().split()
+        uw.prepare(int(sc[-1], 16), int(sc[-2], 16))          # parse before the stop
+        regs = stopped_regs(t.pid, tid)
+        try:
+            t0 = time.perf_counter()
+            frames = uw.walk(unwind.regs_from_user(regs), parse=False)
+            walk_ms = (time.perf_counter() - t0) * 1e3
+        finally:
+            ptrace.detach(tid, t.pid)
+        exe = [f for f in frames if f.path == sp_bin() or f.path.endswith(os.path.basename(sp_bin()))]
+        names = [name_of(f, symbols(sp_bin())) for f in exe]
+        assert names[0] == "fake_allocator_wait", names
+        libc = [f for f in frames if "libc.so" in f.path]
+        libc_syms = symbols(libc[0].path)
+        assert "pthread_cond_wait" in [name_of(f, libc_syms) for f in libc]
+        assert frames[-1].path == libc[0].path                 # clone3, outermost
+        assert walk_ms < 50
+        print(f"{len(frames)} frames in {walk_ms:.2f} ms")
+
+
+def test_tables_parsed_once_per_file_identity():
+    unwind.clear_cache()
+    libc = "/lib/x86_64-linux-gnu/libc.so.6"
+
+    class Opener:
+        display_path = libc
+        opens = 0
+
+        def stat(self):
+            return os.stat(libc)
+
+        def open(self):
+            Opener.opens += 1
+            return open(libc, "rb")
+
+    t0 = time.perf_counter()
+    a = unwind.cfi_table(Opener())
+    parse_s = time.perf_counter() - t0
+    b = unwind.cfi_table(Opener())
+    assert a is b and Opener.opens == 1
+    assert len(a) > 2000                                        # libc has ~3,700 FDEs
+    assert unwind.cached_table(Opener()) is a
+    print(f"libc .eh_frame: {len(a)} FDEs parsed in {parse_s:.2f} s")
+
+
+def test_walk_refuses_what_it_cannot_prove():
+    with start([sp_bin(), "condwait"]) as t:
+        maps = open(f"/proc/{t.pid}/maps").read()
+        uw = unwind.Unwinder(t.pid, maps, lambda a, n: memory.try_read(t.pid, a, n))
+        with pytest.raises(unwind.UnwindError, match="not in a mapped file"):
+            uw.walk({unwind.RA: 0x1000, unwind.RSP: 0x7fff0000}, parse=True)
+        unwind.clear_cache()
+        libc = next(line.split()[0] for line in maps.splitlines()
+                    if "libc.so" in line and "r-xp" in line)
+        pc = int(libc.split("-")[0], 16) + 0x100
+        with pytest.raises(unwind.NeedsParse):                 # never parses while stopped
+            uw.walk({unwind.RA: pc, unwind.RSP: 0x7fff0000}, parse=False)
