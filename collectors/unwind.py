@@ -5,16 +5,19 @@ Debian builds have no frame pointers, so a walk must evaluate the CFI rules
 the compiler emitted: for each PC, the canonical frame address (CFA, the
 caller's stack pointer) as ``register + offset`` and where each callee-saved
 register and the return address were stored.  pyelftools parses the CIEs and
-FDEs (``elftools.dwarf.callframe``); this module keeps, per object, the FDEs
-sorted by ``initial_location`` and decodes an FDE's rule table the first time
-a PC in it is seen.
+FDEs (``elftools.dwarf.callframe``).  Per object, the FDEs are kept sorted by
+``initial_location``: taken from the linker's ``.eh_frame_hdr`` search table
+when present (each FDE then parsed the first time a PC in it is seen), else
+by parsing every entry up front.  Measured on this machine: libc 3,713 FDEs,
+0.01 s with the header table vs 0.6-0.7 s parsing all; node 75,922 FDEs,
+0.08 s vs 11.8 s; a walk ~0.3 ms.  An FDE's rule table is decoded once.
 
-Parsing is the expensive part (libc ~0.4 s, a large executable ~1 s), so a
-table is parsed once per file identity (st_dev, st_ino, st_size,
-st_mtime_ns; as ``collectors.elf`` caches) and kept for the rest of the run.
-The remote engine parses what a walk needs *before* it stops a thread
-(``Unwinder.prepare``) and, while a thread is stopped, walks only with tables
-already parsed (``Unwinder.walk(..., parse=False)``).
+Tables are cached per file identity (st_dev, st_ino, st_size, st_mtime_ns;
+as ``collectors.elf`` caches) for the rest of the run.  The remote engine
+loads what a walk needs *before* it stops a thread (``Unwinder.prepare``, a
+look-ahead walk from /proc/PID/task/TID/syscall's pc and sp) and, while a
+thread is stopped, walks only with tables already loaded
+(``Unwinder.walk(..., parse=False)``).
 
 Anything the walker does not understand -- a PC outside every mapped object
 or FDE, a CFA or register rule given as a DWARF expression (PLT stubs,
@@ -25,10 +28,11 @@ that needs a proof must treat it as "not proven".
 
 import bisect
 import os
+import struct
 import threading
 
 from elftools.common.exceptions import ELFError
-from elftools.dwarf.callframe import CIE, FDE, RegisterRule
+from elftools.dwarf.callframe import FDE, CallFrameInfo, RegisterRule
 from elftools.elf.elffile import ELFFile
 
 from collectors import elf
@@ -45,6 +49,8 @@ RSP, RA = 7, 16
 # keep their value ("same value").  The others are unknown in a caller.
 CALLEE_SAVED = (3, 6, 12, 13, 14, 15)
 MAX_FRAMES = 512
+# DWARF pointer encodings (LSB, "DWARF Exception Header Encoding")
+DW_EH_PE_udata4, DW_EH_PE_sdata4, DW_EH_PE_datarel = 0x03, 0x0B, 0x30
 WORD = 8
 PAGE = 4096
 
@@ -74,6 +80,7 @@ class CfiTable:
         self.path = path
         self._lock = threading.Lock()
         self._decoded = {}
+        self._cfi = None          # lazy mode: pyelftools CallFrameInfo over .eh_frame
         try:
             ef = ELFFile(f)
             if ef.get_section_by_name(".eh_frame") is None:
@@ -81,20 +88,74 @@ class CfiTable:
             dwarf = ef.get_dwarf_info(relocate_dwarf_sections=False)
             if not dwarf.has_EH_CFI():
                 raise UnwindError(f"{path}: no .eh_frame")
-            fdes = []
-            for entry in dwarf.EH_CFI_entries():
-                if isinstance(entry, FDE):
-                    start = entry.header["initial_location"]
-                    fdes.append((start, start + entry.header["address_range"], entry))
+            index = self._hdr_index(ef, dwarf)
+            if index is not None:
+                # The linker's sorted table: FDEs are parsed one by one, when
+                # a walk first needs them (node's 76,000 FDEs: 12 s to parse
+                # them all with pyelftools; libc 0.4-0.6 s).
+                self._starts, self._fdes = index
+            else:
+                fdes = []
+                for entry in dwarf.EH_CFI_entries():
+                    if isinstance(entry, FDE):
+                        start = entry.header["initial_location"]
+                        fdes.append((start, start + entry.header["address_range"], entry))
+                fdes.sort(key=lambda t: t[0])
+                self._starts = [t[0] for t in fdes]
+                self._fdes = fdes
         except UnwindError:
             raise
         except (ELFError, ValueError, KeyError, IndexError, TypeError, AssertionError,
-                EOFError, AttributeError) as exc:
+                EOFError, AttributeError, struct.error) as exc:
             raise UnwindError(f"{path}: .eh_frame unreadable "
                               f"({type(exc).__name__}: {exc})") from None
-        fdes.sort(key=lambda t: t[0])
-        self._starts = [t[0] for t in fdes]
-        self._fdes = fdes
+
+    def _hdr_index(self, ef, dwarf):
+        """(starts, [(start, None, fde_offset)]) from .eh_frame_hdr's binary
+        search table, or None when absent or in an encoding not handled here
+        (then every FDE is parsed up front).  LSB "Exception Frame Header":
+        version 1, eh_frame_ptr, fde_count (udata4), then fde_count pairs
+        (initial_location, fde_address), datarel sdata4, sorted."""
+        hdr = ef.get_section_by_name(".eh_frame_hdr")
+        if hdr is None:
+            return None
+        data = hdr.data()
+        if len(data) < 12:
+            return None
+        version, ptr_enc, count_enc, table_enc = data[0], data[1], data[2], data[3]
+        if version != 1 or count_enc != DW_EH_PE_udata4 or \
+                table_enc != (DW_EH_PE_datarel | DW_EH_PE_sdata4) or \
+                ptr_enc & 0x0F not in (DW_EH_PE_udata4, DW_EH_PE_sdata4):
+            return None
+        count, = struct.unpack_from("<I", data, 8)
+        if 12 + 8 * count > len(data):
+            return None
+        pairs = struct.unpack_from(f"<{2 * count}i", data, 12)
+        base, eh = hdr["sh_addr"], dwarf.eh_frame_sec.address
+        self._cfi = CallFrameInfo(stream=dwarf.eh_frame_sec.stream,
+                                  size=dwarf.eh_frame_sec.size, address=eh,
+                                  base_structs=dwarf.structs, for_eh_frame=True)
+        starts = [base + pairs[i] for i in range(0, 2 * count, 2)]
+        fdes = [(base + pairs[i], None, base + pairs[i + 1] - eh) for i in range(0, 2 * count, 2)]
+        return starts, fdes
+
+    def _fde(self, i):
+        """(start, end, FDE) of entry I, parsing it if needed."""
+        start, end, fde = self._fdes[i]
+        if end is None:
+            with self._lock:
+                start, end, fde = self._fdes[i]
+                if end is None:
+                    try:
+                        fde = self._cfi._parse_entry_at(fde)
+                    except Exception as exc:
+                        raise UnwindError(f"FDE of {os.path.basename(self.path)}+{start:#x} "
+                                          f"unreadable ({type(exc).__name__})") from None
+                    if not isinstance(fde, FDE):
+                        raise UnwindError(f"no FDE at {os.path.basename(self.path)}+{start:#x}")
+                    end = start + fde.header["address_range"]
+                    self._fdes[i] = (start, end, fde)
+        return start, end, fde
 
     def __len__(self):
         return len(self._fdes)
@@ -103,15 +164,15 @@ class CfiTable:
         """(start, end) of the FDE whose initial_location is exactly VADDR, or None."""
         i = bisect.bisect_left(self._starts, vaddr)
         if i < len(self._starts) and self._starts[i] == vaddr:
-            return self._fdes[i][0], self._fdes[i][1]
+            return self._fde(i)[:2]
         return None
 
     def row(self, vaddr):
         """(cfa_rule, {regnum: RegisterRule}) in effect at VADDR."""
         i = bisect.bisect_right(self._starts, vaddr) - 1
-        if i < 0 or vaddr >= self._fdes[i][1]:
+        if i < 0 or vaddr >= self._fde(i)[1]:
             raise UnwindError(f"no CFI for {os.path.basename(self.path)}+{vaddr:#x}")
-        start, _end, fde = self._fdes[i]
+        start, _end, fde = self._fde(i)
         with self._lock:
             rows = self._decoded.get(start)
         if rows is None:

@@ -282,6 +282,7 @@ def test_borrowing_order_prefers_restartable_then_epoll(sp):
     t, a = sp("epoll_wait")
     rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))
     parked(t, a, 232)
+    parked(t, {"tid": a["main"]}, 0)             # main reads stdin
     for _ in range(5):
         with rp.borrow() as c:
             assert c.tid == a["main"] and c.syscall == "read"
@@ -294,6 +295,7 @@ def test_order_epoll_before_futex(sp):
     unwind.clear_cache()
     t, a = sp("condwait")
     rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))
+    parked(t, {"tid": a["main"]}, 0)             # main reads stdin
     with rp.borrow() as c:
         assert c.tid == a["main"]
     assert rp._judge_stack is None               # nothing parsed
