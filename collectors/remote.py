@@ -468,8 +468,10 @@ class RemoteProcess:
         if cat is None and words is None:
             name = self.arch.SYSCALL_NAMES.get(nr, f"syscall {nr}")
             words = f"in {name}"
-            if nr == 65 or nr == 220:
+            if nr in (safepoints.NR_semop, safepoints.NR_semtimedop):
                 words += " (a ptrace stop would make it return EINTR)"
+            elif name in ("brk", "mmap", "munmap", "mremap", "madvise", "mprotect"):
+                words += " (changing its address space, typically for the allocator)"
         return cat, words
 
     def _candidates(self, only_tid):
