@@ -371,6 +371,7 @@ class RemoteProcess:
         self._forbidden = rs
         self._fstarts = [r[0] for r in rs]
         self._judge_stack = None  # safepoints.StackJudge, built when a futex wait is judged
+        self._judge_maps = None   # the /proc/PID/maps text it was built from
         # Test-only switches that disable one protection, to show the tests
         # catch its absence: "xstate", "sigsegv_unblock", "sigblock".
         self._unsafe = frozenset(_unsafe)
@@ -539,13 +540,16 @@ class RemoteProcess:
         why = self._judge_stack.verdict(frames)
         return f" {why}" if why and why.startswith("inside") else ""
 
-    def _stack_judge(self):
+    def _stack_judge(self, refresh=False):
         """The StackJudge of this process (built on first use: only when a
-        futex-waiting thread is the next candidate)."""
-        if self._judge_stack is None:
+        futex-waiting thread is the next candidate).  REFRESH: rebuild it if
+        the mappings changed since (dlopen; parsed tables stay cached)."""
+        if self._judge_stack is None or refresh:
             maps = _read_text(f"{self.procfs}/{self.pid}/maps", self.pid)
-            self._judge_stack = safepoints.StackJudge(
-                self.pid, maps, self._forbidden, self._try_read, self.procfs)
+            if self._judge_stack is None or maps != self._judge_maps:
+                self._judge_stack = safepoints.StackJudge(
+                    self.pid, maps, self._forbidden, self._try_read, self.procfs)
+                self._judge_maps = maps
         return self._judge_stack
 
     def _try_read(self, addr, n):
@@ -848,6 +852,7 @@ class RemoteProcess:
         t_end = time.monotonic() + self.deadline_s
         last_why = {}
         rounds = 0
+        fresh_maps = False
         while True:
             rounds += 1
             cands, why = self._candidates(only_tid)
@@ -857,7 +862,9 @@ class RemoteProcess:
                     # Parse the CFI the walk needs now, before the stop (the
                     # parse is not time spent waiting for a safe point).
                     t0 = time.monotonic()
-                    pre = self._stack_judge().prepare(facts["pc"], facts["sp"]) \
+                    judge = self._stack_judge(refresh=not fresh_maps)
+                    fresh_maps = True
+                    pre = judge.prepare(facts["pc"], facts["sp"]) \
                         if facts["pc"] is not None else None
                     t_end += time.monotonic() - t0
                     if pre:

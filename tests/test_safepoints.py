@@ -127,6 +127,26 @@ def test_epoll_waits_borrowed_without_visible_eintr(sp, mode, nr):
     assert_released(t.pid)
 
 
+@pytest.mark.parametrize("mode,nr", EPOLL_MODES)
+def test_epoll_waits_with_calls_many_borrows(sp, mode, nr):
+    """200 borrows each making a real call: the registers given back are
+    the saved ones with rax = -ERESTARTNOHAND, the call's own registers
+    never leak: 0 EINTR, the wait still parked in the same syscall."""
+    t, a = sp(mode)
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))
+    pauses = []
+    for _ in range(200):
+        with rp.borrow(tid=a["tid"]) as c:
+            assert c.call(a["getpid"]) == t.pid
+        pauses.append(rp.pause_us[-1])
+    time.sleep(0.05)
+    assert stat(t, a, EINTR) == 0 and stat(t, a, BAD) == 0
+    assert syscall_of(t.pid, a["tid"])[0] == str(nr)
+    pauses.sort()
+    print(f"{mode}: 200 borrows with a call, pause median {pauses[100]} us, max {pauses[-1]} us")
+    assert_released(t.pid)
+
+
 @pytest.mark.parametrize("mode,nr", EPOLL_MODES[:3])
 def test_real_signal_during_the_stop_gives_one_eintr(sp, mode, nr):
     """A SIGUSR1 (handler, no SA_RESTART) sent while we hold the thread: the
@@ -135,9 +155,10 @@ def test_real_signal_during_the_stop_gives_one_eintr(sp, mode, nr):
     rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))
     for i in range(3):
         parked(t, a, nr)
-        with rp.borrow(tid=a["tid"]):
+        with rp.borrow(tid=a["tid"]) as c:
             os.kill(t.pid, signal.SIGUSR1)
             time.sleep(0.01)
+            assert c.call(a["getpid"]) == t.pid          # held during the call
         t_end = time.monotonic() + 2
         while stat(t, a, USR1) < i + 1 and time.monotonic() < t_end:
             time.sleep(0.005)

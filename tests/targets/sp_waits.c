@@ -10,8 +10,8 @@
  * that only counts; only the worker thread takes it.
  *
  * READY line: tid=<worker> main=<main tid> stats=<addr> port=<tcp port>
- * udp=<udp port> fake_lo=<addr> fake_hi=<addr> (the code range of
- * fake_allocator_wait, a condvar wait the tests declare "allocator code").
+ * udp=<udp port> fake_lo=<addr> (fake_allocator_wait, a condvar wait the
+ * tests declare "allocator code") fake_hi=<addr> getpid=<addr>.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -267,9 +267,10 @@ int main(int argc, char **argv)
     pthread_create(&th, NULL, worker, NULL);
     while (!__atomic_load_n(&stats.done, __ATOMIC_SEQ_CST))
         usleep(1000);
-    printf("READY tid=%d main=%d stats=%p port=%d udp=%d fake_lo=%p fake_hi=%p\n",
+    printf("READY tid=%d main=%d stats=%p port=%d udp=%d fake_lo=%p fake_hi=%p "
+           "getpid=%p\n",
            (int)worker_tid, (int)getpid(), (void *)&stats, tcp_port, udp_port,
-           (void *)fake_allocator_wait, (void *)fake_allocator_end);
+           (void *)fake_allocator_wait, (void *)fake_allocator_end, (void *)getpid);
     fflush(stdout);
     char c;
     while (read(0, &c, 1) == 1) {
