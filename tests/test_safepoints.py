@@ -299,17 +299,34 @@ def test_jemalloc_background_thread_is_refused():
 
 def test_borrowing_order_prefers_restartable_then_epoll(sp):
     """Main thread in read() (restartable) and worker in epoll_wait: main is
-    taken first; with main excluded the epoll thread is."""
+    taken first."""
     t, a = sp("epoll_wait")
     rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))
-    parked(t, a, 232)
-    parked(t, {"tid": a["main"]}, 0)             # main reads stdin
     for _ in range(5):
+        parked(t, a, 232)
+        parked(t, {"tid": a["main"]}, 0)         # main reads stdin (again)
         with rp.borrow() as c:
             assert c.tid == a["main"] and c.syscall == "read"
 
 
-def test_order_epoll_before_futex(sp):
+def test_order_epoll_before_proven_futex(sp):
+    """Main thread in a condvar wait (borrowable after a walk), worker in
+    epoll_wait: the epoll thread is taken, and no CFI is even loaded."""
+    from collectors import unwind
+    t, a = sp("epoll_wait", env={"SP_MAIN": "condwait"})
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))
+    for _ in range(5):
+        parked(t, a, 232)
+        parked(t, {"tid": a["main"]}, 202)
+        with rp.borrow() as c:
+            assert c.tid == a["tid"] and c.category == "epoll"
+    assert rp._judge_stack is None
+    with rp.borrow(tid=a["main"]) as c:                  # and main is borrowable
+        assert c.category == "futex"
+    assert stat(t, a, EINTR) == 0
+
+
+def test_order_restartable_before_futex(sp):
     """Worker in a condvar wait, main in read(): restartable first.  The CFI
     is parsed only when a futex thread is the next candidate."""
     from collectors import unwind

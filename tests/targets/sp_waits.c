@@ -1,7 +1,9 @@
 /* Target for tests/test_safepoints.py: one worker thread parked in the wait
  * named by MODE, in a loop, counting what each wait returns.
  *
- * usage: sp_waits MODE          (env SP_WAIT_MS: timeout of the wait, -1 = none)
+ * usage: sp_waits MODE          (env SP_WAIT_MS: timeout of the wait, -1 = none;
+ *                                SP_MAIN=condwait: main waits on a condvar
+ *                                instead of reading stdin)
  *
  * Every wait's return is classified: a return with EINTR counts in `eintr`
  * (the number the tests care about: a ptrace stop must never produce one,
@@ -272,6 +274,11 @@ int main(int argc, char **argv)
            (int)worker_tid, (int)getpid(), (void *)&stats, tcp_port, udp_port,
            (void *)fake_allocator_wait, (void *)fake_allocator_end, (void *)getpid);
     fflush(stdout);
+    if (getenv("SP_MAIN") && !strcmp(getenv("SP_MAIN"), "condwait")) {
+        pthread_mutex_lock(&mu);        /* main parks in a condvar wait instead */
+        for (;;)
+            pthread_cond_wait(&cv, &mu);
+    }
     char c;
     while (read(0, &c, 1) == 1) {
         if (c == 'c') {             /* wake condvar / semaphore waiters once */
