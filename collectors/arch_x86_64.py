@@ -17,7 +17,9 @@ no red zone, return address in x30 instead of on the stack):
 ``prepare_call(regs, func, args, top)``      -> (new_regs, writes, lowest): call frame below TOP
 ``return_value(regs)``                       the function's integer return value
 ``is_return_trap(regs, siginfo)``            True for the SIGSEGV of "returned to address 0"
-``IDLE_SYSCALLS``, ``SYSCALL_NAMES``         numbers of the waits allowed / names for messages
+``syscall_args(regs)``                       the six syscall arguments (at a syscall stop)
+``code_segment(regs)``                       cs (0x33: 64-bit code)
+``SYSCALL_NAMES``, ``RESTART_SYSCALL``       syscall names for messages; restart_syscall
 ``RED_ZONE``, ``STACK_ALIGN``, ``WORD``
 ==========================================  ====================================
 
@@ -41,30 +43,21 @@ RED_ZONE = 128
 STACK_ALIGN = 16
 MASK64 = (1 << 64) - 1
 
-# Waits that restart cleanly when the registers are restored after a ptrace
-# stop (each one verified by tests/test_remote_engine.py::test_idle_wait_*).
+# Names of syscalls for messages.  Which waits are safe points is policy,
+# in collectors.safepoints (x86-64 numbers there too).
 IDLE_SYSCALLS = {
-    0: "read",
-    7: "poll",
-    23: "select",
-    34: "pause",
-    35: "nanosleep",
-    230: "clock_nanosleep",
-    270: "pselect6",
-    271: "ppoll",
+    0: "read", 7: "poll", 23: "select", 34: "pause", 35: "nanosleep",
+    230: "clock_nanosleep", 270: "pselect6", 271: "ppoll",
 }
 
 # restart_syscall(2): what a thread runs when a sleep with a restart block
-# (nanosleep, clock_nanosleep, poll, ppoll) was interrupted -- by our own
-# previous stop, typically -- and resumed.  Also futex waits with a timeout
-# resume this way, so it is only borrowed for a thread we interrupted in one
-# of these sleeps ourselves and whose kernel wait channel is not a futex.
+# (nanosleep, clock_nanosleep, poll, ppoll) or a futex wait with a timeout
+# was interrupted -- by our own previous stop, typically -- and resumed.  It
+# is borrowed only for a thread we interrupted ourselves (the engine
+# remembers what it was, and checks the kernel wait channel agrees).
 RESTART_SYSCALL = 219
 RESTART_BLOCK_SLEEPS = frozenset(("nanosleep", "clock_nanosleep", "poll", "ppoll"))
 
-# Names for messages; the ones in the second half are never borrowed (epoll/
-# sigtimedwait/semop return a spurious EINTR after a ptrace stop; the others
-# hold or change allocator or address-space state).
 SYSCALL_NAMES = dict(IDLE_SYSCALLS)
 SYSCALL_NAMES.update({219: "restart_syscall",
     1: "write", 9: "mmap", 10: "mprotect", 11: "munmap", 12: "brk", 28: "madvise",

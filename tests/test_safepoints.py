@@ -187,7 +187,7 @@ def test_finite_epoll_timeout_still_returns(sp):
 # ---------------------------------------------------------------------------
 # restartable waits
 
-RESTARTABLE = [("accept4", 288, -512), ("recvfrom", 45, -512), ("recvmsg", 47, -512),
+RESTARTABLE = [("accept", 43, -512), ("accept4", 288, -512), ("recvfrom", 45, -512), ("recvmsg", 47, -512),
                ("wait4", 61, -512), ("waitid", 247, -512), ("sigsuspend", 130, -514)]
 
 

@@ -144,6 +144,10 @@ static void one_wait(void)
         r = accept4(lsock, NULL, NULL, 0);
         e = errno;
         note(r, e, 0);
+    } else if (!strcmp(mode, "accept")) {
+        r = syscall(SYS_accept, lsock, NULL, NULL);
+        e = errno;
+        note(r, e, 0);
     } else if (!strcmp(mode, "recvfrom")) {
         r = recvfrom(usock, buf, sizeof buf, 0, NULL, NULL);
         e = errno;
