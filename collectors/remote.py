@@ -24,7 +24,8 @@ call_timeout_s=1.0, block_signals=True)``
     with their original siginfo and detaches.  Gives up with RemoteCallError
     after ``deadline_s`` with, per thread, what it was doing and why it was
     refused ("tid 812 futex lock wait (mutex contention)", "tid 9
-    jemalloc_bg_thd: the allocator's own background thread").  SIGINT/TERM/HUP/QUIT to this process are blocked while a
+    jemalloc_bg_thd: the allocator's own background thread").
+    SIGINT/TERM/HUP/QUIT to this process are blocked while a
     thread is stopped and take effect after the detach.
     After it: ``.pause_us`` (µs each stopped thread was stopped, rejected
     candidates included), ``.held_signals`` (signals that arrived during the
@@ -87,7 +88,6 @@ Safety rules implemented here
 import atexit
 import bisect
 import contextlib
-from collections import namedtuple
 import importlib
 import os
 import platform
@@ -95,6 +95,7 @@ import signal
 import struct
 import threading
 import time
+from collections import namedtuple
 
 from collectors import memory, ptrace, safepoints, unwind
 from collectors.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,

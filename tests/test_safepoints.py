@@ -118,7 +118,8 @@ def test_epoll_waits_borrowed_without_visible_eintr(sp, mode, nr):
     for _ in range(40):
         parked(t, a, nr)
         with rp.borrow(tid=a["tid"]) as c:
-            assert c.kind == "idle" and c.syscall == {"sigtimedwait": "rt_sigtimedwait"}.get(mode, mode)
+            assert c.kind == "idle"
+            assert c.syscall == {"sigtimedwait": "rt_sigtimedwait"}.get(mode, mode)
         rewritten += rp.last["restarted_eintr"]
     time.sleep(0.05)
     assert rewritten >= 30, rewritten           # the stop really made them EINTR
@@ -187,8 +188,9 @@ def test_finite_epoll_timeout_still_returns(sp):
 # ---------------------------------------------------------------------------
 # restartable waits
 
-RESTARTABLE = [("accept", 43, -512), ("accept4", 288, -512), ("recvfrom", 45, -512), ("recvmsg", 47, -512),
-               ("wait4", 61, -512), ("waitid", 247, -512), ("sigsuspend", 130, -514)]
+RESTARTABLE = [("accept", 43, -512), ("accept4", 288, -512), ("recvfrom", 45, -512),
+               ("recvmsg", 47, -512), ("wait4", 61, -512), ("waitid", 247, -512),
+               ("sigsuspend", 130, -514)]
 
 
 @pytest.mark.parametrize("mode,nr,rax", RESTARTABLE)
@@ -285,7 +287,6 @@ def test_jemalloc_background_thread_is_refused():
         assert f"tid {bg[0]} jemalloc_bg_thd: the allocator's own background thread" \
             in str(ei.value)
         # the walk itself (bypassing the name rule) also refuses it
-        from collectors import safepoints
         sj = rp._stack_judge()
         sc = syscall_of(t.pid, bg[0])
         why = sj.prepare(int(sc[-1], 16), int(sc[-2], 16))
