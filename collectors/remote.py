@@ -30,13 +30,15 @@ call_timeout_s=1.0, block_signals=True)``
     After it: ``.pause_us`` (µs each stopped thread was stopped, rejected
     candidates included), ``.held_signals`` (signals that arrived during the
     window and were re-delivered), ``.last`` (dict: tid, kind, syscall,
+    category, restarted_eintr -- the wait was given back as -ERESTARTNOHAND --,
     boundary, calls).
 
 ``Call.call(func_addr, *args, timeout_s=None) -> int``   the function's return value (rax)
 ``Call.read(addr, n) -> bytes`` / ``Call.write(addr, data)``   target memory
 ``Call.scratch(n) -> int``   n bytes on the borrowed thread's stack below the red zone
 ``Call.cstring(addr, limit=1<<20) -> bytes``   NUL-terminated string
-``Call.tid``, ``Call.kind`` ("idle" or "running"), ``Call.syscall`` (wait name or None)
+``Call.tid``, ``Call.kind`` ("idle" or "running"), ``Call.syscall`` (wait name or None),
+``Call.category`` ("restartable", "epoll", "futex" or "running")
 
 A borrow must run start to end in one OS thread (ptrace requests are only
 accepted from the tracing thread); different borrows may use different threads.
