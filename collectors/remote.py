@@ -777,6 +777,14 @@ class RemoteProcess:
         where = self._in_forbidden(self.arch.pc(st.regs))
         if where:
             return f"running inside {where}"
+        # Two checks, both must pass: a CFI walk finds allocator frames at
+        # any depth (and refuses signal frames: a handler may have
+        # interrupted malloc), and the scan of the stack top refuses any
+        # return-address-looking word into libc or the allocator (it also
+        # covers JIT or unmapped code, where no walk is possible).
+        walked = self._walk_running(st)
+        if walked:
+            return walked
         sp = self.arch.sp(st.regs)
         for addr, word in self._stack_words(sp, self.stack_window):
             where = self._in_forbidden(word)
@@ -785,6 +793,27 @@ class RemoteProcess:
         st.kind = "running"
         st.category = safepoints.RUNNING
         return None
+
+    def _walk_running(self, st):
+        """CFI walk of a running thread: "" when every frame lies outside
+        allocator code, a refusal reason when one does not or when the walk
+        meets a signal frame or PLT stub (a handler may have interrupted
+        malloc), None when no walk is possible."""
+        judge = self._judge_stack
+        if judge is None:
+            return None
+        try:
+            frames = judge.unwinder.walk(unwind.regs_from_user(st.regs), parse=False)
+        except unwind.NeedsParse:
+            return None
+        except unwind.UnwindError as e:
+            if "expression" in str(e):
+                return f"running: stack not provable ({e})"
+            return None
+        except Exception:
+            return None
+        where = judge.allocator_frame(frames)
+        return f"running: called from {where}" if where else ""
 
     def _eintr_restartable(self, st):
         """None when a wait that holds -EINTR at the stop may be restored
@@ -873,6 +902,15 @@ class RemoteProcess:
                     if pre:
                         last_why[tid] = f"{facts['words']} {pre}"
                         continue
+                elif cat == safepoints.RUNNING and self._forbidden:
+                    # Its stack is walked while stopped: load every object's
+                    # CFI index now (once per file per run; not waiting time).
+                    t0 = time.monotonic()
+                    judge = self._stack_judge(refresh=not fresh_maps)
+                    if not fresh_maps:
+                        judge.load_tables()
+                    fresh_maps = True
+                    t_end += time.monotonic() - t0
                 old = self._block()
                 st = None
                 try:

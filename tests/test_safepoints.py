@@ -255,6 +255,40 @@ def test_futex_wait_in_allocator_code_is_refused(sp):
     assert_released(t.pid)
 
 
+def _fake_range(name, a):
+    from elftools.elf.elffile import ELFFile
+    with open(sp_bin(), "rb") as f:
+        syms = ELFFile(f).get_section_by_name(".symtab")
+        sym = syms.get_symbol_by_name(name)[0]
+        lo = a["fake_lo"] - syms.get_symbol_by_name("fake_allocator_wait")[0]["st_value"] \
+            + sym["st_value"]
+    return [(lo, lo + sym["st_size"], "libfakealloc.so")]
+
+
+@pytest.mark.parametrize("walk", [True, False])
+def test_running_thread_called_from_allocator_is_refused(sp, monkeypatch, walk):
+    """A thread running application code ~3 KiB of frames below an allocator
+    frame: the CFI walk refuses it; the stack-top scan alone (walk switched
+    off) does not see that frame and would borrow it."""
+    t, a = sp("fakespin")
+    if not walk:
+        monkeypatch.setattr(RemoteProcess, "_walk_running", lambda self, st: None)
+    fake = _fake_range("fake_allocator_spin", a)
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES) + fake,
+                       deadline_s=0.5)
+    if walk:
+        with pytest.raises(RemoteCallError, match="called from inside libfakealloc.so"):
+            with rp.borrow(tid=a["tid"]):
+                pass
+    else:
+        with rp.borrow(tid=a["tid"]) as c:
+            assert c.category == "running"
+    it = stat(t, a, ITERS)
+    time.sleep(0.05)
+    assert stat(t, a, ITERS) > it                         # still spinning
+    assert_released(t.pid)
+
+
 def test_futex_mutex_wait_is_refused(sp):
     t, a = sp("mutex")
     rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES),

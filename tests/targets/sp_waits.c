@@ -110,6 +110,29 @@ __attribute__((noinline)) void fake_allocator_end(void) { __asm__ volatile(""); 
 
 static void *sleeper(void *arg) { (void)arg; for (;;) pause(); }
 
+/* "fakespin": application code spinning deep below a function the tests
+ * declare allocator code; the frames in between (400-byte pads, no libc
+ * pointers) push that return address beyond a 2 KiB stack-top scan. */
+static long __attribute__((noinline)) spin_deep(int depth)
+{
+    volatile char pad[400];
+    for (int i = 0; i < 400; i++)
+        pad[i] = (char)depth;
+    if (depth > 0)
+        return spin_deep(depth - 1) + pad[0];
+    for (;;) {
+        stats.iters++;
+        __asm__ volatile("" ::: "memory");
+    }
+}
+
+__attribute__((noinline)) long fake_allocator_spin(void)
+{
+    long r = spin_deep(6);
+    __asm__ volatile("");
+    return r + 1;
+}
+
 static void one_wait(void)
 {
     struct timespec ts;
@@ -195,6 +218,8 @@ static void one_wait(void)
     } else if (!strcmp(mode, "mutex")) {
         r = pthread_mutex_lock(&held);          /* main holds it: FUTEX_WAIT val 2 */
         note(r ? -1 : 0, r, 0);
+    } else if (!strcmp(mode, "fakespin")) {
+        fake_allocator_spin();
     } else if (!strcmp(mode, "fakealloc")) {
         r = fake_allocator_wait();
         note(r ? -1 : 0, r, 0);
