@@ -416,6 +416,13 @@ def _sample(pid, attach, procfs, t, phase):
             cg = None
     for k in PROCESS_KEYS:
         out[k] = getattr(proc_mem, k, None)
+    # The kernel's high-water mark of RSS: the true peak between samples
+    # (a workload that builds and drops within one interval is not missed).
+    try:
+        hwm = procfs.status(pid).get(b"VmHWM")
+        out["rss_hwm"] = int(hwm.split()[0]) * 1024 if hwm else None
+    except (AllocdiagError, ValueError, IndexError):
+        out["rss_hwm"] = None
     for k in CGROUP_KEYS:
         out[k] = getattr(cg, k, None) if cg is not None else None
     if snap is not None and out["attached"]:
@@ -481,6 +488,7 @@ class Settings:
     noise_pct: float = 5.0
     rank_by: str = "rss"
     cwd: str = None
+    example_env: bool = False       # set ALLOCDIAG_EXAMPLE_ALLOCATOR (examples/ presets)
 
     def to_json(self):
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -498,9 +506,12 @@ def run_variant(variant, settings, index=0, progress=None):
            "isolate_reason": cg_reason if settings.isolate and cg is None else None,
            "cgroup": cg.path if cg else None}
     env = child_environment(variant)
+    if settings.example_env:
+        env["ALLOCDIAG_EXAMPLE_ALLOCATOR"] = variant.allocator
     try:
         proc = subprocess.Popen(settings.command, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True,
                                 cwd=settings.cwd, preexec_fn=cg.enter_fn() if cg else None)
     except OSError as exc:
         if cg:
@@ -629,6 +640,14 @@ def run_variant(variant, settings, index=0, progress=None):
     samples = run["samples"]
     run["peak"] = {k: max((s[k] for s in samples if s.get(k) is not None), default=None)
                    for k in KEYS}
+    hwm = max((s["rss_hwm"] for s in samples if s.get("rss_hwm")), default=None)
+    run["peak_rss_sampled"] = run["peak"]["rss"]
+    if hwm is not None and (run["peak"]["rss"] is None or hwm > run["peak"]["rss"]):
+        run["peak"]["rss"] = hwm
+    run["peak_sources"] = {
+        "rss": "VmHWM (the kernel's high-water mark) or the largest sample",
+        "other": f"the largest of the samples taken every {settings.interval_s:g} s: a peak "
+                 "shorter than the interval is missed"}
     idle = [s for s in samples if s["phase"] == "idle"]
     if idle:
         settled_from = "idle"
@@ -709,19 +728,18 @@ def rank(entries, key="rss", noise_pct=5.0):
     ok = [e for e in entries if not e["excluded_reason"] and e["settled"].get(key) is not None]
     ok.sort(key=lambda e: e["settled"][key])
     groups = []
-    prev_hi = None
+    anchor_hi = None
     for e in ok:
         sp = e["spread"].get(f"settled.{key}") or {"min": e["settled"][key],
                                                      "max": e["settled"][key]}
-        lo = sp["min"] * (1 - noise_pct / 100.0)
-        hi = sp["max"] * (1 + noise_pct / 100.0)
-        if groups and prev_hi is not None and lo <= prev_hi:
+        # Compared with the group's first (smallest) member, not the previous
+        # one, so a chain of small steps does not make one big group.
+        if groups and sp["min"] <= anchor_hi * (1 + noise_pct / 100.0):
             groups[-1]["names"].append(e["name"])
             groups[-1]["within_noise"] = True
-            prev_hi = max(prev_hi, hi)
         else:
             groups.append({"rank": len(groups) + 1, "names": [e["name"]], "within_noise": False})
-            prev_hi = hi
+            anchor_hi = sp["max"]
     return groups
 
 
@@ -853,7 +871,8 @@ def extract_preset(doc, preset):
             lines = r.get("output") or []
             if preset == "footprint":
                 ready = [t for t in lines if t.startswith("READY ")]
-                r["workload"] = {k: _num(v) for k, v in _fields(ready[-1]).items()} if ready else None
+                r["workload"] = ({k: _num(v) for k, v in _fields(ready[-1]).items()}
+                                 if ready else None)
             elif preset == "staircase":
                 steps = [_fields(t) for t in lines if t.startswith("PHASE idle ")]
                 r["workload"] = {"steps": [{k: _num(v) for k, v in s.items()} for s in steps]}

@@ -23,6 +23,10 @@ SCENES = (
     ("arena_sprawl", "glibc", ("--live", "600"), "one glibc arena per thread"),
     ("staircase", "jemalloc", (), "a fragmentation staircase under load then idle"),
     ("preload_mistakes", "glibc", ("typo",), "an LD_PRELOAD with a typo, not in effect"),
+    ("burst_idle", "tcmalloc", (),
+     "tcmalloc's page heap keeping a freed burst (TCMALLOC_RELEASE_RATE=0)"),
+    ("burst_idle", "mimalloc", (),
+     "mimalloc keeping a freed burst committed (decommit delay, idle process)"),
 )
 
 
@@ -49,7 +53,7 @@ def available(only=None):
     installed = set(launch.installed_allocators())
     out = []
     for name, alloc, args, what in SCENES:
-        if only and name not in only:
+        if only and name not in only and f"{name}:{alloc}" not in only:
             continue
         if alloc not in installed:
             continue

@@ -151,6 +151,20 @@ WORKLOADS = {w.name: w for w in [
         "are parked in restartable idle waits, so remote calls can borrow them.",
         "READY threads=N arenas=A heaps=H live=B rss=B vsz=B"),
     Workload(
+        "burst_idle", "burst_idle.c", "c",
+        "A freed burst in an idle process: 128 MiB of 512 KiB blocks, 95% freed, then "
+        "quiet.  tcmalloc keeps it in its page heap (TCMALLOC_RELEASE_RATE=0 by default "
+        "here; the release is driven by later frees anyway), mimalloc keeps it "
+        "committed (decommit delay, and no later call into mimalloc), glibc returns it "
+        "at once (mmapped blocks).",
+        "tcmalloc: page heap free (dirty) ~= freed, unmapped (retained) ~0, finding "
+        "tcmalloc-pageheap-free with knob TCMALLOC_RELEASE_RATE; mimalloc: resident "
+        "(committed) >> allocated, finding mimalloc-decommit-delay with knob "
+        "decommit_delay; glibc: RSS back down.",
+        "READY allocated=B freed=B rss=B rss_anon=B",
+        env={"tcmalloc": {"TCMALLOC_RELEASE_RATE": "0"},
+             "tcmalloc_minimal": {"TCMALLOC_RELEASE_RATE": "0"}}),
+    Workload(
         "preload_mistakes", "preload_mistakes.py", "python",
         "Preload mistakes, one scenario per run: typo (LD_PRELOAD names a missing "
         "library), setuid (secure-execution drops LD_PRELOAD; needs root), dlopen "

@@ -11,16 +11,17 @@ NAME = "compare"
 
 VARIANT_HELP = """\
 variants (--variants, space-separated; default: every installed allocator):
-  glibc | jemalloc | tcmalloc | tcmalloc_minimal | mimalloc   the allocator (LD_PRELOAD of
-        its Debian library under /usr/lib/x86_64-linux-gnu; none for glibc)
-  /path/to/libX.so                                            any library to preload
-  ...:k=v,k=v                                                 a knob set:
-        jemalloc:dirty_decay_ms=1000,muzzy_decay_ms=0  -> MALLOC_CONF=dirty_decay_ms:1000,...
-        glibc:trim_threshold=131072                    -> GLIBC_TUNABLES=glibc.malloc.trim_threshold=...
-        glibc:MALLOC_ARENA_MAX=2                       -> the environment variable (any KEY in capitals)
-        mimalloc:purge_delay=0                         -> MIMALLOC_PURGE_DELAY (+ MIMALLOC_DECOMMIT_DELAY,
-                                                          its mimalloc 2.0 name; decommit_delay likewise)
-        tcmalloc:release_rate=10                       -> TCMALLOC_RELEASE_RATE=10
+  glibc | jemalloc | tcmalloc | tcmalloc_minimal | mimalloc
+        the allocator (LD_PRELOAD of its Debian library under /usr/lib/x86_64-linux-gnu;
+        none for glibc)
+  /path/to/libX.so      any library to preload
+  ...:k=v,k=v           a knob set:
+    jemalloc:dirty_decay_ms=1000,muzzy_decay_ms=0 -> MALLOC_CONF=dirty_decay_ms:1000,...
+    glibc:trim_threshold=131072    -> GLIBC_TUNABLES=glibc.malloc.trim_threshold=131072
+    glibc:MALLOC_ARENA_MAX=2       -> the environment variable (any KEY in capitals)
+    mimalloc:purge_delay=0         -> MIMALLOC_PURGE_DELAY=0 (+ MIMALLOC_DECOMMIT_DELAY, its
+                                      mimalloc 2.0 name; decommit_delay likewise)
+    tcmalloc:release_rate=10       -> TCMALLOC_RELEASE_RATE=10
   A variant whose preload does not take effect (typo, wrong path, malloc bound elsewhere) is
   run, marked and excluded from the ranking with the reason; an unknown allocator name is
   not run and excluded likewise.
@@ -43,7 +44,8 @@ output: a table, or with --json one document: {"variants": [{"name", "allocator"
 
 def add_parser(sub):
     p = add_command(
-        sub, NAME, help="run a workload under every installed allocator / knob set: peak vs settled",
+        sub, NAME,
+        help="run a workload under every installed allocator / knob set: peak vs settled",
         description="Run COMMAND once per variant (by default every installed allocator, via "
                     "LD_PRELOAD), optionally drive it with --load for --load-seconds, then "
                     "leave it idle for --idle-seconds.  Samples RSS, anon, LazyFree and the "
@@ -55,8 +57,8 @@ def add_parser(sub):
             "allocdiag compare --preset footprint",
             "allocdiag compare --preset staircase --variants glibc jemalloc --repeat 3",
             "allocdiag compare --variants glibc glibc:MALLOC_ARENA_MAX=2 "
-            "jemalloc:dirty_decay_ms=1000,muzzy_decay_ms=0 --load 'wrk -d10 http://127.0.0.1:8080/' "
-            "--ready 'listening' -- ./server",
+            "jemalloc:dirty_decay_ms=1000,muzzy_decay_ms=0 "
+            "--load 'wrk -d10 http://127.0.0.1:8080/' --ready 'listening' -- ./server",
             "allocdiag compare --json --idle-after READY -- python3 myjob.py > compare.json"])
     p.add_argument("--variants", nargs="+", action="extend", metavar="VARIANT",
                    help="allocators / knob sets to run (default: every installed allocator)")
@@ -105,10 +107,12 @@ def _preset(name):
     py = sys.executable
     if name == "footprint":
         return ([py, "-u", os.path.join(ex, "footprint.py")],
-                dict(idle_after=r"^READY", idle_s=3.0, warmup_s=0.0, timeout_s=180.0))
+                dict(idle_after=r"^READY", idle_s=3.0, warmup_s=0.0, timeout_s=180.0,
+                     example_env=True))
     return ([py, "-u", os.path.join(ex, "staircase.py"), "--phases", "4",
              "--load-seconds", "4", "--idle-seconds", "3"],
-            dict(idle_after=r"^PHASE done", idle_s=5.0, warmup_s=0.0, timeout_s=240.0))
+            dict(idle_after=r"^PHASE done", idle_s=5.0, warmup_s=0.0, timeout_s=240.0,
+                     example_env=True))
 
 
 def run(args):
