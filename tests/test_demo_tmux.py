@@ -21,7 +21,7 @@ from targets import preload_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
 SCENES = ("glibc_held", "lying_rss", "burst_idle:tcmalloc", "burst_idle:mimalloc")
 KINDS = ("glibc", "jemalloc", "tcmalloc", "mimalloc")
@@ -65,6 +65,7 @@ def _alive(pid):
         return False
 
 
+@needs_tmux
 def test_demo_host_view_shows_four_allocators():
     for kind in ("jemalloc", "tcmalloc", "mimalloc"):
         preload_path(kind)
@@ -100,3 +101,66 @@ def test_demo_host_view_shows_four_allocators():
                         os.kill(p, 9)
             except (OSError, ProcessLookupError):
                 pass
+
+
+# -- the host view's background filler (diag.hostlive), used by the demo's host view --------
+
+def test_hostlive_fills_resident_and_finding_without_blocking():
+    """Two demo scenes (tcmalloc, mimalloc): annotate() never waits for a
+    stop; the worker fills resident and the snapshot's top finding."""
+    from examples.launch import start, stop, wait_ready
+    from diag import hostlive, hostscan
+    procs = []
+    try:
+        for alloc in ("tcmalloc", "mimalloc"):
+            preload_path(alloc)
+            p = start("burst_idle", alloc)
+            procs.append(p)
+            wait_ready(p, 30)
+        pids = [p.pid for p in procs]
+        with hostlive.HostLive(min_gap_s=0.1) as live:
+            rows = hostscan.scan(pids=pids).rows
+            t0 = time.perf_counter()
+            live.annotate(rows)
+            assert time.perf_counter() - t0 < 0.05          # a cache lookup, no stop
+            assert {r["allocator_read"] for r in rows} == {"pending"}
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                rows = live.annotate(hostscan.scan(pids=pids).rows)
+                if all(r["allocator_read"] == "ok" for r in rows):
+                    break
+                time.sleep(0.2)
+            by_pid = {r["pid"]: r for r in rows}
+            tc, mi = by_pid[procs[0].pid], by_pid[procs[1].pid]
+            assert tc["allocator_read"] == mi["allocator_read"] == "ok"
+            assert tc["resident"] > 64 << 20 and mi["resident"] > 64 << 20
+            assert "page heap" in tc["top_finding"]
+            assert "mimalloc keeps" in mi["top_finding"]
+            # refreshed at a bounded rate: fresh entries are not read again
+            reads = live.reads
+            time.sleep(0.5)
+            assert live.reads == reads
+    finally:
+        for p in procs:
+            stop(p)
+
+
+def test_hostlive_not_read_is_reported_and_not_retried():
+    from collectors.errors import AccessDenied
+    from diag import hostlive
+    calls = []
+
+    def take(pid, deadline_s):
+        calls.append(pid)
+        raise AccessDenied(pid, "ptrace refused")
+
+    live = hostlive.HostLive(take=take, retry_s=300)
+    rows = [{"pid": 4242424, "_start": 1, "top_finding": None}]
+    live.annotate(rows)
+    assert live.step() is True
+    assert live.step() is False         # not retried before retry_s
+    rows = live.annotate([{"pid": 4242424, "_start": 1, "top_finding": None}])
+    assert rows[0]["allocator_read"].startswith("not read: ptrace refused")
+    assert rows[0]["top_finding"].startswith("allocator not read")
+    assert "resident" not in rows[0]
+    assert calls == [4242424]

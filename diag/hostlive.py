@@ -1,0 +1,197 @@
+"""The host view's live column: allocator resident bytes and the top finding
+of the processes whose allocator can be read, filled in the background.
+
+The host table is built from /proc alone (``diag.hostscan``: nothing is
+stopped).  ``HostLive`` adds, per process, what only the allocator knows --
+``resident`` and the top finding of a full snapshot (``diag.snapshot.take``
+with ``attach=True``: one borrowed idle thread) -- without ever making the
+table wait:
+
+* ``annotate(rows)`` only reads a cache (under a lock held for dict
+  operations) and records which processes the table shows; it never stops
+  anything and never waits for a stop.
+* one daemon thread takes the snapshots: at most one every ``min_gap_s``,
+  within ``max_pause_ms_per_minute`` of target stop time in all (a token
+  bucket), each process refreshed every ``refresh_s``; a process that could
+  not be read is marked "not read" with the reason and tried again only
+  after ``retry_s`` (not in a loop).
+* entries are keyed by pid and start time, so a recycled pid starts afresh.
+
+Wiring (the host screen, one call): pass each scan's row dicts through
+``annotate`` before they become table rows; rows gain ``resident`` (bytes),
+``top_finding`` (a snapshot's top finding, else the /proc one, else
+"allocator not read: REASON") and ``allocator_read`` ("ok" | "not read: …" |
+"pending").
+"""
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from collectors.errors import AllocdiagError
+
+
+@dataclass
+class Entry:
+    state: str                          # ok | not read
+    taken_at: float                     # monotonic
+    resident: Optional[int] = None
+    finding: Optional[str] = None
+    reason: Optional[str] = None
+    pause_us: Optional[int] = None
+
+
+def start_time(pid):
+    """The process's start time (clock ticks since boot), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return int(data[data.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _default_take(pid, deadline_s):
+    from diag import snapshot
+    return snapshot.take(pid, attach=True, deadline_s=deadline_s)
+
+
+def read_one(pid, take=None, deadline_s=0.3):
+    """One snapshot of PID turned into an Entry (never raises AllocdiagError)."""
+    take = take or _default_take
+    now = time.monotonic()
+    try:
+        snap, col = take(pid, deadline_s)
+    except AllocdiagError as exc:
+        return Entry("not read", now, reason=str(exc.msg))
+    remote = col.status.get("remote")
+    resident = snap.stats.get("resident")
+    resident = resident.value if resident is not None else None
+    top = max(snap.findings, key=lambda f: f.expected_effect_bytes or 0) if snap.findings \
+        else None
+    if remote is None:
+        return Entry("not read", now, reason="no allocator stats interface found")
+    if not remote.ok or (remote.error or "").startswith("skipped"):
+        return Entry("not read", now, reason=remote.error or "remote read failed",
+                     finding=top.title if top else None)
+    return Entry("ok", now, resident=resident, finding=top.title if top else None,
+                 pause_us=remote.pause_us)
+
+
+class HostLive:
+    """Bounded-rate background reader of allocator stats for the host view."""
+
+    def __init__(self, max_pause_ms_per_minute=120.0, refresh_s=30.0, min_gap_s=1.0,
+                 retry_s=300.0, deadline_s=0.3, take=None, exclude=()):
+        from diag.compare import PauseBudget
+        self.budget = PauseBudget(max_pause_ms_per_minute)
+        self.refresh_s, self.min_gap_s, self.retry_s = refresh_s, min_gap_s, retry_s
+        self.deadline_s = deadline_s
+        self.take = take
+        self.exclude = set(exclude) | {__import__("os").getpid()}
+        self._lock = threading.Lock()
+        self._cache = {}            # (pid, start) -> Entry
+        self._wanted = []           # [(pid, start)] in table order
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = None
+        self.reads = 0
+
+    # -- the table side (never blocks on a stop) ------------------------------------
+    def annotate(self, rows):
+        """Fill RESIDENT / TOP_FINDING / ALLOCATOR_READ of the row dicts (in
+        place; returned too) from the cache; remember which processes are
+        shown so the worker reads those."""
+        wanted = []
+        with self._lock:
+            for d in rows:
+                pid = d.get("pid")
+                if pid is None or pid in self.exclude:
+                    continue
+                key = (pid, d.get("_start") or start_time(pid))
+                wanted.append(key)
+                e = self._cache.get(key)
+                if e is None:
+                    d["allocator_read"] = "pending"
+                elif e.state == "ok":
+                    d["allocator_read"] = "ok"
+                    d["resident"] = e.resident
+                    if e.finding:
+                        d["top_finding"] = e.finding
+                else:
+                    d["allocator_read"] = f"not read: {e.reason}"
+                    if not d.get("top_finding"):
+                        d["top_finding"] = f"allocator not read: {e.reason}"
+            self._wanted = wanted
+            keep = set(wanted)
+            self._cache = {k: v for k, v in self._cache.items() if k in keep}
+        self._wake.set()
+        return rows
+
+    def entry(self, pid):
+        with self._lock:
+            for (p, _), e in self._cache.items():
+                if p == pid:
+                    return e
+        return None
+
+    # -- the worker ----------------------------------------------------------------------
+    def start(self):
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="hostlive", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout=2.0):
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def next_due(self, now=None):
+        """The shown process to read next (never read first, then the
+        stalest), or None when every one is fresh."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            best, best_age = None, None
+            for key in self._wanted:
+                e = self._cache.get(key)
+                if e is None:
+                    return key
+                period = self.refresh_s if e.state == "ok" else self.retry_s
+                age = now - e.taken_at
+                if age >= period and (best_age is None or age > best_age):
+                    best, best_age = key, age
+            return best
+
+    def step(self):
+        """Read one due process if the budget allows; True when one was read."""
+        key = self.next_due()
+        if key is None or not self.budget.allows():
+            return False
+        pid, start = key
+        e = read_one(pid, self.take, self.deadline_s)
+        if e.pause_us:
+            self.budget.spend(e.pause_us / 1e6)
+        self.reads += 1
+        with self._lock:
+            if key in self._wanted:
+                self._cache[key] = e
+        return True
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except Exception:       # one bad process must not end the filler
+                pass
+            self._wake.clear()
+            self._stop.wait(self.min_gap_s)
