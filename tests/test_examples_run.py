@@ -74,7 +74,7 @@ def running(workload, allocator="glibc", args=(), env=None, timeout=60):
 
 def test_registry_lists_every_workload_with_its_source():
     expected = {"alloc_wall", "footprint", "staircase", "lying_rss", "glibc_held",
-                "arena_sprawl", "preload_mistakes"}
+                "arena_sprawl", "preload_mistakes", "burst_idle"}
     assert expected <= set(WORKLOADS)
     for w in WORKLOADS.values():
         assert os.path.exists(os.path.join(ROOT, "examples", w.source)), w.source
@@ -178,6 +178,21 @@ def test_lying_rss_madvise_mode_works_under_glibc():
         assert f["mode"] == "madvise"
         assert "jemalloc" not in maps(proc.pid)
         assert assert_lazyfree_majority(proc.pid) > 48 * MiB
+
+
+def test_burst_idle_kept_by_tcmalloc_and_mimalloc_returned_by_glibc():
+    """The freed burst (60 of 64 MiB) stays resident under tcmalloc (page
+    heap, TCMALLOC_RELEASE_RATE=0 by default here) and mimalloc (committed,
+    idle), and leaves at once under glibc (mmapped 512 KiB blocks)."""
+    args = ["--mib", "64"]
+    with running("burst_idle", "glibc", args=args) as (proc, f):
+        assert int(f["freed"]) > 56 * MiB
+        assert vmrss(proc.pid) < 24 * MiB
+    for alloc in ("tcmalloc", "mimalloc"):
+        with running("burst_idle", alloc, args=args) as (proc, f):
+            assert vmrss(proc.pid) > 56 * MiB, alloc
+            if alloc == "tcmalloc":
+                assert environ(proc.pid)["TCMALLOC_RELEASE_RATE"] == "0"
 
 
 def test_glibc_held_trim_returns_the_held_memory():
