@@ -803,7 +803,7 @@ def render_text(doc, out=sys.stdout):
     cols = ("rank", "variant", "preload", "peak RSS", "set. RSS", "gap", "peak anon",
             "set. anon", "LazyFree", "alloc pk", "alloc set", "res pk", "res set",
             "ret set", "wall s")
-    widths = (5, 22, 8, 9, 9, 7, 10, 10, 9, 9, 10, 8, 8, 8, 7)
+    widths = (5, 30, 8, 9, 9, 7, 10, 10, 9, 9, 10, 8, 8, 8, 7)
     w("".join(f"{h:<{n}}" if i < 3 else f"{h:>{n}}" for i, (h, n) in
               enumerate(zip(cols, widths))) + "\n")
     entries = sorted(doc["variants"], key=lambda e: (e["rank"] is None, e["rank"] or 0))
@@ -811,7 +811,7 @@ def render_text(doc, out=sys.stdout):
         pk, st, gap = e["peak"], e["settled"], e["gap"]
         rank = "-" if e["rank"] is None else f"{e['rank']}{'~' if e.get('within_noise_of') else ''}"
         pre = {True: "yes", False: "NO", None: "n/a"}[e["preload_effective"]]
-        cells = (rank, e["name"][:21], pre, _mib(pk.get("rss")), _mib(st.get("rss")),
+        cells = (rank, e["name"][:29], pre, _mib(pk.get("rss")), _mib(st.get("rss")),
                  _mib(gap.get("rss")), _mib(pk.get("rss_anon")), _mib(st.get("rss_anon")),
                  _mib(st.get("lazyfree")), _mib(pk.get("allocated")), _mib(st.get("allocated")),
                  _mib(pk.get("resident")), _mib(st.get("resident")), _mib(st.get("retained")),
