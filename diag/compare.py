@@ -314,6 +314,26 @@ class TransientCgroup:
         return False
 
 
+_libc = None
+
+
+def _child_setup(cgroup):
+    """preexec_fn: die with allocdiag (PR_SET_PDEATHSIG SIGTERM), enter the
+    transient cgroup first when there is one."""
+    global _libc
+    if _libc is None:
+        import ctypes
+        _libc = ctypes.CDLL(None, use_errno=True)
+    enter = cgroup.enter_fn() if cgroup else None
+    libc = _libc
+
+    def setup():
+        libc.prctl(1, signal.SIGTERM)       # PR_SET_PDEATHSIG
+        if enter:
+            enter()
+    return setup
+
+
 # --- one run ---------------------------------------------------------------------
 
 class Lines:
@@ -512,7 +532,7 @@ def run_variant(variant, settings, index=0, progress=None):
         proc = subprocess.Popen(settings.command, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True,
-                                cwd=settings.cwd, preexec_fn=cg.enter_fn() if cg else None)
+                                cwd=settings.cwd, preexec_fn=_child_setup(cg))
     except OSError as exc:
         if cg:
             cg.remove()
@@ -554,7 +574,7 @@ def run_variant(variant, settings, index=0, progress=None):
                     load_proc = subprocess.Popen(
                         settings.load, shell=True, stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                        start_new_session=True, cwd=settings.cwd)
+                        start_new_session=True, cwd=settings.cwd, preexec_fn=_child_setup(None))
                     load_out = Lines(load_proc.stdout, t0)
                     enter("load")
                 else:
@@ -744,7 +764,24 @@ def rank(entries, key="rss", noise_pct=5.0):
 
 
 def compare(variants, settings, progress=None):
-    """Run every variant SETTINGS.repeat times (round-robin); the document."""
+    """Run every variant SETTINGS.repeat times (round-robin); the document.
+
+    SIGTERM/SIGHUP are turned into KeyboardInterrupt for the duration, so
+    the running variant's processes and cgroup are cleaned up on the way out."""
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        def interrupt(*_):
+            raise KeyboardInterrupt
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            old[sig] = signal.signal(sig, interrupt)
+    try:
+        return _compare(variants, settings, progress)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _compare(variants, settings, progress=None):
     conf = confounds()
     runs = {v.name: [] for v in variants}
     for r in range(settings.repeat):

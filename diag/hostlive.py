@@ -24,6 +24,7 @@ Wiring (the host screen, one call): pass each scan's row dicts through
 "pending").
 """
 
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -89,7 +90,7 @@ class HostLive:
         self.refresh_s, self.min_gap_s, self.retry_s = refresh_s, min_gap_s, retry_s
         self.deadline_s = deadline_s
         self.take = take
-        self.exclude = set(exclude) | {__import__("os").getpid()}
+        self.exclude = set(exclude) | {os.getpid()}
         self._lock = threading.Lock()
         self._cache = {}            # (pid, start) -> Entry
         self._wanted = []           # [(pid, start)] in table order
