@@ -39,7 +39,7 @@ def doc(tmp_path_factory):
     cmd = [sys.executable, "-m", "diag", "compare", "--json",
            "--variants", "glibc", "jemalloc", TYPO, "jemaloc",
            "--warmup-seconds", "0", "--idle-after", "^DONE", "--idle-seconds", "2",
-           "--interval", "0.5", "--timeout", "20",
+           "--interval", "0.5", "--timeout", "20", "--isolate",
            "--", "/usr/bin/python3", str(script)]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=90)
     assert res.returncode == 0, res.stderr
@@ -88,6 +88,41 @@ def test_typo_preload_excluded_with_reason(doc):
     assert not u["runs"] and "did you mean jemalloc" in u["excluded_reason"]
     ranked = [n for g in doc["ranking"]["groups"] for n in g["names"]]
     assert sorted(ranked) == ["glibc", "jemalloc"]
+
+
+def test_isolated_in_a_transient_cgroup_that_is_removed(doc):
+    for name in ("glibc", "jemalloc"):
+        run = _variant(doc, name)["runs"][0]
+        if run["isolated"]:
+            assert run["cgroup_removed"] is True and not os.path.exists(run["cgroup"])
+            assert _variant(doc, name)["settled"]["working_set"] is not None
+        else:       # no writable cgroup here: said, not silently ignored
+            assert run["isolate_reason"]
+
+
+def test_ranking_within_noise_is_not_ordered():
+    from diag.compare import rank
+
+    def e(name, settled, lo=None, hi=None, excluded=None):
+        sp = {"min": lo or settled, "median": settled, "max": hi or settled}
+        return {"name": name, "excluded_reason": excluded, "settled": {"rss": settled},
+                "spread": {"settled.rss": sp}}
+    groups = rank([e("a", 100), e("b", 103), e("c", 120), e("d", 104, 99, 130),
+                   e("x", 50, excluded="typo")], noise_pct=5)
+    assert groups[0]["names"] == ["a", "b", "d"] and groups[0]["within_noise"]
+    assert groups[1] == {"rank": 2, "names": ["c"], "within_noise": False}
+    # a chain of small steps does not make one group: 100 -> 104 -> 108 -> 112
+    groups = rank([e(str(v), v) for v in (100, 104, 108, 112)], noise_pct=5)
+    assert [g["names"] for g in groups] == [["100", "104"], ["108", "112"]]
+
+
+def test_usage_errors():
+    for argv in ([], ["--preset", "footprint", "--", "true"], ["--repeat", "0", "--", "true"],
+                 ["--variants", "jemalloc:dirty_decay_ms", "--", "true"]):
+        r = subprocess.run([sys.executable, "-m", "diag", "compare", *argv], cwd=ROOT,
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2, (argv, r.stderr)
+        assert "Traceback" not in r.stderr
 
 
 def test_confounds_reported(doc):
