@@ -3,7 +3,8 @@
 Four demo scenes, one per allocator kind (glibc_held under glibc, lying_rss
 under jemalloc, burst_idle under tcmalloc and under mimalloc), started by the
 real command in a tmux pane (160x40); the host view must list a row of each
-kind with the scene's pid.  Quitting ends the demo and stops every workload.
+kind with the scene's pid, and the background filler (diag.hostlive) must
+fill the "allocator resident" column and the top finding of each.  Quitting ends the demo and stops every workload.
 The session runs on its own tmux socket and is always killed.
 """
 
@@ -40,10 +41,13 @@ def _wait_for(sock, predicate, timeout):
         if predicate(screen):
             return screen
         time.sleep(0.3)
-    raise AssertionError(f"timed out; the pane shows:\n{screen}")
+    size = _tmux(sock, "display", "-p", "-t", "demo", "#{window_width}x#{window_height}",
+                 check=False).stdout.strip()
+    raise AssertionError(f"timed out; the pane ({size}) shows:\n{screen}")
 
 
 ROW = re.compile(r"^\s*(\d+)\s+(glibc_held|lying_rss|burst_idle)\S*\s+(\S+)", re.M)
+SIZE = re.compile(r"\b\d+(?:\.\d+)? (?:B|KiB|MiB|GiB)\b")
 
 
 def _rows(screen):
@@ -76,13 +80,23 @@ def test_demo_host_view_shows_four_allocators():
     pids = set()
     try:
         _tmux(sock, "new-session", "-d", "-s", "demo", "-x", "160", "-y", "40",
-              "env", "TERM=xterm-256color", "sh", "-c", cmd)
+              # the pane's size, stated: shutil.get_terminal_size (textual) prefers
+              # COLUMNS/LINES, which a test runner's environment may carry
+              "env", "TERM=xterm-256color", "COLUMNS=160", "LINES=40", "sh", "-c", cmd)
         # THEN the host view lists one row per scene, one of each allocator kind
         screen = _wait_for(sock, lambda s: len(_rows(s)) == 4 and all(
             any(a.startswith(k) for a in _rows(s).values()) for k in KINDS), timeout=120)
         rows = _rows(screen)
         pids = set(rows)
         assert sorted(a.split()[0] for a in rows.values()) == sorted(KINDS), rows
+        # AND the background filler (diag.hostlive) fills "allocator resident" and the
+        # top finding of every scene row (RSS, anon, LazyFree + resident = 4 sizes)
+        screen = _wait_for(sock, lambda s: all(
+            len(SIZE.findall(line)) >= 4 for line in s.splitlines() if ROW.match(line))
+            and len([line for line in s.splitlines() if ROW.match(line)]) == 4, timeout=60)
+        scene_lines = [line for line in screen.splitlines() if ROW.match(line)]
+        assert any("page heap" in line for line in scene_lines), scene_lines
+        assert any("mimalloc keeps" in line for line in scene_lines), scene_lines
         assert "Traceback" not in screen
         # WHEN q  THEN the demo exits 0 and stops every workload it started
         _tmux(sock, "send-keys", "-t", "demo", "q")
