@@ -11,8 +11,10 @@
  *                          to the OS only gradually, driven by later frees,
  *                          at TCMALLOC_RELEASE_RATE (default 1.0; 0 = never).
  *                          launch.py sets TCMALLOC_RELEASE_RATE=0 by default
- *                          for this workload under tcmalloc/tcmalloc_minimal
- *                          (override with --env TCMALLOC_RELEASE_RATE=10).
+ *                          for this workload under tcmalloc/tcmalloc_minimal.
+ *                          Measured: TCMALLOC_RELEASE_RATE=10 does not return
+ *                          this burst (no later frees drive the release);
+ *                          TCMALLOC_AGGRESSIVE_DECOMMIT=true does (RSS 14 MiB).
  *                          allocdiag: page heap free ("dirty") ~= freed,
  *                          unmapped ("retained") ~0; finding
  *                          tcmalloc-pageheap-free, knob TCMALLOC_RELEASE_RATE.
