@@ -265,6 +265,21 @@ def _reap_orphans():
                 ptrace.detach(tid, st.pid, 0)
 
 
+def detach_orphans(pid, timeout_s=2.0):
+    """Restore and detach every thread of PID still held as an orphan, within
+    TIMEOUT_S; returns the tids still held (uninterruptible past the deadline:
+    the at-exit reaper tries again).  Called when a view closes its process,
+    so that nothing stays attached once the user has left it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _reap_orphans()
+        with _orphan_lock:
+            left = [tid for tid, st in _orphans.items() if st.pid == pid]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.01)
+
+
 def _reap_orphans_at_exit():
     deadline = time.monotonic() + 2.0
     while _orphans and time.monotonic() < deadline:

@@ -7,6 +7,7 @@ presses and clicks, the way a user would.
 
 import asyncio
 import os
+import types
 from types import SimpleNamespace
 
 import pytest
@@ -684,14 +685,32 @@ def test_help_screen_and_quit():
     run(go())
 
 
-def test_source_actions_not_available_yet(monkeypatch):
+def test_source_close_detaches_held_threads(monkeypatch):
+    """close() restores and detaches the threads of its process that the
+    remote engine still holds (orphans that did not stop in time); other
+    processes' orphans stay for their own source.  Before the fix close()
+    looked for a diag.actions.detach that does not exist and did nothing."""
+    from collectors import remote
     from tui import source as source_mod
-    monkeypatch.setattr(source_mod, "_actions_module", lambda: None)
+    held = {101: types.SimpleNamespace(pid=4242), 202: types.SimpleNamespace(pid=999)}
+    monkeypatch.setattr(remote, "_orphans", held)
+    stopped = []
+
+    def reap():                     # each held thread has stopped by now
+        for tid in [t for t in held]:
+            stopped.append(tid)
+            held.pop(tid)
+        held[202] = types.SimpleNamespace(pid=999)   # not ours: still running
+    monkeypatch.setattr(remote, "_reap_orphans", reap)
+    assert source_mod.ProcessSource(4242).close() == []
+    assert 101 in stopped and 101 not in held
+    assert source_mod.ProcessSource(4242, no_attach=True).close() == []
+
+
+def test_source_actions_need_attach():
+    from tui import source as source_mod
     src = source_mod.ProcessSource(os.getpid())
-    with pytest.raises(source_mod.ActionUnavailable, match="not available yet"):
-        src.release()
-    with pytest.raises(source_mod.ActionUnavailable, match="not available yet"):
-        src.set_knob("x", "1")
+    assert callable(src._action("release")) and callable(src._action("set_knob"))
     noattach = source_mod.ProcessSource(os.getpid(), no_attach=True)
     with pytest.raises(source_mod.ActionUnavailable, match="--no-attach"):
         noattach.release()

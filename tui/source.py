@@ -36,13 +36,8 @@ class ActionUnavailable(AllocdiagError):
 
 
 def _actions_module():
-    """``diag.actions`` when it exists (implemented separately), else None."""
-    try:
-        return importlib.import_module("diag.actions")
-    except ModuleNotFoundError as exc:
-        if exc.name in ("diag.actions",):
-            return None
-        raise
+    """``diag.actions``, imported on first use (it pulls in the remote engine)."""
+    return importlib.import_module("diag.actions")
 
 
 class HostSource:
@@ -96,12 +91,7 @@ class ProcessSource:
         if self.no_attach:
             raise ActionUnavailable(f"{name} needs to call into the process; "
                                     "started with --no-attach", pid=self.pid)
-        mod = _actions_module()
-        fn = getattr(mod, name, None) if mod is not None else None
-        if fn is None:
-            raise ActionUnavailable(f"{name} is not available yet in this allocdiag "
-                                    "(diag.actions is not installed)", pid=self.pid)
-        return fn
+        return getattr(_actions_module(), name)
 
     def release(self):
         """``diag.actions.release``: a dict with ``before``/``after`` (Snapshots or
@@ -116,10 +106,14 @@ class ProcessSource:
         return tuple(result)
 
     def close(self):
-        mod = _actions_module()
-        detach = getattr(mod, "detach", None) if mod is not None else None
-        if detach is not None:
-            detach(self.pid)
+        """Leave nothing attached: every snapshot detaches after its calls, but a
+        thread that did not stop in time is held as an orphan until it does
+        (collectors.remote); restore and detach this process's orphans now.
+        Returns the tids still held (the at-exit reaper retries them)."""
+        if self.no_attach:
+            return []
+        from collectors import remote
+        return remote.detach_orphans(self.pid)
 
 
 class ReplaySource:
