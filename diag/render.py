@@ -67,3 +67,81 @@ def label(name):
 
 def use_color(stream=sys.stdout):
     return stream.isatty() and "NO_COLOR" not in os.environ
+
+
+# -- native fields, with units from collectors.schema ---------------------------
+# The native document keeps the allocator's own names; its units are declared
+# once per field in collectors.schema (never guessed from the key's spelling).
+# Both the TUI's allocator tables and the CLI's `inspect` text use these.
+
+def _native_path(path):
+    """Keys into a native document -> the schema's path (list indices as "*")."""
+    return tuple("*" if isinstance(p, int) else str(p) for p in path)
+
+
+def native_field(kind, path):
+    """The collectors.schema NativeField at PATH of KIND's native doc, or None."""
+    from collectors import schema
+    try:
+        return schema.lookup(kind, _native_path(path))
+    except Exception:          # an allocator the schema does not know
+        return None
+
+
+def native_value(kind, path, value, page=None):
+    """Text of one native number in its declared unit: bytes as bytes,
+    pages as pages and bytes (PAGE = bytes per page, when the document says),
+    ms as ms; undeclared fields as the bare number, never with a guessed unit."""
+    f = native_field(kind, path) if kind else None
+    unit = f.unit if f is not None else None
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        if unit == "bytes":
+            return f"{value:,} B" if abs(value) < 1024 else f"{value:,} ({human_bytes(value)})"
+        if unit == "pages":
+            n = "page" if value == 1 else "pages"
+            return f"{value:,} {n} ({human_bytes(value * page)})" if page else f"{value:,} {n}"
+        if unit == "ms":
+            return f"{value:,} ms"
+        if unit == "flag":
+            return "true" if value else "false"
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:g} ms" if unit == "ms" else f"{value:g}"
+    return str(value)
+
+
+def native_rows(kind, native):
+    """[(label, formatted, meaning)] for every scalar leaf of NATIVE: label is
+    the dotted path, formatted is the value in its schema unit, meaning the
+    schema's sentence ("" when the field is not declared)."""
+    from collectors import schema
+    try:
+        page = schema.page_size(kind, native)
+    except Exception:
+        page = None
+    rows = []
+
+    def walk(value, path):
+        if isinstance(value, dict) and value:
+            for k, v in value.items():
+                walk(v, path + (k,))
+        elif isinstance(value, list) and value and not all(
+                v is None or isinstance(v, (str, int, float, bool)) for v in value):
+            for i, v in enumerate(value):
+                walk(v, path + (i,))
+        else:
+            f = native_field(kind, path)
+            if isinstance(value, list):
+                text = ", ".join(native_value(kind, path + (i,), v, page)
+                                 for i, v in enumerate(value)) or "[]"
+            elif isinstance(value, dict):
+                text = "{}"
+            else:
+                text = native_value(kind, path, value, page)
+            rows.append((".".join(str(p) for p in path), text, f.meaning if f else ""))
+    walk(native or {}, ())
+    return rows

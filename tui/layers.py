@@ -17,7 +17,7 @@ import json
 from collections import namedtuple
 
 from diag.fields import BY_NAME
-from diag.render import human_bytes
+from diag.render import human_bytes, native_value
 
 Segment = namedtuple("Segment", "role label value meaning")
 Bar = namedtuple("Bar", "name segments total caption")
@@ -216,8 +216,6 @@ def history_series(snaps):
 
 # -- native detail, rendered generically ----------------------------------------
 
-_BYTEISH = ("bytes", "size", "allocated", "active", "resident", "mapped", "retained",
-            "metadata", "rss", "commit", "reserved")
 MAX_COLUMNS = 12
 
 
@@ -225,30 +223,42 @@ def _is_scalar(v):
     return v is None or isinstance(v, (str, int, float, bool))
 
 
-def cell(key, v):
-    """Text of one native value."""
+class _Units:
+    """Where a native value's unit comes from: the allocator KIND's schema
+    (collectors.schema via diag.render.native_value) and the page size its
+    document declares.  No kind -> bare numbers, never a guessed unit."""
+
+    def __init__(self, kind=None, native=None):
+        self.kind = kind
+        self.page = None
+        if kind:
+            from collectors import schema
+            try:
+                self.page = schema.page_size(kind, native or {})
+            except Exception:
+                self.page = None
+
+    def text(self, path, v):
+        return native_value(self.kind, path, v, self.page)
+
+
+_BARE = _Units()
+
+
+def cell(key, v, units=_BARE, path=None):
+    """Text of one native value at PATH (keys into the native document)."""
+    path = tuple(path) if path is not None else (key,)
     if isinstance(v, dict):
         if "text" in v and _is_scalar(v["text"]):
             return str(v["text"])
         if "value" in v and _is_scalar(v["value"]):
-            return cell(key, v["value"])
+            return cell(key, v["value"], units, path + ("value",))
         return _compact(v)
     if isinstance(v, list):
         if all(_is_scalar(x) for x in v):
-            return ", ".join("-" if x is None else str(x) for x in v) or "[]"
+            return ", ".join(cell(key, x, units, path + (i,)) for i, x in enumerate(v)) or "[]"
         return _compact(v)
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        k = str(key).lower()
-        if abs(v) >= 1024 and any(w in k for w in _BYTEISH):
-            return f"{v:,} ({human_bytes(v)})"
-        return f"{v:,}"
-    if isinstance(v, float):
-        return f"{v:g}"
-    return str(v)
+    return units.text(path, v)
 
 
 def _compact(v, limit=60):
@@ -256,7 +266,7 @@ def _compact(v, limit=60):
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-def _records_table(title, items):
+def _records_table(title, items, units, path):
     """items: [(name, dict)] -> Table with a column per scalar-ish key."""
     columns = []
     for _, rec in items:
@@ -264,44 +274,50 @@ def _records_table(title, items):
             if k not in columns:
                 columns.append(k)
     columns = columns[:MAX_COLUMNS]
-    rows = [(str(name),) + tuple(cell(k, rec.get(k)) if k in rec else "" for k in columns)
+    rows = [(str(name),) + tuple(cell(k, rec.get(k), units, path + (name, k)) if k in rec
+                                 else "" for k in columns)
             for name, rec in items]
     return Table(title, ("",) + tuple(str(c) for c in columns), tuple(rows))
 
 
-def native_tables(native, title="", depth=0):
-    """A generic rendering of an allocator's native dict as tables.
+def native_tables(native, title="", depth=0, kind=None, units=None, path=()):
+    """A generic rendering of an allocator's native dict as tables, units from
+    KIND's schema (collectors.schema).
 
     Scalars -> one key/value table; a dict of dicts or a list of dicts -> a
     table with one row per entry; other nested dicts -> recursed into
     (titles joined with '.').
     """
+    if units is None:
+        units = _Units(kind, native)
     tables = []
     if not isinstance(native, dict):
-        return [Table(title or "value", ("", "value"), (("", cell(title, native)),))]
+        return [Table(title or "value", ("", "value"), (("", cell(title, native, units, path)),))]
     kv, nested = [], []
     for k, v in native.items():
         if _is_scalar(v) or (isinstance(v, list) and all(_is_scalar(x) for x in v)) \
                 or (isinstance(v, dict) and ("text" in v or "value" in v)
                     and all(_is_scalar(x) for x in v.values())):
-            kv.append((str(k), cell(k, v)))
+            kv.append((str(k), cell(k, v, units, path + (k,))))
         else:
             nested.append((k, v))
     if kv:
         tables.append(Table(title or "summary", ("key", "value"), tuple(kv)))
     for k, v in nested:
         sub = f"{title}.{k}" if title else str(k)
+        here = path + (k,)
         if isinstance(v, list):
             if all(isinstance(x, dict) for x in v):
-                tables.append(_records_table(sub, [(i, x) for i, x in enumerate(v)]))
+                tables.append(_records_table(sub, [(i, x) for i, x in enumerate(v)], units, here))
             else:
                 tables.append(Table(sub, ("", "value"),
-                                    tuple((str(i), cell(k, x)) for i, x in enumerate(v))))
+                                    tuple((str(i), cell(k, x, units, here + (i,)))
+                                          for i, x in enumerate(v))))
         elif isinstance(v, dict):
             if v and all(isinstance(x, dict) for x in v.values()):
-                tables.append(_records_table(sub, list(v.items())))
+                tables.append(_records_table(sub, list(v.items()), units, here))
             elif depth < 3:
-                tables.extend(native_tables(v, sub, depth + 1))
+                tables.extend(native_tables(v, sub, depth + 1, units=units, path=here))
             else:
                 tables.append(Table(sub, ("", "value"), ((str(k), _compact(v)),)))
     return tables

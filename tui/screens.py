@@ -671,7 +671,8 @@ class ProcessScreen(Screen):
         fill_table(self.query_one("#stats", DataTable),
                    ("field", "value", "provenance", "source", "meaning"),
                    layers.stats_rows(snap), right=(1,))
-        self.query_one("#native", NativeTables).show(snap.native)
+        kind = snap.allocator.kind if snap.allocator else None
+        self.query_one("#native", NativeTables).show(snap.native, kind=kind)
         self._show_findings(snap)
         self._show_process(snap)
         self._tell_collector_errors(snap)

@@ -245,8 +245,8 @@ class NativeTables(Vertical):
         super().__init__(**kwargs)
         self._shape = None
 
-    def show(self, native):
-        tables = layers.native_tables(native or {})
+    def show(self, native, kind=None):
+        tables = layers.native_tables(native or {}, kind=kind)
         shape = tuple((t.title, t.columns) for t in tables)
         if shape != self._shape:
             self.remove_children()
