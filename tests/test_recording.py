@@ -59,7 +59,7 @@ def test_malformed_and_truncated(tmp_path):
         "garbage.jsonl": "hello\n",
         "notasnapshot.jsonl": json.dumps({"schema_version": 1, "pid": "x"}) + "\n",
         "wrongversion.jsonl": good.replace('"schema_version":1', '"schema_version":99') + "\n",
-        "badnumber.jsonl": good.replace('"rss":4294967296', '"rss":"4 GiB"') + "\n",
+        "badnumber.jsonl": good.replace(f'"rss":{40 << 20}', '"rss":"40 MiB"') + "\n",
         "empty.jsonl": "",
         "list.jsonl": "[1,2]\n",
     }

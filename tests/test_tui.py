@@ -16,6 +16,8 @@ from collectors.errors import AccessDenied, NoSuchProcess
 from diag.model import (Allocator, AllocatorRef, CgroupMemory, CollectorStatus, Finding, Knob,
                         Preload, ProcessMemory, Snapshot, Value)
 from diag.recording import read_recording
+from diag.render import human_bytes
+from fakes import real_snapshot
 from textual.widgets import DataTable, Input, Static
 
 GiB = 1 << 30
@@ -39,10 +41,12 @@ def _stats(**values):
     return out
 
 
-def jemalloc_snapshot(i=0, taken_at=None, lazyfree=800 * MiB, pid=4242):
-    """jemalloc with background_thread and muzzy_decay_ms:-1: LazyFree stays in RSS."""
-    step = i * 64 * MiB
-    return Snapshot(
+def jemalloc_snapshot(i=0, taken_at=None, lazyfree=4 * MiB, pid=4242):
+    """The captured jemalloc 5.3 stats (dirty pages held: dirty_decay_ms 10000) in a
+    process whose RSS climbs by 4 MiB per step I, with LAZYFREE in RSS."""
+    step = i * 4 * MiB
+    return real_snapshot(
+        "jemalloc",
         pid=pid, comm="cache-server", exe="/usr/local/bin/cache-server",
         taken_at=taken_at if taken_at is not None else T0 + 2 * i,
         allocator=Allocator(kind="jemalloc", version="5.3.0-0-g54eaed1d", linkage="preload",
@@ -56,36 +60,13 @@ def jemalloc_snapshot(i=0, taken_at=None, lazyfree=800 * MiB, pid=4242):
                         verdict="in effect: malloc binds to /usr/lib/x86_64-linux-gnu/"
                                 "libjemalloc.so.2",
                         reasons=("LD_PRELOAD names libjemalloc.so.2",)),
-        process=ProcessMemory(rss=4 * GiB + step, rss_anon=3 * GiB + 824 * MiB + step,
-                              rss_file=180 * MiB, rss_shmem=20 * MiB, lazyfree=lazyfree,
-                              anon_thp=0, swap=0, pss=4 * GiB, vm_size=9 * GiB, threads=24,
+        process=ProcessMemory(rss=40 * MiB + step, rss_anon=34 * MiB + step,
+                              rss_file=5 * MiB, rss_shmem=1 * MiB, lazyfree=lazyfree,
+                              anon_thp=0, swap=0, pss=40 * MiB, vm_size=900 * MiB, threads=24,
                               source="smaps_rollup"),
         cgroup=CgroupMemory(version=2, path="/system.slice/cache.service",
-                            usage=4 * GiB + 512 * MiB, limit=6 * GiB,
-                            inactive_file=GiB, working_set=3 * GiB + 512 * MiB),
-        stats=_stats(allocated=GiB + step, active=GiB + 205 * MiB + step,
-                     resident=2 * GiB + 102 * MiB + step, mapped=2 * GiB + 307 * MiB + step,
-                     retained=4 * GiB, metadata=40 * MiB, dirty=880 * MiB, muzzy=800 * MiB),
-        native={
-            "version": "5.3.0-0-g54eaed1d8b56b1aa528be3bdd1877e59c56fa90c",
-            "opt": {"background_thread": True, "narenas": 8, "dirty_decay_ms": 1000,
-                    "muzzy_decay_ms": -1, "retain": True, "tcache_max": 32768},
-            "arenas": {"narenas": 9, "dirty_decay_ms": 1000, "muzzy_decay_ms": -1,
-                       "page": 4096},
-            "arenas_stats": {
-                str(a): {"nthreads": 3, "pactive": 39_000 + a, "pdirty": 28_000,
-                         "pmuzzy": 25_600, "dirty_npurge": 12 + a, "muzzy_npurge": 0,
-                         "dirty_decay_ms": 1000, "muzzy_decay_ms": -1}
-                for a in range(8)},
-        },
-        findings=(Finding(id="jemalloc.muzzy_never_purged", severity="warning",
-                          title="800 MiB of LazyFree pages that jemalloc never purges",
-                          evidence={"lazyfree": 800 * MiB, "muzzy_decay_ms": -1},
-                          knob=Knob(name="arenas.muzzy_decay_ms", current="-1",
-                                    source="MALLOC_CONF", suggested="10000",
-                                    how="MALLOC_CONF=muzzy_decay_ms:10000, or set it at "
-                                        "runtime"),
-                          expected_effect_bytes=800 * MiB, confidence="high"),),
+                            usage=48 * MiB, limit=64 * MiB,
+                            inactive_file=10 * MiB, working_set=38 * MiB),
         collectors={"procfs": CollectorStatus(True, None, 0.0012),
                     "cgroup": CollectorStatus(True, None, 0.0003),
                     "jemalloc": CollectorStatus(True, None, 0.0021, pause_us=1400)},
@@ -93,90 +74,47 @@ def jemalloc_snapshot(i=0, taken_at=None, lazyfree=800 * MiB, pid=4242):
 
 
 def glibc_snapshot(taken_at=T0):
-    arenas = [{"nr": n, "free_bytes": 130 * MiB, "system": {"current": 170 * MiB,
-                                                             "max": 190 * MiB},
-               "fast": {"count": 120, "size": 3840}, "rest": {"count": 901, "size": 130 * MiB}}
-              for n in range(8)]
-    return Snapshot(
-        pid=3131, comm="python3", exe="/usr/bin/python3.11", taken_at=taken_at,
+    return real_snapshot(
+        "glibc", pid=3131, comm="python3", exe="/usr/bin/python3.11", taken_at=taken_at,
         allocator=Allocator(kind="glibc", version="2.36", linkage="dynamic",
                             path="/usr/lib/x86_64-linux-gnu/libc.so.6",
                             evidence=("malloc binds to libc.so.6",)),
         preload=Preload(),
-        process=ProcessMemory(rss=1600 * MiB, rss_anon=1510 * MiB, rss_file=90 * MiB,
+        process=ProcessMemory(rss=16 * MiB, rss_anon=7 * MiB, rss_file=9 * MiB,
                               rss_shmem=0, lazyfree=0, anon_thp=0, swap=0, threads=9,
                               source="smaps_rollup"),
-        cgroup=CgroupMemory(version=2, path="/user.slice", usage=2 * GiB, limit=None,
-                            inactive_file=300 * MiB, working_set=2 * GiB - 300 * MiB),
-        stats=_stats(allocated=310 * MiB, active=330 * MiB,
-                     resident=Value.derived(1400 * MiB, "sum of Rss of heap and arena mappings"),
-                     mapped=1600 * MiB, dirty=1050 * MiB),
-        native={"version": "1", "has_fast": True, "arenas": arenas,
-                "totals": {"system": {"current": 1360 * MiB, "max": 1520 * MiB},
-                           "mmap": {"count": 4, "size": 40 * MiB}}},
-        findings=(Finding(id="glibc.arena_fragmentation", severity="warning",
-                          title="1.0 GiB free inside 8 glibc arenas",
-                          evidence={"free_in_bins": 1050 * MiB, "arenas": 8},
-                          knob=Knob(name="MALLOC_ARENA_MAX", current=None, source="default",
-                                    suggested="2", how="environment; release now runs "
-                                                       "malloc_trim(0)"),
-                          expected_effect_bytes=900 * MiB),),
+        cgroup=CgroupMemory(version=2, path="/user.slice", usage=20 * MiB, limit=None,
+                            inactive_file=3 * MiB, working_set=17 * MiB),
         collectors={"procfs": CollectorStatus(True, None, 0.001),
                     "glibc": CollectorStatus(True, None, 0.003, pause_us=1800)},
     )
 
 
 def tcmalloc_snapshot(taken_at=T0):
-    return Snapshot(
-        pid=5151, comm="ingest", exe="/opt/ingest/bin/ingest", taken_at=taken_at,
+    return real_snapshot(
+        "tcmalloc", pid=5151, comm="ingest", exe="/opt/ingest/bin/ingest", taken_at=taken_at,
         allocator=Allocator(kind="tcmalloc", version="2.10", linkage="dynamic",
                             path="/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4"),
         preload=Preload(),
-        process=ProcessMemory(rss=1100 * MiB, rss_anon=1000 * MiB, rss_file=100 * MiB,
+        process=ProcessMemory(rss=22 * MiB, rss_anon=15 * MiB, rss_file=7 * MiB,
                               rss_shmem=0, lazyfree=0, threads=16),
-        cgroup=CgroupMemory(version=2, path="/kubepods/pod1/ingest", usage=1200 * MiB,
-                            limit=2 * GiB, inactive_file=60 * MiB, working_set=1140 * MiB),
-        stats=_stats(allocated=512 * MiB, active=700 * MiB, resident=900 * MiB,
-                     mapped=GiB, retained=100 * MiB, metadata=12 * MiB),
-        native={"flavor": "gperftools",
-                "summary": {"bytes_in_use_by_app": 512 * MiB,
-                            "bytes_in_page_heap_freelist": 150 * MiB,
-                            "bytes_in_central_cache_freelist": 30 * MiB,
-                            "bytes_in_thread_cache_freelists": 8 * MiB,
-                            "bytes_released_to_os": 100 * MiB, "thread_heaps_in_use": 16,
-                            "tcmalloc_page_size": 8192},
-                "size_classes": [{"class": c, "size": 8 << c, "objects": 1000 * c,
-                                  "bytes": (8 << c) * 1000 * c} for c in range(1, 9)]},
-        findings=(Finding(id="tcmalloc.slow_release", severity="info",
-                          title="150 MiB free in the page heap",
-                          knob=Knob(name="tcmalloc.release_rate", current="1.0",
-                                    source="default", suggested="5"),
-                          expected_effect_bytes=150 * MiB),),
+        cgroup=CgroupMemory(version=2, path="/kubepods/pod1/ingest", usage=24 * MiB,
+                            limit=64 * MiB, inactive_file=2 * MiB, working_set=22 * MiB),
         collectors={"procfs": CollectorStatus(True, None, 0.001),
                     "tcmalloc": CollectorStatus(True, None, 0.002, pause_us=900)},
     )
 
 
 def mimalloc_snapshot(taken_at=T0):
-    def row(cur, peak):
-        return {"peak": {"value": peak, "text": f"{peak / MiB:.1f} MiB"},
-                "current": {"value": cur, "text": f"{cur / MiB:.1f} MiB"}}
-    return Snapshot(
-        pid=6161, comm="renderer", exe="/usr/bin/renderer", taken_at=taken_at,
+    return real_snapshot(
+        "mimalloc", pid=6161, comm="renderer", exe="/usr/bin/renderer", taken_at=taken_at,
         allocator=Allocator(kind="mimalloc", version="2.0.9", linkage="preload",
                             path="/usr/lib/x86_64-linux-gnu/libmimalloc.so.2"),
         preload=Preload(requested=("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2",),
                         effective=True, verdict="in effect"),
-        process=ProcessMemory(rss=700 * MiB, rss_anon=640 * MiB, rss_file=60 * MiB,
+        process=ProcessMemory(rss=44 * MiB, rss_anon=38 * MiB, rss_file=6 * MiB,
                               rss_shmem=0, lazyfree=0, threads=6),
         cgroup=CgroupMemory(),
-        stats=_stats(active=Value.derived(600 * MiB, "committed current"),
-                     mapped=Value.measured(GiB, "reserved current")),
-        native={"format": "text", "tracks_allocations": False,
-                "rows": {"reserved": row(GiB, GiB), "committed": row(600 * MiB, 650 * MiB),
-                         "reset": row(0, 0)},
-                "options": {"purge_delay": 10, "arena_eager_commit": 2, "page_reset": 0}},
-        findings=(),
         collectors={"procfs": CollectorStatus(True, None, 0.001),
                     "mimalloc": CollectorStatus(True, None, 0.002, pause_us=700)},
     )
@@ -431,8 +369,9 @@ def test_findings_tab_shows_knob_current_and_source():
             await settle(pilot, app)
             await pilot.press("3")
             row = app.screen.query_one("#findings-table", DataTable).get_row_at(0)
-            assert [str(c) for c in row[2:6]] == ["arenas.muzzy_decay_ms", "-1", "MALLOC_CONF",
-                                                  "10000"]
+            # the first real finding on the captured jemalloc stats (diag.findings)
+            assert [str(c) for c in row[2:6]] == ["dirty_decay_ms", "10000", "compiled default",
+                                                  "1000"]
             assert "press k" in status_text(app, "#finding-detail")
     run(go())
 
@@ -534,13 +473,13 @@ def test_set_knob_prefilled_from_finding_and_confirmed():
             await pilot.press("k")
             await pilot.pause()
             inp = app.screen.query_one(Input)
-            assert inp.value == "arenas.muzzy_decay_ms=10000"
-            inp.value = "arenas.muzzy_decay_ms=5000"
+            assert inp.value == "dirty_decay_ms=1000"
+            inp.value = "dirty_decay_ms=5000"
             await pilot.press("enter")
             await pilot.pause()
             await pilot.press("y")
             await settle(pilot, app)
-            assert src.knobs == [("arenas.muzzy_decay_ms", "5000")]
+            assert src.knobs == [("dirty_decay_ms", "5000")]
             assert any("-1 → 5000" in n.message for n in app._notifications)
             # a malformed entry is refused with a hint
             await pilot.press("k")
@@ -548,7 +487,7 @@ def test_set_knob_prefilled_from_finding_and_confirmed():
             app.screen.query_one(Input).value = "nonsense"
             await pilot.press("enter")
             await pilot.pause()
-            assert src.knobs == [("arenas.muzzy_decay_ms", "5000")]
+            assert src.knobs == [("dirty_decay_ms", "5000")]
             assert any("name=value" in n.message for n in app._notifications)
     run(go())
 
@@ -729,10 +668,11 @@ def test_real_process_source_samples_this_process():
 
 def test_mapped_is_never_inside_the_resident_stack():
     from tui import layers
-    panel = layers.allocator_panel(jemalloc_snapshot())
+    snap = jemalloc_snapshot()
+    panel = layers.allocator_panel(snap)
     held = panel.bars[0]
     assert [s.role for s in held.segments] == ["allocated", "active", "resident"]
-    assert held.total == 2 * GiB + 102 * MiB
+    assert held.total == snap.stats["resident"].value
     assert [b.name for b in panel.bars[1:]] == ["mapped", "retained"]
     assert any("not nested" in n for n in panel.notes)
 
@@ -749,7 +689,7 @@ def test_unknown_values_are_listed_not_drawn():
     from tui import layers
     panel = layers.allocator_panel(mimalloc_snapshot())
     unknown = {i.role for i in panel.legend if i.value is None}
-    assert unknown == {"allocated", "resident", "retained"}
+    assert unknown == {"allocated", "active", "retained"}   # mimalloc's stats text has none
     drawn = {s.role for b in panel.bars for s in b.segments}
     assert not drawn & unknown
     rss = layers.rss_panel(Snapshot(pid=1, process=ProcessMemory(rss=100, rss_anon=80,
@@ -768,13 +708,30 @@ def test_rss_split_adds_up():
 def test_native_tables_generic():
     from tui import layers
     tables = {t.title: t for t in layers.native_tables(jemalloc_snapshot().native)}
-    assert tables["summary"].rows[0][0] == "version"
-    assert len(tables["arenas_stats"].rows) == 8
-    assert "pmuzzy" in tables["arenas_stats"].columns
+    assert tables["summary"].rows[0][0] == "prefix"
+    assert "stats.arenas.4096.pactive" in dict(tables["mallctl"].rows)
     glibc = {t.title: t for t in layers.native_tables(glibc_snapshot().native)}
-    assert len(glibc["arenas"].rows) == 8
+    assert len(glibc["malloc_info.arenas"].rows) == 2       # the capture had two arenas
     mi = {t.title: t for t in layers.native_tables(mimalloc_snapshot().native)}
-    assert mi["rows"].rows[0] == ("reserved", "1024.0 MiB", "1024.0 MiB")
+    assert mi["stats.rows"].rows[0][:2] == ("reserved", "64.0 MiB")
+
+
+def test_native_units_come_from_the_schema():
+    """pactive is a page count: pages and bytes (the document's arenas.page);
+    byte fields as bytes, decay times as ms; without a kind no unit is guessed."""
+    from tui import layers
+    native = jemalloc_snapshot().native
+    rows = dict(layers.native_tables(native, kind="jemalloc")[1].rows)
+    pactive = native["mallctl"]["stats.arenas.4096.pactive"]
+    assert rows["stats.arenas.4096.pactive"] == f"{pactive:,} pages ({human_bytes(pactive * 4096)})"
+    assert rows["stats.allocated"].endswith(f"({human_bytes(native['mallctl']['stats.allocated'])})")
+    assert rows["opt.dirty_decay_ms"] == "10,000 ms"
+    bare = dict(layers.native_tables(native)[1].rows)
+    assert bare["stats.arenas.4096.pactive"] == f"{pactive:,}"
+    glibc = {t.title: dict(t.rows) for t in layers.native_tables(glibc_snapshot().native,
+                                                                 kind="glibc")
+             if t.columns == ("key", "value")}
+    assert glibc["malloc_info.totals.system"]["current"] == "454,656 (444.0 KiB)"
 
 
 def test_history_widget_draws_a_staircase():
@@ -812,8 +769,8 @@ def test_release_rows_from_snapshots():
     rows = {r[0]: r for r in layers.release_rows({"before": before, "after": after,
                                                   "call": "arena.4096.purge",
                                                   "pause_us": [300, 140]})}
-    assert rows["LazyFree"][1:] == ("800.0 MiB", "0 B", "−800.0 MiB")
-    assert rows["muzzy"][1:] == ("800.0 MiB", "unknown", "")
+    assert rows["LazyFree"][1:] == ("4.0 MiB", "0 B", "−4.0 MiB")
+    assert rows["muzzy"][1:] == ("0 B", "unknown", "")
     assert rows["pause_us"][1] == "440 µs (2 stops)"
 
 
