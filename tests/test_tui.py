@@ -705,6 +705,24 @@ def test_rss_split_adds_up():
     assert [s.role for s in bar.segments] == ["held", "lazyfree", "anon", "file", "shmem"]
 
 
+def test_rss_bar_draws_every_layer_diag_breakdown_knows():
+    """A layer diag.breakdown adds (CPython's pymalloc arenas) appears in the RSS
+    bar without a TUI change, carved out of the other anonymous memory."""
+    from dataclasses import replace
+    from diag import breakdown
+    from diag.model import Runtime
+    from tui import layers
+    snap = replace(glibc_snapshot(), runtime=Runtime(
+        kind="cpython-pymalloc", values={"resident": Value.measured(2 * MiB, "arenas"),
+                                         "allocated": Value.measured(MiB, "pools")}))
+    bar = layers.rss_panel(snap).bars[0]
+    py = [s for s in bar.segments if s.label.startswith("Python arenas")]
+    assert [s.value for s in py] == [2 * MiB]
+    assert sum(s.value for s in bar.segments) == snap.process.rss
+    names = {la.label for la in breakdown.layers(snap) if la.depth == 0}
+    assert {s.label for s in bar.segments if s.role == "extra"} <= names
+
+
 def test_native_tables_generic():
     from tui import layers
     tables = {t.title: t for t in layers.native_tables(jemalloc_snapshot().native)}

@@ -30,7 +30,7 @@ GLYPHS = {
     "allocated": "█", "active": "▓", "resident": "▒",
     "mapped": "░", "retained": "·",
     "held": "█", "lazyfree": "▒", "anon": "▓", "file": "░", "shmem": "▚",
-    "working_set": "█", "inactive_file": "▒",
+    "working_set": "█", "inactive_file": "▒", "extra": "▞",
 }
 ROLES = tuple(GLYPHS)
 
@@ -137,6 +137,15 @@ def rss_panel(snap):
         else:
             legend.append(LegendItem("lazyfree", label("lazyfree"), None, None,
                                      meaning("lazyfree")))
+        # Layers of anonymous memory that diag.breakdown identifies beyond the
+        # allocator and LazyFree (e.g. CPython's pymalloc arenas): drawn from
+        # its list as they come, so a new layer needs no change here.
+        for extra in _extra_anon_layers(snap):
+            drawn = min(extra.bytes, max(0, room))
+            segs.append(Segment("extra", extra.label, drawn, extra.note or ""))
+            legend.append(LegendItem("extra", extra.label, extra.bytes, _share(extra.bytes, p.rss),
+                                     extra.note or ""))
+            room -= drawn
         anon_rest = max(0, room)
         other = "other " + label("rss_anon") if (held is not None or lazy is not None) \
             else label("rss_anon")
@@ -155,6 +164,15 @@ def rss_panel(snap):
     if p.rss is None:
         notes.append(f"{label('rss')} unknown")
     return Panel(bars, total or 0, tuple(legend), tuple(notes))
+
+
+# diag.breakdown's top-level layers this panel already draws under its own roles.
+_RSS_NAMED = frozenset(("allocator", "lazyfree", "other_anon", "file", "shmem"))
+
+
+def _extra_anon_layers(snap):
+    from diag.breakdown import layers as rss_layers
+    return [layer for layer in rss_layers(snap) if layer.depth == 0 and layer.name not in _RSS_NAMED]
 
 
 def cgroup_panel(snap):

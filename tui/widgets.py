@@ -19,6 +19,7 @@ _COLOURS = {
     "held": "#5fd75f", "lazyfree": "#d75fd7", "anon": "#5fd7d7", "file": "#5f87ff",
     "shmem": "#af87ff", "working_set": "#5fd75f", "inactive_file": "#d75fd7",
     "usage": "#d0d0d0", "limit": "#d0d0d0", "rss": "#5f87ff",
+    "extra": "#ffd75f",     # an RSS layer diag.breakdown knows and this view does not name
 }
 
 def role_css(widget_type):
