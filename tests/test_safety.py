@@ -19,6 +19,7 @@ import pytest
 from collectors import ptrace
 from collectors.livestats import LARGE_TEXT
 from diag import snapshot
+from servers import traced_tasks, untraced
 from targets import build_c, start
 
 THREADS = 8
@@ -63,9 +64,9 @@ def run_snapshots(allocator, count):
         # Still progressing after the run, and nothing left behind.
         time.sleep(0.2)
         assert ops(t.pid, addr) > last_ops
-        with open(f"/proc/{t.pid}/status") as f:
-            status = f.read()
-        assert "TracerPid:\t0" in status and "State:\tS" in status or "State:\tR" in status
+        # every task untraced, and not stopped/zombie (the old check parsed as
+        # (traced-check and S) or R, so a running target was never checked)
+        assert untraced(t.pid), traced_tasks(t.pid)
         assert not large_text_mappings(t.pid) - before_maps
     pauses.sort()
     return pauses, kinds
@@ -83,3 +84,38 @@ def test_200_snapshots_under_churn(allocator):
 def test_2000_snapshots_under_churn(allocator):
     pauses, _ = run_snapshots(allocator, 2000)
     assert len(pauses) == 2000
+
+
+def test_untraced_checks_every_task_of_a_running_target():
+    """The old check ``"TracerPid:\\t0" in s and "State:\\tS" in s or "State:\\tR" in s``
+    accepted a *running* traced target.  untraced() must refuse it: a busy
+    two-thread target seized (not stopped) by a helper process."""
+    import subprocess, sys
+    busy = [sys.executable, "-c",
+            "import threading\n"
+            "def spin():\n    while True: pass\n"
+            "threading.Thread(target=spin, daemon=True).start()\nspin()\n"]
+    target = subprocess.Popen(busy, start_new_session=True)
+    seize = ("import ctypes,sys,time,os\n"
+             "libc=ctypes.CDLL(None,use_errno=True)\n"
+             "pid=int(sys.argv[1])\n"
+             "for tid in os.listdir(f'/proc/{pid}/task'):\n"
+             "    assert libc.ptrace(0x4206,int(tid),None,None)==0, ctypes.get_errno()\n"
+             "print('seized',flush=True); time.sleep(30)\n")
+    tracer = None
+    try:
+        time.sleep(0.3)
+        assert untraced(target.pid)
+        tracer = subprocess.Popen([sys.executable, "-c", seize, str(target.pid)],
+                                  stdout=subprocess.PIPE, text=True)
+        assert tracer.stdout.readline().strip() == "seized"
+        assert not untraced(target.pid)
+        assert traced_tasks(target.pid)
+        with open(f"/proc/{target.pid}/status") as f:
+            s = f.read()
+        if "State:\tR" in s:   # the old expression would have passed here
+            assert "TracerPid:\t0" in s and "State:\tS" in s or "State:\tR" in s
+    finally:
+        if tracer:
+            tracer.kill(); tracer.wait()
+        target.kill(); target.wait()

@@ -1,0 +1,180 @@
+"""Real servers for the tests (issue 9 items 6 and 9): started from Debian
+packages on loopback only (127.0.0.1 free ports or unix sockets in a temp
+dir), waited for, and always stopped (process group killed in ``finally``).
+
+Also the shared helpers ``untraced(pid)`` (every task's TracerPid is 0) and
+``build_cxx`` (g++ build of tests/targets/*.cpp, cached like build_c).
+"""
+
+import contextlib
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+import deps
+from targets import BUILD_DIR, SOURCES
+
+
+def task_status(pid):
+    """{tid: status text} for every task of PID."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                out[int(tid)] = f.read()
+    return out
+
+
+def traced_tasks(pid):
+    """[(tid, TracerPid line)] of the tasks of PID that are traced (empty = untraced)."""
+    bad = []
+    for tid, text in task_status(pid).items():
+        for line in text.splitlines():
+            if line.startswith("TracerPid:") and line.split()[1] != "0":
+                bad.append((tid, line))
+    return bad
+
+
+def untraced(pid):
+    """True when PID exists, is not a zombie/dead, and no task is traced
+    (every /proc/PID/task/TID/status has ``TracerPid:\\t0``)."""
+    tasks = task_status(pid)
+    if not tasks:
+        return False
+    for text in tasks.values():
+        if "TracerPid:\t0\n" not in text:
+            return False
+        state = [l for l in text.splitlines() if l.startswith("State:")][0]
+        if state.split()[1] in ("Z", "X", "t", "T"):
+            return False
+    return True
+
+
+def build_cxx(source, *flags, name=None):
+    """Compile tests/targets/SOURCE with g++ (package g++); cached by text + flags."""
+    deps.need("g++")
+    src = source if os.path.isabs(source) else os.path.join(SOURCES, source)
+    with open(src, "rb") as f:
+        text = f.read()
+    key = hashlib.sha1(text + repr(flags).encode()).hexdigest()[:12]
+    base = name or os.path.splitext(os.path.basename(src))[0]
+    os.makedirs(BUILD_DIR, exist_ok=True)
+    out = os.path.join(BUILD_DIR, f"{base}-{key}")
+    if not os.path.exists(out):
+        tmp = out + f".tmp{os.getpid()}"
+        cmd = ["g++", "-O1", "-g", "-std=c++17", "-o", tmp, src, *flags]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"build failed: {' '.join(cmd)}\n{res.stderr}")
+        os.replace(tmp, out)
+    return out
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, proc, timeout=15):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited ({proc.returncode}) before listening")
+        with contextlib.suppress(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"{proc.args!r} not listening on 127.0.0.1:{port} after {timeout}s")
+
+
+class Server:
+    def __init__(self, proc, port, tmp, pid=None):
+        self.proc, self.port, self.tmp = proc, port, tmp
+        self.pid = pid or proc.pid
+
+    def alive(self):
+        return self.proc.poll() is None
+
+
+@contextlib.contextmanager
+def _run(argv, port, tmp, timeout=15, **popen):
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True, cwd=tmp, **popen)
+    try:
+        wait_port(port, proc, timeout)
+        yield Server(proc, port, tmp)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@contextlib.contextmanager
+def redis():
+    exe = deps.need("redis-server")
+    with tempfile.TemporaryDirectory(prefix="srv_redis") as tmp:
+        port = free_port()
+        sock = os.path.join(tmp, "redis.sock")
+        argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--unixsocket", sock,
+                "--save", "", "--appendonly", "no", "--dir", tmp, "--daemonize", "no"]
+        with _run(argv, port, tmp) as s:
+            s.unixsocket = sock
+            yield s
+
+
+@contextlib.contextmanager
+def memcached():
+    exe = deps.need("memcached")
+    with tempfile.TemporaryDirectory(prefix="srv_mc") as tmp:
+        port = free_port()
+        argv = [exe, "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-t", "2", "-u", "root"]
+        with _run(argv, port, tmp) as s:
+            yield s
+
+
+NGINX_CONF = """daemon off; master_process on; worker_processes 2;
+pid {tmp}/nginx.pid; error_log {tmp}/error.log;
+events {{ worker_connections 64; }}
+http {{ access_log off; client_body_temp_path {tmp}; proxy_temp_path {tmp};
+  fastcgi_temp_path {tmp}; uwsgi_temp_path {tmp}; scgi_temp_path {tmp};
+  server {{ listen 127.0.0.1:{port}; location / {{ return 200 "ok\\n"; }} }} }}
+"""
+
+
+@contextlib.contextmanager
+def nginx():
+    exe = deps.need("nginx")
+    with tempfile.TemporaryDirectory(prefix="srv_nginx") as tmp:
+        port = free_port()
+        conf = os.path.join(tmp, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(NGINX_CONF.format(tmp=tmp, port=port))
+        with _run([exe, "-p", tmp, "-c", conf], port, tmp) as s:
+            deadline = time.monotonic() + 10
+            workers = []
+            while time.monotonic() < deadline and not workers:
+                with contextlib.suppress(FileNotFoundError):
+                    with open(f"/proc/{s.proc.pid}/task/{s.proc.pid}/children") as f:
+                        workers = [int(x) for x in f.read().split()]
+                time.sleep(0.05)
+            assert workers, "nginx started no worker"
+            s.master, s.workers, s.pid = s.proc.pid, workers, workers[0]
+            yield s
+
+
+NODE_JS = ("require('http').createServer((q,r)=>{r.end('ok\\n')})"
+           ".listen(+process.argv[1],'127.0.0.1')")
+
+
+@contextlib.contextmanager
+def node():
+    exe = deps.need("node")
+    with tempfile.TemporaryDirectory(prefix="srv_node") as tmp:
+        port = free_port()
+        with _run([exe, "-e", NODE_JS, str(port)], port, tmp) as s:
+            yield s
