@@ -178,3 +178,117 @@ def node():
         port = free_port()
         with _run([exe, "-e", NODE_JS, str(port)], port, tmp) as s:
             yield s
+
+
+ASYNCIO_PY = r"""
+import asyncio, sys
+async def handle(r, w):
+    while True:
+        line = await r.readline()
+        if not line:
+            break
+        w.write(b"ok " + str(len(bytearray(len(line) * 100))).encode() + b"\n")
+        await w.drain()
+    w.close()
+async def main():
+    srv = await asyncio.start_server(handle, "127.0.0.1", int(sys.argv[1]))
+    async with srv:
+        await srv.serve_forever()
+asyncio.run(main())
+"""
+
+POOL_PY = r"""
+import concurrent.futures, socketserver, sys
+pool = concurrent.futures.ThreadPoolExecutor(4)
+for f in [pool.submit(lambda: 0) for _ in range(8)]:
+    f.result()
+def work(n):
+    return sum(len(bytes(64 + i % 512)) for i in range(n))
+class H(socketserver.StreamRequestHandler):
+    def handle(self):
+        for line in self.rfile:
+            self.wfile.write(b"ok %d\n" % pool.submit(work, int(line or 1)).result())
+socketserver.TCPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+@contextlib.contextmanager
+def python_server(code, name):
+    import sys
+    with tempfile.TemporaryDirectory(prefix=f"srv_{name}") as tmp:
+        port = free_port()
+        with _run([sys.executable, "-c", code, str(port)], port, tmp) as s:
+            yield s
+
+
+def asyncio_server():
+    return python_server(ASYNCIO_PY, "asyncio")
+
+
+def thread_pool():
+    return python_server(POOL_PY, "pool")
+
+
+SERVERS = {"redis": redis, "memcached": memcached, "nginx": nginx, "node": node,
+           "asyncio": asyncio_server, "pool": thread_pool}
+
+
+def http_get(port, timeout=5):
+    """One HTTP/1.0 GET on loopback; True on a 200 answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(b"GET / HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        data = b""
+        while True:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    return data.startswith(b"HTTP/1.") and b" 200 " in data.split(b"\r\n", 1)[0]
+
+
+def line_client(port, text=b"7\n", timeout=5):
+    """One request/answer on a line protocol (asyncio, pool, memcached 'version')."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(text)
+        data = b""
+        while b"\n" not in data:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    return data.startswith((b"ok", b"VERSION"))
+
+
+def resp(sock_path, *args, timeout=5):
+    """A tiny RESP client over redis's unix socket: one command, bulk/simple reply text."""
+    cmd = b"*%d\r\n" % len(args) + b"".join(
+        b"$%d\r\n%s\r\n" % (len(a), a) for a in (x.encode() if isinstance(x, str) else x for x in args))
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(timeout)
+        s.connect(sock_path)
+        s.sendall(cmd)
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            data += chunk
+            if not chunk:
+                break
+            if data.startswith((b"+", b"-", b":")) and data.endswith(b"\r\n"):
+                break
+            if data.startswith(b"$"):
+                n = int(data[1:data.index(b"\r\n")])
+                if n < 0 or len(data) >= data.index(b"\r\n") + 2 + n + 2:
+                    break
+    if data.startswith(b"$"):
+        head = data.index(b"\r\n")
+        return data[head + 2:head + 2 + int(data[1:head])].decode()
+    return data.decode().strip()
+
+
+def redis_memory(sock_path):
+    out = {}
+    for line in resp(sock_path, "INFO", "memory").splitlines():
+        if ":" in line:
+            k, v = line.split(":", 1)
+            out[k] = v.strip()
+    return out
