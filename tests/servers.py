@@ -256,7 +256,7 @@ def line_client(port, text=b"7\n", timeout=5):
             if not chunk:
                 break
             data += chunk
-    return data.startswith((b"ok", b"VERSION"))
+    return data.startswith((b"ok", b"VERSION", b"STORED"))
 
 
 def resp(sock_path, *args, timeout=5):
