@@ -22,7 +22,10 @@ import sys
 from textual.app import App
 from textual.binding import Binding
 
-from tui.screens import DEFAULT_INTERVAL, HelpScreen, HostScreen, ProcessScreen, binding_help
+from tui.dialogs import HelpScreen, binding_help
+from tui.host_screen import HostScreen
+from tui.messages import DEFAULT_INTERVAL
+from tui.process_screen import ProcessScreen
 from tui.source import HostSource, ProcessSource, ReplaySource
 
 
