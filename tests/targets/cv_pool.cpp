@@ -33,7 +33,10 @@ static void worker() {
         }
         std::vector<std::string> v;
         for (int i = 0; i < n; i++) v.emplace_back(16 + (i * 37) % 4000, 'x');
-        finished++;
+        {
+            std::lock_guard<std::mutex> lk(mu);   // no lost wakeup of the feeder
+            finished++;
+        }
         done_cv.notify_all();
     }
 }
