@@ -23,6 +23,7 @@ from collectors import livestats
 from collectors.detect import detect
 from collectors.image import ProcessImage
 from servers import traced_tasks, untraced
+from targets import build_c, start
 from test_cli import allocdiag
 
 FULL, SHORT = 500, 150
@@ -198,3 +199,52 @@ def test_redis_ground_truth():
                 assert diff <= 0.02, (k, ours, before[f"allocator_{k}"], after[f"allocator_{k}"])
         print("redis worst % difference:", {k: round(100 * v, 3) for k, v in worst.items()})
         assert untraced(s.pid)
+
+
+# --- EINTR accounting: tests/targets/sp_eintr.c ---------------------------
+
+N = 6  # wait threads in sp_eintr.c
+
+
+def ask(t, line):
+    t.proc.stdin.write(line.encode() + b"\n")
+    t.proc.stdin.flush()
+    return t.proc.stdout.readline().decode().split()
+
+
+def counts(t):
+    words = ask(t, "counts")
+    assert words[0] == "COUNTS", words
+    vals = [int(x) for x in words[1:]]
+    return vals[:N], vals[N:]
+
+
+def test_no_eintr_during_snapshots_one_per_signal():
+    exe = build_c("sp_eintr.c", "-pthread")
+    with start([exe]) as t:
+        image = ProcessImage(t.pid)
+        det = detect(image)
+        kinds = {}
+        for i in range(200):
+            ls = livestats.collect(image, det)
+            kinds[ls.thread["syscall"] if isinstance(ls.thread["syscall"], str) else ls.thread["kind"]] = 1
+        time.sleep(0.2)
+        eintr, handled = counts(t)
+        assert eintr == [0] * N, f"EINTRs after 200 snapshots: {eintr}"
+        # 3 real signals per wait thread, one at a time
+        for rnd in range(3):
+            for i in range(N):
+                assert ask(t, f"kill {i}") == ["SENT", str(i)]
+                time.sleep(0.12)
+        eintr, handled = counts(t)
+        assert handled == [3] * N, handled
+        assert eintr == [3] * N, f"EINTR per thread after 3 signals each: {eintr}"
+        # signals during snapshots: still exactly one each
+        for i in range(N):
+            ask(t, f"kill {i}")
+            for _ in range(10):
+                livestats.collect(image, det)
+        time.sleep(0.2)
+        eintr, handled = counts(t)
+        assert handled == [4] * N and eintr == [4] * N, (eintr, handled)
+        assert t.alive() and untraced(t.pid), traced_tasks(t.pid)
