@@ -2,10 +2,9 @@
 allocator stats through the real CLI, and survives back-to-back snapshots
 under loopback load with 0 client errors, alive and untraced afterwards.
 
-Counts (CI budget: ~4 min on 2 busy cores): 500 snapshots for redis and node,
-SHORT (150) for memcached, nginx, asyncio, the Python pool and the C++ cv
-pool; the full 500 for those runs under the ``soak`` marker
-(test_500_snapshots_under_load_full).  Redis's stats are checked against
+Counts: 500 snapshots per server in CI (measured 1-5 s per server, the
+whole file ~30 s on the shared 2-core machine), 2,000 per server under the
+``soak`` marker (test_2000_snapshots_under_load).  Redis's stats are checked against
 its own INFO memory allocator_* with the load quiesced.
 """
 
@@ -26,7 +25,7 @@ from servers import traced_tasks, untraced
 from targets import build_c, start
 from test_cli import allocdiag
 
-FULL, SHORT = 500, 150
+FULL = 500
 ALL = ["redis", "memcached", "nginx", "node", "asyncio", "pool", "cv_pool"]
 
 
@@ -162,16 +161,15 @@ def snapshots_under_load(name, count, budget_s=150):
         return load
 
 
-@pytest.mark.parametrize("name,count", [("redis", FULL), ("node", FULL)]
-                         + [(n, SHORT) for n in ALL if n not in ("redis", "node")])
-def test_snapshots_under_load(name, count):
-    snapshots_under_load(name, count)
+@pytest.mark.parametrize("name", ALL)
+def test_500_snapshots_under_load(name):
+    snapshots_under_load(name, FULL)
 
 
 @pytest.mark.soak
-@pytest.mark.parametrize("name", [n for n in ALL if n not in ("redis", "node")])
-def test_500_snapshots_under_load_full(name):
-    snapshots_under_load(name, FULL, budget_s=400)
+@pytest.mark.parametrize("name", ALL)
+def test_2000_snapshots_under_load(name):
+    snapshots_under_load(name, 2000, budget_s=600)
 
 
 def test_redis_ground_truth():
@@ -224,10 +222,8 @@ def test_no_eintr_during_snapshots_one_per_signal():
     with start([exe]) as t:
         image = ProcessImage(t.pid)
         det = detect(image)
-        kinds = {}
         for i in range(200):
-            ls = livestats.collect(image, det)
-            kinds[ls.thread["syscall"] if isinstance(ls.thread["syscall"], str) else ls.thread["kind"]] = 1
+            livestats.collect(image, det)
         time.sleep(0.2)
         eintr, handled = counts(t)
         assert eintr == [0] * N, f"EINTRs after 200 snapshots: {eintr}"
