@@ -98,26 +98,9 @@ def run_host_view(pids, host_interval=2.0):
     """The TUI's host view on PIDS, its "allocator resident" and "top finding"
     columns filled in the background by diag.hostlive (bounded rate, pause
     budget; "allocator not read: REASON" for a process it cannot borrow)."""
-    from diag.hostlive import HostLive
-    from tui.app import AllocdiagApp
-    from tui.source import HostSource, ProcessSource
-
-    class LiveHostSource(HostSource):
-        def __init__(self, pids, live):
-            super().__init__(pids=pids)
-            self.live = live
-
-        def scan(self):
-            result = super().scan()
-            self.live.annotate(result.rows)     # a cache lookup: never waits for a stop
-            return result
-
-    with HostLive(min_gap_s=0.5, refresh_s=20.0) as live:
-        app = AllocdiagApp(host_source=LiveHostSource(pids, live),
-                           process_source_factory=lambda pid: ProcessSource(pid),
-                           host_interval=host_interval)
-        app.run()
-    return app.return_code or ExitCode.OK
+    from tui.app import run_host
+    return run_host(pids=pids, host_interval=host_interval,
+                    live_options={"min_gap_s": 0.5, "refresh_s": 20.0}) or ExitCode.OK
 
 
 def run(only=None, tui=True, out=sys.stdout):

@@ -805,3 +805,26 @@ def test_no_color_is_respected(monkeypatch):
             roles = [s.role for s in layers.allocator_panel(app.screen.snapshot).bars[0].segments]
             assert len({layers.GLYPHS[r] for r in roles}) == len(roles)
     run(go())
+
+
+def test_plain_host_source_fills_allocator_resident_in_the_background():
+    # `allocdiag` / `allocdiag top`: the host source annotates each scan from
+    # diag.hostlive's cache (never waiting for a stop); after the worker read
+    # the target, its row carries the allocator's resident bytes.
+    import time as _time
+    from diag.hostlive import HostLive
+    from targets import build_c, start as start_target
+    from tui.source import HostSource
+    with start_target([build_c("idle.c"), "1"], allocator="jemalloc") as t:
+        with HostLive(min_gap_s=0.1, refresh_s=5.0) as live:
+            source = HostSource(pids=[t.pid], live=live)
+            first = source.scan().rows[0]
+            assert first["allocator_read"] == "pending"
+            deadline = _time.monotonic() + 20
+            while _time.monotonic() < deadline:
+                row = source.scan().rows[0]
+                if row["allocator_read"] != "pending":
+                    break
+                _time.sleep(0.2)
+    assert row["allocator_read"] == "ok", row
+    assert row["resident"] and row["resident"] > 0

@@ -77,10 +77,18 @@ class AllocdiagApp(App):
         self.push_screen(HelpScreen(binding_help(self.screen, self)))
 
 
-def run_host(no_attach=False, pids=None):
-    app = AllocdiagApp(host_source=HostSource(pids=pids),
-                       process_source_factory=lambda pid: ProcessSource(pid, no_attach))
-    app.run()
+def run_host(no_attach=False, pids=None, host_interval=None, live_options=None):
+    """The host view.  Unless NO_ATTACH, its "allocator resident" and "top
+    finding" columns are filled in the background by diag.hostlive, within a
+    pause budget ("allocator not read: REASON" where it cannot borrow)."""
+    import contextlib
+    from diag.hostlive import HostLive
+    live_cm = contextlib.nullcontext() if no_attach else HostLive(**(live_options or {}))
+    kw = {} if host_interval is None else {"host_interval": host_interval}
+    with live_cm as live:
+        app = AllocdiagApp(host_source=HostSource(pids=pids, live=live),
+                           process_source_factory=lambda pid: ProcessSource(pid, no_attach), **kw)
+        app.run()
     return app.return_code or 0
 
 

@@ -43,16 +43,22 @@ def _actions_module():
 class HostSource:
     """Every readable process on this host (``diag.hostscan.scan``)."""
 
-    def __init__(self, procfs_root="/proc", pids=None):
+    def __init__(self, procfs_root="/proc", pids=None, live=None):
         self.procfs_root = procfs_root
         self.pids = list(pids) if pids is not None else None   # demo: only these
         self.meter = None       # CPU% between refreshes (diag.hostscan.CpuMeter)
+        # diag.hostlive.HostLive: fills "allocator resident" and the top
+        # finding from its cache (read in the background at a bounded rate)
+        self.live = live
 
     def scan(self):
         from diag import hostscan
         if self.meter is None:
             self.meter = hostscan.CpuMeter()
-        return hostscan.scan(self.procfs_root, pids=self.pids, meter=self.meter)
+        result = hostscan.scan(self.procfs_root, pids=self.pids, meter=self.meter)
+        if self.live is not None:
+            self.live.annotate(result.rows)     # a cache lookup: never waits for a stop
+        return result
 
 
 class ProcessSource:
