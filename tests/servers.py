@@ -3,11 +3,10 @@ packages on loopback only (127.0.0.1 free ports or unix sockets in a temp
 dir), waited for, and always stopped (process group killed in ``finally``).
 
 Also the shared helpers ``untraced(pid)`` (every task's TracerPid is 0) and
-``build_cxx`` (g++ build of tests/targets/*.cpp, cached like build_c).
+C++ targets are built by ``targets.build_c`` (g++ for .cpp).
 """
 
 import contextlib
-import hashlib
 import os
 import signal
 import socket
@@ -16,7 +15,6 @@ import tempfile
 import time
 
 import deps
-from targets import BUILD_DIR, SOURCES
 
 
 def task_status(pid):
@@ -52,26 +50,6 @@ def untraced(pid):
         if state.split()[1] in ("Z", "X", "t", "T"):
             return False
     return True
-
-
-def build_cxx(source, *flags, name=None):
-    """Compile tests/targets/SOURCE with g++ (package g++); cached by text + flags."""
-    deps.need("g++")
-    src = source if os.path.isabs(source) else os.path.join(SOURCES, source)
-    with open(src, "rb") as f:
-        text = f.read()
-    key = hashlib.sha1(text + repr(flags).encode()).hexdigest()[:12]
-    base = name or os.path.splitext(os.path.basename(src))[0]
-    os.makedirs(BUILD_DIR, exist_ok=True)
-    out = os.path.join(BUILD_DIR, f"{base}-{key}")
-    if not os.path.exists(out):
-        tmp = out + f".tmp{os.getpid()}"
-        cmd = ["g++", "-O1", "-g", "-std=c++17", "-o", tmp, src, *flags]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise RuntimeError(f"build failed: {' '.join(cmd)}\n{res.stderr}")
-        os.replace(tmp, out)
-    return out
 
 
 def free_port():

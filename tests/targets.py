@@ -45,11 +45,11 @@ def preload_path(allocator):
 
 
 def build_c(source, *flags, name=None):
-    """Compile tests/targets/SOURCE with gcc; cached by source text + flags.
+    """Compile tests/targets/SOURCE with gcc (g++ for .cpp/.cc); cached by
+    source text + flags.
 
     Returns the path of the executable (or shared object with -shared).
     """
-    deps.need("gcc")
     src = source if os.path.isabs(source) else os.path.join(SOURCES, source)
     with open(src, "rb") as f:
         text = f.read()
@@ -59,7 +59,10 @@ def build_c(source, *flags, name=None):
     out = os.path.join(BUILD_DIR, f"{base}-{key}")
     if not os.path.exists(out):
         tmp = out + f".tmp{os.getpid()}"
-        cmd = ["gcc", "-O1", "-g", "-o", tmp, src, *flags]
+        # C++ sources (.cpp, .cc) with g++, the rest with gcc
+        cmd = (["g++", "-std=c++17"] if src.endswith((".cpp", ".cc")) else ["gcc"])
+        deps.need(cmd[0])
+        cmd += ["-O1", "-g", "-o", tmp, src, *flags]
         # every header and library used must come from a listed package
         res = deps.check_build(cmd, src)
         if res.returncode != 0:

@@ -35,7 +35,7 @@ def cv_pool():
 
     @contextlib.contextmanager
     def run():
-        exe = servers.build_cxx("cv_pool.cpp", "-pthread")
+        exe = build_c("cv_pool.cpp", "-pthread")
         with start([exe, "4"]) as t:
             t.port = None
             t.feed = threading.Lock()
