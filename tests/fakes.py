@@ -11,8 +11,15 @@ because a captured stats file does not carry them.
 
 import dataclasses
 import os
+from types import SimpleNamespace
 
 from diag import filemode, findings
+from diag.model import (Allocator, AllocatorRef, CgroupMemory, CollectorStatus, Preload,
+                        ProcessMemory, Value)
+
+GiB = 1 << 30
+MiB = 1 << 20
+T0 = 1_767_225_600.0    # 2026-01-01T00:00:00Z: fixed clock for every snapshot
 
 # The captures come from small test programs (MiB, not GiB): the real rules
 # run with a floor scaled to them, so their findings fire on these snapshots.
@@ -46,3 +53,225 @@ def real_snapshot(kind, *, allocator=None, findings_from_rules=True, **kernel_an
     if findings_from_rules:
         snap = dataclasses.replace(snap, findings=findings.evaluate(snap, floor=FLOOR))
     return snap
+
+
+# -- constructed snapshots ----------------------------------------------------------
+
+def _m(v, source):
+    return Value.measured(v, source)
+
+
+def _stats(**values):
+    out = {}
+    for name in ("allocated", "active", "resident", "mapped", "retained", "metadata",
+                 "dirty", "muzzy"):
+        v = values.get(name)
+        out[name] = v if isinstance(v, Value) else (_m(v, f"test {name}") if v is not None
+                                                     else Value())
+    return out
+
+
+def jemalloc_snapshot(i=0, taken_at=None, lazyfree=4 * MiB, pid=4242):
+    """The captured jemalloc 5.3 stats (dirty pages held: dirty_decay_ms 10000) in a
+    process whose RSS climbs by 4 MiB per step I, with LAZYFREE in RSS."""
+    step = i * 4 * MiB
+    return real_snapshot(
+        "jemalloc",
+        pid=pid, comm="cache-server", exe="/usr/local/bin/cache-server",
+        taken_at=taken_at if taken_at is not None else T0 + 2 * i,
+        allocator=Allocator(kind="jemalloc", version="5.3.0-0-g54eaed1d", linkage="preload",
+                            path="/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", prefix="",
+                            evidence=("malloc GOT slot of /usr/local/bin/cache-server -> "
+                                      "libjemalloc.so.2",),
+                            others=(AllocatorRef(kind="glibc", version="2.36", linkage="dynamic",
+                                                 path="/usr/lib/x86_64-linux-gnu/libc.so.6"),)),
+        preload=Preload(requested=("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",),
+                        effective=True,
+                        verdict="in effect: malloc binds to /usr/lib/x86_64-linux-gnu/"
+                                "libjemalloc.so.2",
+                        reasons=("LD_PRELOAD names libjemalloc.so.2",)),
+        process=ProcessMemory(rss=40 * MiB + step, rss_anon=34 * MiB + step,
+                              rss_file=5 * MiB, rss_shmem=1 * MiB, lazyfree=lazyfree,
+                              anon_thp=0, swap=0, pss=40 * MiB, vm_size=900 * MiB, threads=24,
+                              source="smaps_rollup"),
+        cgroup=CgroupMemory(version=2, path="/system.slice/cache.service",
+                            usage=48 * MiB, limit=64 * MiB,
+                            inactive_file=10 * MiB, working_set=38 * MiB),
+        collectors={"procfs": CollectorStatus(True, None, 0.0012),
+                    "cgroup": CollectorStatus(True, None, 0.0003),
+                    "jemalloc": CollectorStatus(True, None, 0.0021, pause_us=1400)},
+    )
+
+
+def glibc_snapshot(taken_at=T0):
+    return real_snapshot(
+        "glibc", pid=3131, comm="python3", exe="/usr/bin/python3.11", taken_at=taken_at,
+        allocator=Allocator(kind="glibc", version="2.36", linkage="dynamic",
+                            path="/usr/lib/x86_64-linux-gnu/libc.so.6",
+                            evidence=("malloc binds to libc.so.6",)),
+        preload=Preload(),
+        process=ProcessMemory(rss=16 * MiB, rss_anon=7 * MiB, rss_file=9 * MiB,
+                              rss_shmem=0, lazyfree=0, anon_thp=0, swap=0, threads=9,
+                              source="smaps_rollup"),
+        cgroup=CgroupMemory(version=2, path="/user.slice", usage=20 * MiB, limit=None,
+                            inactive_file=3 * MiB, working_set=17 * MiB),
+        collectors={"procfs": CollectorStatus(True, None, 0.001),
+                    "glibc": CollectorStatus(True, None, 0.003, pause_us=1800)},
+    )
+
+
+def tcmalloc_snapshot(taken_at=T0):
+    return real_snapshot(
+        "tcmalloc", pid=5151, comm="ingest", exe="/opt/ingest/bin/ingest", taken_at=taken_at,
+        allocator=Allocator(kind="tcmalloc", version="2.10", linkage="dynamic",
+                            path="/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4"),
+        preload=Preload(),
+        process=ProcessMemory(rss=22 * MiB, rss_anon=15 * MiB, rss_file=7 * MiB,
+                              rss_shmem=0, lazyfree=0, threads=16),
+        cgroup=CgroupMemory(version=2, path="/kubepods/pod1/ingest", usage=24 * MiB,
+                            limit=64 * MiB, inactive_file=2 * MiB, working_set=22 * MiB),
+        collectors={"procfs": CollectorStatus(True, None, 0.001),
+                    "tcmalloc": CollectorStatus(True, None, 0.002, pause_us=900)},
+    )
+
+
+def mimalloc_snapshot(taken_at=T0):
+    return real_snapshot(
+        "mimalloc", pid=6161, comm="renderer", exe="/usr/bin/renderer", taken_at=taken_at,
+        allocator=Allocator(kind="mimalloc", version="2.0.9", linkage="preload",
+                            path="/usr/lib/x86_64-linux-gnu/libmimalloc.so.2"),
+        preload=Preload(requested=("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2",),
+                        effective=True, verdict="in effect"),
+        process=ProcessMemory(rss=44 * MiB, rss_anon=38 * MiB, rss_file=6 * MiB,
+                              rss_shmem=0, lazyfree=0, threads=6),
+        cgroup=CgroupMemory(),
+        collectors={"procfs": CollectorStatus(True, None, 0.001),
+                    "mimalloc": CollectorStatus(True, None, 0.002, pause_us=700)},
+    )
+
+
+SNAPSHOTS = {"jemalloc": jemalloc_snapshot, "glibc": glibc_snapshot,
+             "tcmalloc": tcmalloc_snapshot, "mimalloc": mimalloc_snapshot}
+
+
+def staircase(n=12, pid=4242):
+    """jemalloc samples whose RSS climbs in steps (the classic staircase)."""
+    return [jemalloc_snapshot(i // 3, taken_at=T0 + 2 * i, pid=pid) for i in range(n)]
+
+
+HOST_ROWS = [
+    {"pid": 4242, "comm": "cache-server",
+     "allocator": {"kind": "jemalloc", "linkage": "preload", "version": "5.3.0", "prefix": "",
+                   "others": ["glibc"]},
+     "preload": {"effective": True, "verdict": "in effect"},
+     "rss": 4 * GiB, "rss_anon": 3824 * MiB, "lazyfree": 800 * MiB, "threads": 24,
+     "stats": {"resident": {"value": 2150 * MiB}},
+     "findings": [{"title": "800 MiB of LazyFree never purged"}]},
+    {"pid": 3131, "comm": "python3",
+     "allocator": {"kind": "glibc", "linkage": "dynamic", "version": "2.36", "prefix": "",
+                   "others": []},
+     "preload": {"effective": None, "verdict": "none requested"},
+     "rss": 1600 * MiB, "rss_anon": 1510 * MiB, "lazyfree": 0, "threads": 9},
+    {"pid": 5151, "comm": "ingest",
+     "allocator": {"kind": "tcmalloc", "linkage": "dynamic", "version": "2.10", "prefix": "",
+                   "others": []},
+     "preload": {"effective": None, "verdict": "none requested"},
+     "rss": 1100 * MiB, "rss_anon": 1000 * MiB, "lazyfree": 0, "threads": 16},
+    {"pid": 6161, "comm": "renderer",
+     "allocator": {"kind": "mimalloc", "linkage": "preload", "version": "2.0.9", "prefix": "",
+                   "others": ["glibc"]},
+     "preload": {"effective": True, "verdict": "in effect"},
+     "rss": 700 * MiB, "rss_anon": 640 * MiB, "lazyfree": 0, "threads": 6},
+    {"pid": 777, "comm": "legacy-app",
+     "allocator": {"kind": "glibc", "linkage": "dynamic", "version": "2.36", "prefix": "",
+                   "others": []},
+     "preload": {"effective": False, "verdict": "not in effect: requested preload not loaded"},
+     "rss": 90 * MiB, "rss_anon": 70 * MiB, "lazyfree": None, "threads": 1},
+    {"pid": 1, "comm": "systemd",
+     "allocator": {"kind": "glibc", "linkage": "dynamic", "version": "2.36", "prefix": "",
+                   "others": []},
+     "preload": {"effective": None, "verdict": "none requested"},
+     "rss": 12 * MiB, "rss_anon": 4 * MiB, "lazyfree": 0, "threads": 1},
+]
+
+
+def purged(snap):
+    """SNAP after a purge: the allocator's dirty pages and the LazyFree pages
+    leave resident memory and RSS (what ``arena.<i>.purge`` does)."""
+    dirty = snap.stats["dirty"].value or 0
+    lazy = snap.process.lazyfree or 0
+    stats = dict(snap.stats,
+                 resident=Value.measured(snap.stats["resident"].value - dirty, "after purge"),
+                 dirty=Value.measured(0, "after purge"))
+    process = dataclasses.replace(snap.process, lazyfree=0,
+                                  rss=(snap.process.rss or 0) - dirty - lazy,
+                                  rss_anon=(snap.process.rss_anon or 0) - dirty - lazy)
+    return dataclasses.replace(snap, stats=stats, process=process)
+
+
+# -- fake sources: the interfaces of tui/source.py (HostSource, ProcessSource,
+# ReplaySource) -------------------------------------------------------------------
+
+class FakeHost:
+    def __init__(self, rows=None, denied=3, fail=None):
+        self.rows = list(HOST_ROWS if rows is None else rows)
+        self.denied = denied
+        self.fail = fail
+        self.calls = 0
+
+    def scan(self):
+        self.calls += 1
+        if self.fail:
+            raise self.fail
+        return SimpleNamespace(rows=list(self.rows), denied=self.denied, vanished=0)
+
+
+class FakeProcess:
+    live = True
+    no_attach = False
+
+    def __init__(self, snaps=None, backlog=(), fail=None, pid=4242):
+        self.snaps = list(snaps or [jemalloc_snapshot(pid=pid)])
+        self._backlog = list(backlog)
+        self.fail = fail
+        self.pid = pid
+        self.label = f"pid {pid}"
+        self.samples = 0
+        self.knobs = []
+        self.releases = 0
+        self.closed = False
+
+    def sample(self):
+        if self.fail is not None:
+            raise self.fail
+        snap = self.snaps[min(self.samples, len(self.snaps) - 1)]
+        self.samples += 1
+        return snap
+
+    def backlog(self):
+        return list(self._backlog)
+
+    def release(self):
+        """The shape diag.actions.release returns: Snapshots before/after, the
+        call made, its return value and the pauses."""
+        self.releases += 1
+        before = self.snaps[max(0, min(self.samples, len(self.snaps)) - 1)]
+        return {"call": "arena.4096.purge", "return": 0, "pause_us": [300, 140],
+                "before": before, "after": purged(before)}
+
+    def set_knob(self, name, value):
+        """(old, new), as ProcessSource.set_knob returns."""
+        self.knobs.append((name, value))
+        return ("-1", value)
+
+    def close(self):
+        self.closed = True
+
+
+class FakeReplay(FakeProcess):
+    live = False
+    no_attach = True
+
+    def __init__(self, snaps):
+        super().__init__(snaps, backlog=snaps, pid=snaps[0].pid)
+        self.label = "replay test"

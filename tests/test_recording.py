@@ -9,7 +9,7 @@ import pytest
 from collectors.errors import MalformedData, NoSuchProcess
 from diag.model import Snapshot
 from diag.recording import Recorder, read_recording, record, snapshot_from_json
-from test_tui import SNAPSHOTS, jemalloc_snapshot, staircase
+from fakes import SNAPSHOTS, jemalloc_snapshot, staircase
 
 
 def _line(snap):

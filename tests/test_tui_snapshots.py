@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from test_tui import (SNAPSHOTS, FakeHost, FakeProcess, FakeReplay, make_app, staircase)
+from fakes import SNAPSHOTS, FakeHost, FakeProcess, FakeReplay, staircase
+from test_tui import make_app
 
 pytest.importorskip("pytest_textual_snapshot")
 
