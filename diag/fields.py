@@ -85,8 +85,8 @@ FIELDS = (
 
 # -- runtime layer (CPython pymalloc; the "runtime" object, main interpreter) ----
 # Same JSON keys as some allocator fields, inside their own object, so they are
-# looked up with RUNTIME_BY_NAME, never BY_NAME.  Kept out of FIELDS until the
-# TUI's glossary (tui/dialogs.py (HelpScreen) iterates FIELDS; its snapshot baseline) shows them.
+# looked up with RUNTIME_BY_NAME, never BY_NAME.  The TUI's glossary
+# (tui/dialogs.py HelpScreen) lists FIELDS + RUNTIME_FIELD_ROWS.
 RUNTIME_FIELD_ROWS = (
     Field("arenas", "runtime", "count", "py arenas",
           "pymalloc arenas in use (1 MiB each on 3.10+)", "obmalloc arenas[]"),

@@ -38,7 +38,10 @@ def print_preload(snap, out=None):
         print(f"  note: {n}", file=out)
 
 
-def print_inspect(snap, out=None):
+def print_inspect(snap, out=None, native=False):
+    """Human text of one snapshot; NATIVE adds the allocator's own numbers
+    (every leaf of ``snap.native`` in its collectors.schema unit, see
+    diag.render.native_rows)."""
     out = out or sys.stdout
     a, p, m, c = snap.allocator, snap.preload, snap.process, snap.cgroup
     print(f"pid {snap.pid}  {snap.comm or '?'}  {snap.exe or ''}".rstrip(), file=out)
@@ -90,6 +93,10 @@ def print_inspect(snap, out=None):
         why = remote.error if remote is not None and remote.error else "not collected (--no-attach)"
         pairs.append(("allocator stats", f"unknown: {why}"))
     render.kv(pairs, out=out, indent="")
+    if native and snap.native:
+        print("\nallocator's own numbers (units from collectors.schema):", file=out)
+        render.kv([(lab, text) for lab, text, _meaning in
+                   render.native_rows(snap.allocator.kind, snap.native)], out=out)
     failed = [f"{n}: {s.error}" for n, s in snap.collectors.items() if not s.ok]
     if failed:
         print("partial: " + "; ".join(failed), file=out)

@@ -549,6 +549,34 @@ def test_native_units_come_from_the_schema():
     assert glibc["malloc_info.totals.system"]["current"] == "454,656 (444.0 KiB)"
 
 
+def test_inspect_text_and_tui_share_the_native_formatter():
+    """allocdiag inspect's "allocator's own numbers" section and the Allocator
+    tab format the same native value through diag.render.native_rows."""
+    import io
+
+    from diag import render_text
+    snap = jemalloc_snapshot()
+    pactive = snap.native["mallctl"]["stats.arenas.4096.pactive"]
+    want = f"{pactive:,} pages ({human_bytes(pactive * 4096)})"
+    line = next(ln for ln in _inspect(snap).splitlines() if "stats.arenas.4096.pactive" in ln)
+    assert line.split(None, 1) == ["mallctl.stats.arenas.4096.pactive", want]
+    keep = next(ln for ln in _inspect(glibc_snapshot()).splitlines()
+                if "mallinfo2.keepcost" in ln)
+    assert keep.split(None, 1)[1] == "131,216 (128.1 KiB)"      # bytes, not a bare count
+    plain = io.StringIO()
+    render_text.print_inspect(snap, out=plain)
+    assert "own numbers" not in plain.getvalue()
+
+
+def _inspect(snap):
+    import io
+
+    from diag import render_text
+    out = io.StringIO()
+    render_text.print_inspect(snap, out=out, native=True)
+    return out.getvalue()
+
+
 def test_history_widget_draws_a_staircase():
     from tui import layers
     from tui.widgets import LayerHistory

@@ -7,7 +7,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Static
 
-from diag.fields import FIELDS
+from diag.fields import FIELDS, RUNTIME_FIELD_ROWS
 from tui.widgets import fill_table
 
 
@@ -104,7 +104,7 @@ class HelpScreen(ModalScreen):
         glossary = Table.grid(padding=(0, 2))
         glossary.add_column(style="bold", no_wrap=True)
         glossary.add_column()
-        for f in FIELDS:
+        for f in FIELDS + RUNTIME_FIELD_ROWS:
             glossary.add_row(f.label, f.meaning)
         with VerticalScroll(id="help"):
             yield Static(Text("Keys", style="bold"))
