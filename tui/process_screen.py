@@ -338,7 +338,8 @@ class ProcessScreen(Screen):
                 if pause is not None:
                     parts.append(f"pause {pause / 1000:.1f} ms "
                                  f"({pause / 1e6 / self.interval * 100:.2f}%)")
-                parts.append(f"{len(self.history)} samples · last {clock(snap.taken_at)}")
+                n = len(self.history)
+                parts.append(f"{n} sample{'' if n == 1 else 's'} · last {clock(snap.taken_at)}")
             if getattr(self.source, "no_attach", False):
                 parts.append("no-attach")
             if self.recorder is not None:

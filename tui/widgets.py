@@ -200,7 +200,7 @@ class LayerHistory(Widget):
         """Text of the legend: latest (or cursor) value and the scale."""
         start, end, n = self._window()
         at = (n - 1) if self.cursor is None else self.cursor
-        text = Text(no_wrap=True, overflow="ellipsis")
+        text = Text()           # wraps: at 80 columns the legend takes two lines
         for role, lab, values in self.series:
             v = values[at] if 0 <= at < len(values) else None
             if text:
@@ -209,7 +209,8 @@ class LayerHistory(Widget):
             text.append(f"{lab} {'unknown' if v is None else human_bytes(v)}")
         scale = self._scale(start, end)
         if scale:
-            text.append(f"  (top {human_bytes(scale)}, {end - start} of {n} samples)",
+            text.append(f"  (top {human_bytes(scale)}, {end - start} of {n} "
+                        f"sample{'' if n == 1 else 's'})",
                         style="dim")
         return text
 
