@@ -209,3 +209,15 @@ def test_vanished_pid_is_counted_not_raised():
     p.wait()
     result = hostscan.scan(pids=[p.pid])
     assert result.rows == [] and result.vanished == 1
+
+
+def test_inspect_native_prints_schema_units():
+    # --native: the allocator's own numbers, units from collectors.schema
+    # (jemalloc pactive is a page count: shown as pages and bytes).
+    with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
+        r = allocdiag("inspect", "--native", str(t.pid))
+        plain = allocdiag("inspect", str(t.pid))
+    assert r.returncode == 0, r.stderr
+    line = next(l for l in r.stdout.splitlines() if "stats.arenas.4096.pactive" in l)
+    assert " pages (" in line, line
+    assert "stats.arenas.4096.pactive" not in plain.stdout

@@ -27,6 +27,9 @@ def add_parser(sub):
     p.add_argument("--arenas", action="store_true",
                    help="more detail, longer stop: per-arena rows (jemalloc; glibc arenas are "
                         "always read) and gperftools' cumulative page-heap counters")
+    p.add_argument("--native", action="store_true",
+                   help="also print the allocator's own numbers under their own names, each in "
+                        "its unit (pages as pages and bytes), as the TUI's Allocator tab does")
     p.add_argument("--from", dest="from_file", metavar="FILE",
                    help="read a saved malloc_info XML, jemalloc malloc_stats_print JSON "
                         "(opts 'J'), gperftools MallocExtension_GetStats text or mimalloc "
@@ -41,7 +44,7 @@ def run(args):
         if args.json:
             dump_json(snap.to_json())
         else:
-            render_text.print_inspect(snap)
+            render_text.print_inspect(snap, native=args.native)
         return ExitCode.OK
     if args.pid is None:
         raise UsageError("inspect needs a PID (or --from FILE)")
@@ -49,7 +52,7 @@ def run(args):
     if args.json:
         dump_json(snap.to_json())
     else:
-        render_text.print_inspect(snap)
+        render_text.print_inspect(snap, native=args.native)
     if col.partial:
         if col.first_denied is not None:
             print_error(col.first_denied)
