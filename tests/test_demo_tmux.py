@@ -11,12 +11,13 @@ The session runs on its own tmux socket and is always killed.
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 import uuid
 
 import pytest
+
+import tmuxpane
 
 from targets import preload_path
 
@@ -29,21 +30,11 @@ KINDS = ("glibc", "jemalloc", "tcmalloc", "mimalloc")
 
 
 def _tmux(sock, *args, check=True):
-    return subprocess.run(["tmux", "-L", sock, *args], capture_output=True, text=True,
-                          check=check, timeout=10)
+    return tmuxpane.tmux(sock, *args, check=check)
 
 
 def _wait_for(sock, predicate, timeout):
-    deadline = time.monotonic() + timeout
-    screen = ""
-    while time.monotonic() < deadline:
-        screen = _tmux(sock, "capture-pane", "-p", "-t", "demo", check=False).stdout
-        if predicate(screen):
-            return screen
-        time.sleep(0.3)
-    size = _tmux(sock, "display", "-p", "-t", "demo", "#{window_width}x#{window_height}",
-                 check=False).stdout.strip()
-    raise AssertionError(f"timed out; the pane ({size}) shows:\n{screen}")
+    return tmuxpane.wait_for(sock, "demo", predicate, timeout)
 
 
 ROW = re.compile(r"^\s*(\d+)\s+(glibc_held|lying_rss|burst_idle)\S*\s+(\S+)", re.M)

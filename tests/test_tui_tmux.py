@@ -6,12 +6,12 @@ would see.  The session runs on its own tmux socket and is always killed.
 
 import os
 import shutil
-import subprocess
 import sys
-import time
 import uuid
 
 import pytest
+
+import tmuxpane
 
 from targets import build_c, start
 
@@ -21,19 +21,11 @@ pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is no
 
 
 def _tmux(sock, *args, check=True):
-    return subprocess.run(["tmux", "-L", sock, *args], capture_output=True, text=True,
-                          check=check, timeout=10)
+    return tmuxpane.tmux(sock, *args, check=check)
 
 
 def _wait_for(sock, predicate, timeout):
-    deadline = time.monotonic() + timeout
-    screen = ""
-    while time.monotonic() < deadline:
-        screen = _tmux(sock, "capture-pane", "-p", "-t", "tui", check=False).stdout
-        if predicate(screen):
-            return screen
-        time.sleep(0.2)
-    raise AssertionError(f"timed out; the pane shows:\n{screen}")
+    return tmuxpane.wait_for(sock, "tui", predicate, timeout)
 
 
 def test_watch_real_jemalloc_process_in_tmux():
