@@ -1,0 +1,15 @@
+"""``allocdiag report``: placeholder while it is being built (owned by one helper)."""
+
+from diag.commands.common import add_command
+from diag.exitcodes import ExitCode
+
+NAME = "report"
+
+
+def add_parser(sub):
+    return add_command(sub, NAME, help="(being built)", description="(being built)")
+
+
+def run(args):
+    print("allocdiag report: not built yet")
+    return ExitCode.USAGE
