@@ -14,6 +14,16 @@ microsecond; ``native`` comes back as JSON has it: lists, string keys.)
 
 A file that is not such a recording raises ``collectors.errors.MalformedData``
 naming the line, never a bare JSON or gzip traceback.
+
+Event lines: a recording may also hold lines that are not snapshots but
+something that happened to the process while it was recorded -- today only
+``{"event": "release", "taken_at", "pid", "call", "return", "pause_us",
+"before": <snapshot>, "after": <snapshot>}`` (or ``"error"`` instead of the
+figures when the release failed), written by ``record --release-at`` and
+``release --record FILE``.  A line is an event when its object has the key
+``event`` (a snapshot document never has it).  ``read_recording`` skips
+event lines, so replay and every older reader see only the snapshots;
+``read_recording_events`` returns both.  Snapshot lines are unchanged.
 """
 
 import datetime
@@ -27,7 +37,11 @@ from diag.model import (SCHEMA_VERSION, Allocator, AllocatorRef, Binding, Cgroup
                         CollectorStatus, Finding, Knob, Preload, ProcessMemory, Runtime,
                         Snapshot, Value)
 
-__all__ = ["Recorder", "read_recording", "snapshot_from_json", "record"]
+__all__ = ["Recorder", "read_recording", "read_recording_events", "snapshot_from_json",
+           "record", "release_event", "append_event", "EVENT_KEY"]
+
+# The key that marks an event line (see the module docstring).
+EVENT_KEY = "event"
 
 
 def _open(path, mode):
@@ -43,15 +57,25 @@ class Recorder:
     snapshots written so far.
     """
 
-    def __init__(self, path):
+    def __init__(self, path, append=False):
         self.path = str(path)
         self.count = 0
-        self._f = _open(self.path, "w")
+        self.events = 0
+        # gzip in append mode adds a member; readers see one stream.
+        self._f = _open(self.path, "a" if append else "w")
 
     def write(self, snapshot):
-        self._f.write(json.dumps(snapshot.to_json(), separators=(",", ":")) + "\n")
-        self._f.flush()
+        self._line(snapshot.to_json())
         self.count += 1
+
+    def write_event(self, kind, doc):
+        """One event line: ``{"event": KIND, **DOC}`` (not counted in ``count``)."""
+        self._line({EVENT_KEY: kind, **doc})
+        self.events += 1
+
+    def _line(self, doc):
+        self._f.write(json.dumps(doc, separators=(",", ":")) + "\n")
+        self._f.flush()
 
     def close(self):
         if self._f is not None:
@@ -250,13 +274,47 @@ def _snapshot(doc):
 
 
 def read_recording(path):
-    """All snapshots of the recording at PATH, in order.
+    """All snapshots of the recording at PATH, in order (event lines skipped).
 
     Raises MalformedData (with the line number) for a file that is not a
     recording, a truncated line, or an empty file; OSError when it cannot be
     opened at all.
     """
+    return read_recording_events(path)[0]
+
+
+def _event(doc, what):
+    """An event line as a dict; its ``before``/``after`` snapshots as Snapshots."""
+    kind = doc.get(EVENT_KEY)
+    if not isinstance(kind, str):
+        raise MalformedData(f"{what}: event is not a name: {kind!r}")
+    out = dict(doc)
+    out["taken_at"] = _taken_at_or_bad(doc.get("taken_at"), what)
+    for key in ("before", "after"):
+        if doc.get(key) is not None:
+            try:
+                out[key] = snapshot_from_json(doc[key])
+            except MalformedData as exc:
+                raise MalformedData(f"{what}: {kind} {key}: {exc.msg}") from None
+    return out
+
+
+def _taken_at_or_bad(text, what):
+    try:
+        return _taken_at(text)
+    except _Bad as exc:
+        raise MalformedData(f"{what}: {exc}") from None
+
+
+def read_recording_events(path):
+    """(snapshots, events) of the recording at PATH, each in file order.
+
+    Events are dicts as written (see the module docstring) with ``taken_at``
+    as unix seconds and ``before``/``after`` as Snapshots.  Errors as
+    ``read_recording``.
+    """
     out = []
+    events = []
     lineno = 0
     try:
         with _open(path, "r") as f:
@@ -269,6 +327,9 @@ def read_recording(path):
                 except ValueError as exc:
                     what = "truncated (the recording was cut off?)" if truncated else str(exc)
                     raise MalformedData(f"{path}: line {lineno}: {what}") from None
+                if isinstance(doc, dict) and EVENT_KEY in doc:
+                    events.append(_event(doc, f"{path}: line {lineno}"))
+                    continue
                 try:
                     out.append(snapshot_from_json(doc))
                 except MalformedData as exc:
@@ -278,7 +339,23 @@ def read_recording(path):
                             f"({exc.__class__.__name__}: {exc})") from None
     if not out:
         raise MalformedData(f"{path}: no snapshots in the recording")
-    return out
+    return out, events
+
+
+def release_event(result):
+    """The event document of one ``diag.actions.release`` RESULT (a dict with
+    before/after Snapshots, call, return, pause_us), for ``write_event``."""
+    after = result["after"]
+    return {"taken_at": after.to_json()["taken_at"], "pid": after.pid,
+            "call": result.get("call"), "return": result.get("return"),
+            "pause_us": result.get("pause_us"),
+            "before": result["before"].to_json(), "after": after.to_json()}
+
+
+def append_event(path, kind, doc):
+    """Append one event line to the recording at PATH (created if missing)."""
+    with Recorder(path, append=True) as rec:
+        rec.write_event(kind, doc)
 
 
 def _default_sampler(no_attach):
@@ -294,7 +371,7 @@ def _default_sampler(no_attach):
 
 
 def record(pid, path, interval=2.0, duration=None, progress_cb=None, no_attach=False,
-           sampler=None, stop=None):
+           sampler=None, stop=None, events=()):
     """Sample PID every INTERVAL seconds into the recording PATH.
 
     Stops after DURATION seconds (None: until interrupted or the process
@@ -303,9 +380,13 @@ def record(pid, path, interval=2.0, duration=None, progress_cb=None, no_attach=F
     first sample ends the recording normally; one that does not exist at the
     start raises NoSuchProcess.  Returns the number of snapshots written.
     ``sampler(pid) -> Snapshot`` replaces ``diag.snapshot.take`` (tests,
-    library use).
+    library use).  EVENTS: ``(at_s, fn)`` pairs; after the first sample at
+    or past AT_S seconds into the recording, ``fn(pid)`` is called once and
+    the ``(kind, doc)`` it returns is written as an event line (e.g. a
+    release: ``lambda pid: ("release", release_event(actions.release(pid)))``).
     """
     sampler = sampler or _default_sampler(no_attach)
+    pending = sorted(events, key=lambda e: e[0])
     start = time.monotonic()
     next_at = start
     with Recorder(path) as rec:
@@ -319,6 +400,9 @@ def record(pid, path, interval=2.0, duration=None, progress_cb=None, no_attach=F
             rec.write(snap)
             if progress_cb is not None:
                 progress_cb(rec.count, snap)
+            while pending and time.monotonic() - start >= pending[0][0]:
+                _at, fn = pending.pop(0)
+                rec.write_event(*fn(pid))
             next_at += interval
             now = time.monotonic()
             if duration is not None and next_at - start > duration + 1e-9:

@@ -17,7 +17,9 @@ def add_parser(sub):
                     "INTERVAL seconds until DURATION passes, the process exits, or Ctrl-C.  A "
                     "recording is how an incident is shared: `allocdiag replay FILE` opens it in "
                     "the process view.",
-        examples=["allocdiag record 1234 -o incident.jsonl.gz --duration 600"])
+        examples=["allocdiag record 1234 -o incident.jsonl.gz --duration 600",
+                  "allocdiag record 1234 -o rel.jsonl --duration 20 --release-at 10 --yes",
+                  "allocdiag report incident.jsonl.gz -o incident.html"])
     p.add_argument("pid", type=pid_arg)
     p.add_argument("-o", "--output", required=True, metavar="FILE")
     p.add_argument("--interval", type=sample_interval, default=2.0, metavar="S",
@@ -25,11 +27,49 @@ def add_parser(sub):
     p.add_argument("--duration", type=float, default=None, metavar="S",
                    help="stop after S seconds (default: until the process exits or Ctrl-C)")
     p.add_argument("--no-attach", action="store_true", help="read /proc only; never stop a thread")
+    p.add_argument("--release-at", type=float, default=None, metavar="S",
+                   help="S seconds into the recording, call the allocator's release function "
+                        "(as `allocdiag release`) and write its before/after as an event line "
+                        "(`allocdiag report` shows it); asks first unless --yes")
+    p.add_argument("--yes", "-y", action="store_true",
+                   help="with --release-at: do not ask for confirmation")
     return p
+
+
+def _release_events(args):
+    """The ``events`` argument of diag.recording.record for --release-at."""
+    if args.release_at is None:
+        return ()
+    from collectors.errors import AllocdiagError, Unsupported
+    from diag import actions, recording
+    from diag.commands.common import UsageError, confirm
+    if args.no_attach:
+        raise UsageError("--release-at calls into the process: not with --no-attach")
+    if args.release_at < 0 or (args.duration is not None and args.release_at >= args.duration):
+        raise UsageError("--release-at must be between 0 and --duration")
+    kind, call = actions.describe_release(args.pid)
+    if call is None:
+        raise Unsupported(f"{kind}: allocdiag knows no release call for this allocator",
+                          pid=args.pid)
+    if not confirm(f"call {call} in pid {args.pid} ({kind}) {args.release_at:g} s into "
+                   "the recording?", args):
+        raise UsageError("not confirmed: nothing recorded")
+
+    def release(pid):
+        try:
+            doc = recording.release_event(actions.release(pid))
+            print(f"\nreleased: {doc['call']} returned {doc['return']}", file=sys.stderr)
+        except AllocdiagError as exc:
+            # The recording goes on; the report shows the failed attempt.
+            doc = {"pid": pid, "call": call, "error": str(exc)}
+            print(f"\nrelease failed: {exc}", file=sys.stderr)
+        return "release", doc
+    return ((args.release_at, release),)
 
 
 def run(args):
     from diag import recording
+    events = _release_events(args)
     tty = sys.stderr.isatty()
     t0 = time.monotonic()
     written = 0             # what the recording holds, also after Ctrl-C
@@ -47,7 +87,7 @@ def run(args):
     try:
         written = recording.record(args.pid, args.output, interval=args.interval,
                                    duration=args.duration, progress_cb=progress,
-                                   no_attach=args.no_attach)
+                                   no_attach=args.no_attach, events=events)
     except KeyboardInterrupt:
         pass                # the recorder closed the file; `written` is what it holds
     if tty:

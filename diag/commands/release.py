@@ -20,10 +20,14 @@ def add_parser(sub):
                     "anonymous RSS, LazyFree and the allocator stack before and after, so what it "
                     "gave back is measured.  Changes the target's allocator state: asks first "
                     "unless --yes.",
-        examples=["allocdiag release 1234", "allocdiag release --yes --json 1234"])
+        examples=["allocdiag release 1234", "allocdiag release --yes --json 1234",
+                  "allocdiag release --yes --record incident.jsonl 1234"])
     p.add_argument("pid", type=pid_arg)
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.add_argument("--record", metavar="FILE",
+                   help="also append the before/after as an event line to the recording FILE "
+                        "(`allocdiag record`; `allocdiag report` shows it)")
     return p
 
 
@@ -37,6 +41,9 @@ def run(args):
         return ExitCode.OK
     r = actions.release(args.pid)
     before, after = r["before"], r["after"]
+    if args.record:
+        from diag import recording
+        recording.append_event(args.record, "release", recording.release_event(r))
     if args.json:
         dump_json({"pid": args.pid, "call": r["call"], "return": r["return"],
                    "pause_us": r["pause_us"], "before": before.to_json(), "after": after.to_json()})
