@@ -123,3 +123,43 @@ PROCESS_FIELDS = tuple(f.name for f in layer("process"))
 CGROUP_FIELDS = tuple(f.name for f in layer("cgroup"))
 STATS_FIELDS = tuple(f.name for f in layer("stats"))
 RUNTIME_FIELDS = tuple(f.name for f in layer("runtime"))
+
+# -- exporter layer (``allocdiag exporter``: quantities that exist only as metrics) ----
+# Looked up with EXPORTER_BY_NAME; diag.metrics takes every HELP string from
+# here, from FIELDS or from RUNTIME_FIELD_ROWS, never from a literal of its own.
+EXPORTER_FIELD_ROWS = (
+    Field("processes", "exporter", "count", "processes",
+          "processes in the group that the /proc scan could read", "/proc"),
+    Field("memory_class", "exporter", _B, "memory class",
+          "RSS of the live targets split into disjoint classes that add up to "
+          "allocdiag_target_rss_bytes: live (allocated), allocator_free (held resident but "
+          "free: fragmentation, caches, dirty pages), allocator_metadata, allocator_held "
+          "(allocator share not split: allocated unknown), lazyfree, python_arenas (pymalloc "
+          "arenas, carved from other_anon), other_anon, file, shmem; allocator numbers are "
+          "clamped to the kernel's (held <= rss_anon - lazyfree, live <= held, metadata <= "
+          "held - live)",
+          "derived: diag.metrics.memory_classes"),
+    Field("target_rss", "exporter", _B, "target RSS",
+          "RSS of the live targets when their allocator was read: the total the classes "
+          "of allocdiag_memory_bytes add up to", "/proc/PID/status VmRSS"),
+    Field("target_info", "exporter", "info", "target",
+          "one live target (value 1): pid, comm, group, allocator and whether its allocator "
+          "was read (state ok|not read|pending; reason from a fixed list)", "exporter"),
+    Field("target_pause", "exporter", "seconds", "pause",
+          "time a borrowed thread of the group's live targets was stopped for allocator "
+          "reads (other threads never stop)", "remote call pause_us"),
+    Field("target_reads", "exporter", "count", "reads",
+          "allocator reads of the group's live targets, by result (ok | not read)",
+          "exporter"),
+    Field("scrape_duration", "exporter", "seconds", "scrape",
+          "time this collection took: the /proc scan and cache lookups (a scrape never "
+          "waits for a stop)", "exporter"),
+    Field("collector_success", "exporter", "bool", "success",
+          "1 when the collector worked in this collection: procfs = the /proc scan ran, "
+          "live = no live target is in state not read", "exporter"),
+    Field("scan_skipped", "exporter", "count", "skipped",
+          "processes the /proc scan skipped, by reason (denied | vanished | failed)",
+          "/proc"),
+)
+
+EXPORTER_BY_NAME = {f.name: f for f in EXPORTER_FIELD_ROWS}

@@ -30,7 +30,13 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from collectors.errors import AllocdiagError
+from collectors.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,
+                               RemoteCallError, Unsupported)
+
+# Why a process was "not read", as a fixed list (a metric label must not be
+# free text): Entry.code holds one of these, Entry.reason the message.
+REASONS = ("vanished", "denied", "quarantined", "remote_failed", "unsupported",
+           "no_stats_interface", "error")
 
 
 @dataclass
@@ -41,6 +47,29 @@ class Entry:
     finding: Optional[str] = None
     reason: Optional[str] = None
     pause_us: Optional[int] = None
+    code: Optional[str] = None          # one of REASONS when not read
+    snapshot: Optional[object] = None   # the diag.model.Snapshot of an "ok" read
+
+
+def _code(exc):
+    """The REASONS word for an exception raised by a snapshot."""
+    for cls, code in ((NoSuchProcess, "vanished"), (AccessDenied, "denied"),
+                      (Quarantined, "quarantined"), (RemoteCallError, "remote_failed"),
+                      (Unsupported, "unsupported")):
+        if isinstance(exc, cls):
+            return code
+    return "error"
+
+
+def _remote_code(col, remote):
+    """The REASONS word for a remote collector that did not read."""
+    if col.first_denied is not None:
+        return "denied"
+    if (remote.error or "").startswith("skipped"):
+        return "unsupported"
+    if "quarantin" in (remote.error or ""):
+        return "quarantined"
+    return "remote_failed"
 
 
 def start_time(pid):
@@ -65,26 +94,27 @@ def read_one(pid, take=None, deadline_s=0.3):
     try:
         snap, col = take(pid, deadline_s)
     except AllocdiagError as exc:
-        return Entry("not read", now, reason=str(exc.msg))
+        return Entry("not read", now, reason=str(exc.msg), code=_code(exc))
     remote = col.status.get("remote")
     resident = snap.stats.get("resident")
     resident = resident.value if resident is not None else None
     top = max(snap.findings, key=lambda f: f.expected_effect_bytes or 0) if snap.findings \
         else None
     if remote is None:
-        return Entry("not read", now, reason="no allocator stats interface found")
+        return Entry("not read", now, reason="no allocator stats interface found",
+                     code="no_stats_interface")
     if not remote.ok or (remote.error or "").startswith("skipped"):
         return Entry("not read", now, reason=remote.error or "remote read failed",
-                     finding=top.title if top else None)
+                     finding=top.title if top else None, code=_remote_code(col, remote))
     return Entry("ok", now, resident=resident, finding=top.title if top else None,
-                 pause_us=remote.pause_us)
+                 pause_us=remote.pause_us, snapshot=snap)
 
 
 class HostLive:
     """Bounded-rate background reader of allocator stats for the host view."""
 
     def __init__(self, max_pause_ms_per_minute=120.0, refresh_s=30.0, min_gap_s=1.0,
-                 retry_s=300.0, deadline_s=0.3, take=None, exclude=()):
+                 retry_s=300.0, deadline_s=0.3, take=None, exclude=(), on_read=None):
         from diag.compare import PauseBudget
         self.budget = PauseBudget(max_pause_ms_per_minute)
         self.refresh_s, self.min_gap_s, self.retry_s = refresh_s, min_gap_s, retry_s
@@ -98,6 +128,9 @@ class HostLive:
         self._stop = threading.Event()
         self._thread = None
         self.reads = 0
+        # on_read(pid, entry) after every read, outside the lock (the
+        # exporter counts pauses and results per group with it)
+        self.on_read = on_read
 
     # -- the table side (never blocks on a stop) ------------------------------------
     def annotate(self, rows):
@@ -186,6 +219,8 @@ class HostLive:
         with self._lock:
             if key in self._wanted:
                 self._cache[key] = e
+        if self.on_read is not None:
+            self.on_read(pid, e)
         return True
 
     def _run(self):

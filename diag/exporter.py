@@ -1,0 +1,296 @@
+"""``allocdiag exporter``: a prometheus_client Collector over the host scan
+(diag.hostscan, /proc only, nothing stopped) and the live targets' cached
+allocator reads (diag.hostlive.HostLive: one background thread, a token
+bucket of stop time, a cache that a scrape only reads).
+
+One ``AllocdiagCollector`` on its own ``CollectorRegistry`` (not the
+default one: no process/platform/GC metrics of the exporter itself), served
+three ways by diag.commands.exporter: HTTP (``start_http_server``), a
+node_exporter textfile (``write_to_textfile``, atomic rename), or printed
+once.  Metric names, labels and HELP strings: diag.metrics.
+"""
+
+import os
+import re
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Optional
+
+from collectors.errors import AccessDenied, AllocdiagError, Unsupported
+from diag import hostlive, hostscan, metrics as M
+
+try:        # an optional extra: the command names the install line when it is missing
+    import prometheus_client
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.registry import CollectorRegistry
+except ImportError:
+    prometheus_client = None
+
+INSTALL_HINT = "pip install 'allocdiag[exporter]'"
+
+GROUP_BY = ("comm", "exe", "user")
+TEXTFILE_NAME = "allocdiag.prom"
+# The pid label of allocdiag_target_info makes one series per target: cap them.
+MAX_TARGETS_DEFAULT = 16
+UNKNOWN = "unknown"
+
+
+@dataclass
+class Options:
+    group_by: str = "comm"
+    groups: tuple = ()                  # ((compiled regex, name), ...): first match wins
+    targets: tuple = ()                 # explicit pids
+    match: Optional[re.Pattern] = None  # comm or cmdline
+    top: int = 0                        # the N largest by RSS
+    max_targets: int = MAX_TARGETS_DEFAULT
+    max_pause_ms_per_minute: float = 50.0
+    refresh_s: float = 30.0
+    retry_s: float = 300.0
+    min_gap_s: float = 1.0
+    deadline_s: float = 0.5
+    proc: str = "/proc"
+    extra: dict = field(default_factory=dict)
+
+
+def _read(path, default=""):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return default
+
+
+def _cmdline(proc, pid):
+    return _read(f"{proc}/{pid}/cmdline", b"").replace(b"\0", b" ").strip().decode(errors="replace")
+
+
+def _exe_name(proc, pid):
+    try:
+        return os.path.basename(os.readlink(f"{proc}/{pid}/exe")).removesuffix(" (deleted)")
+    except OSError:
+        return None
+
+
+def preload_label(effective):
+    return {True: "true", False: "false"}.get(effective, UNKNOWN)
+
+
+class AllocdiagCollector:
+    """The collector: ``collect()`` scans /proc, groups, selects the live
+    targets, and reads their allocator numbers from the HostLive cache.
+
+    ``sync=True`` (one-shot modes): the due targets are read inside
+    ``collect`` (still within the pause budget); otherwise the HostLive
+    thread reads them and ``collect`` never waits on a stop.
+    """
+
+    def __init__(self, options=None, live=None, sync=False):
+        self.o = options or Options()
+        self.sync = sync
+        self.live = live or hostlive.HostLive(
+            max_pause_ms_per_minute=self.o.max_pause_ms_per_minute, refresh_s=self.o.refresh_s,
+            min_gap_s=self.o.min_gap_s, retry_s=self.o.retry_s, deadline_s=self.o.deadline_s)
+        self.live.on_read = self._count_read
+        self._lock = threading.Lock()           # one collection at a time
+        self._counter_lock = threading.Lock()   # the counters (HostLive's thread adds)
+        self._group_of_pid = {}
+        self.last_live_ok = True            # the last collection read every live target
+        self._pause_s = defaultdict(float)  # group -> seconds
+        self._reads = defaultdict(int)      # (group, state) -> reads
+
+    # -- counters fed by HostLive's worker ---------------------------------------------
+    def _count_read(self, pid, entry):
+        group = self._group_of_pid.get(pid, UNKNOWN)
+        with self._counter_lock:
+            self._reads[(group, entry.state)] += 1
+            if entry.pause_us:
+                self._pause_s[group] += entry.pause_us / 1e6
+
+    # -- grouping and target selection -----------------------------------------------------
+    def group_of(self, row):
+        comm = row.get("comm") or UNKNOWN
+        if self.o.groups:
+            exe = _exe_name(self.o.proc, row["pid"]) or ""
+            cmd = _cmdline(self.o.proc, row["pid"])
+            for rx, name in self.o.groups:
+                if rx.search(comm) or rx.search(exe) or rx.search(cmd):
+                    return name
+        if self.o.group_by == "exe":
+            return _exe_name(self.o.proc, row["pid"]) or comm
+        if self.o.group_by == "user":
+            return row.get("user") or UNKNOWN
+        return comm
+
+    def select_targets(self, rows):
+        """The rows of the live targets, at most max_targets: explicit pids,
+        then --match, then --top by RSS."""
+        me = os.getpid()
+        by_pid = {r["pid"]: r for r in rows if r["pid"] != me}
+        chosen = [p for p in self.o.targets]
+        if self.o.match is not None:
+            chosen += [p for p, r in by_pid.items()
+                       if self.o.match.search(r.get("comm") or "")
+                       or self.o.match.search(_cmdline(self.o.proc, p))]
+        if self.o.top:
+            chosen += [r["pid"] for r in sorted(by_pid.values(), key=lambda r: -(r["rss"] or 0))
+                       [:self.o.top]]
+        seen, out = set(), []
+        for p in chosen:
+            if p not in seen:
+                seen.add(p)
+                out.append(p)
+        return out[:self.o.max_targets], by_pid
+
+    # -- prometheus_client Collector protocol ----------------------------------------------
+    def describe(self):
+        """The families without samples, so the registry knows the names."""
+        return [_family(m) for m in M.ALL]
+
+    def collect(self):
+        with self._lock:
+            return self._collect()
+
+    def _collect(self):
+        t0 = time.perf_counter()
+        fams = {m.name: _family(m) for m in M.ALL}
+        procfs_ok = True
+        try:
+            scan = hostscan.scan(self.o.proc)
+        except AllocdiagError:
+            scan, procfs_ok = hostscan.ScanResult(), False
+        self._proc_metrics(scan, fams)
+        live_ok = self.last_live_ok = self._live_metrics(scan.rows, fams)
+        fams[M.COLLECTOR_SUCCESS.name].add_metric(["procfs"], 1 if procfs_ok else 0)
+        fams[M.COLLECTOR_SUCCESS.name].add_metric(["live"], 1 if live_ok else 0)
+        with self._counter_lock:
+            for group, s in sorted(self._pause_s.items()):
+                fams[M.TARGET_PAUSE.name].add_metric([group], s)
+            for (group, state), n in sorted(self._reads.items()):
+                fams[M.TARGET_READS.name].add_metric([group, state], n)
+        fams[M.SCRAPE_DURATION.name].add_metric([], time.perf_counter() - t0)
+        return [f for f in fams.values() if f.samples]
+
+    def _proc_metrics(self, scan, fams):
+        sums = defaultdict(lambda: defaultdict(int))
+        seen = defaultdict(set)         # which sums had at least one known value
+        for r in scan.rows:
+            key = (self.group_of(r), r["allocator"]["kind"] or UNKNOWN,
+                   preload_label(r["preload"]["effective"]))
+            sums[key]["processes"] += 1
+            for name, _ in M.PROC_ROW_FIELDS:
+                if r.get(name) is not None:
+                    sums[key][name] += r[name]
+                    seen[key].add(name)
+        for key, s in sorted(sums.items()):
+            fams[M.PROCESSES.name].add_metric(list(key), s["processes"])
+            for name in seen[key]:
+                fams[M.PROC_METRICS[name].name].add_metric(list(key), s[name])
+        for reason, n in (("denied", scan.denied), ("vanished", scan.vanished),
+                          ("failed", len(scan.failed))):
+            fams[M.SCAN_SKIPPED.name].add_metric([reason], n)
+
+    def _live_metrics(self, rows, fams):
+        """Target info and the cached allocator numbers; False when a target
+        is in state "not read"."""
+        pids, by_pid = self.select_targets(rows)
+        shown = []
+        for pid in pids:
+            row = by_pid.get(pid)
+            if row is not None:
+                self._group_of_pid[pid] = self.group_of(row)
+                shown.append(row)
+        self._group_of_pid = {p: g for p, g in self._group_of_pid.items() if p in by_pid}
+        self.live.annotate([dict(pid=r["pid"]) for r in shown])
+        if self.sync:
+            while self.live.step():
+                pass
+        ok = True
+        sums = defaultdict(lambda: defaultdict(int))
+        cgroups = {}
+        for pid in pids:
+            row = by_pid.get(pid)
+            if row is None:
+                ok = False
+                fams[M.TARGET_INFO.name].add_metric(
+                    [UNKNOWN, str(pid), UNKNOWN, UNKNOWN, "not read", _missing_reason(self.o.proc, pid)], 1)
+                continue
+            group, kind = self._group_of_pid[pid], row["allocator"]["kind"] or UNKNOWN
+            e = self.live.entry(pid)
+            state = "pending" if e is None else e.state
+            reason = (e.code or "error") if e is not None and e.state != "ok" else ""
+            ok = ok and state != "not read"
+            fams[M.TARGET_INFO.name].add_metric(
+                [group, str(pid), row.get("comm") or UNKNOWN, kind, state, reason], 1)
+            if state == "ok" and e.snapshot is not None:
+                _add_snapshot(sums[(group, kind)], cgroups, (group, kind), e.snapshot)
+        for key, s in sorted(sums.items()):
+            for name, m in M.STATS_METRICS.items():
+                if name in s:
+                    fams[m.name].add_metric(list(key), s[name])
+            for cls in M.CLASSES:
+                if "class:" + cls in s:
+                    fams[M.MEMORY.name].add_metric(list(key) + [cls], s["class:" + cls])
+            if "rss" in s:
+                fams[M.TARGET_RSS.name].add_metric(list(key), s["rss"])
+        for key, by_path in sorted(cgroups.items()):
+            for name, m in M.CGROUP_METRICS.items():
+                vals = [c[name] for c in by_path.values() if c.get(name) is not None]
+                if vals:
+                    fams[m.name].add_metric(list(key), sum(vals))
+        return ok
+
+
+def _add_snapshot(s, cgroups, key, snap):
+    """Add SNAP's numbers into the sums S of its (group, allocator)."""
+    for name in M.STATS_METRICS:
+        v = snap.stats.get(name)
+        if v is not None and v.value is not None:
+            s[name] += v.value
+    classes = M.memory_classes(snap)
+    if classes is not None:
+        s["rss"] += snap.process.rss
+        for cls, b in classes.items():
+            s["class:" + cls] += b
+    # processes sharing a cgroup count it once
+    cg = snap.cgroup
+    if cg.path is not None:
+        cgroups.setdefault(key, {})[cg.path] = {"working_set": cg.working_set, "usage": cg.usage}
+
+
+def _missing_reason(proc, pid):
+    """Why an explicit target is absent from the scan."""
+    return "vanished" if not os.path.exists(f"{proc}/{pid}") else "denied"
+
+
+def _family(m):
+    cls = CounterMetricFamily if m.type == "counter" else GaugeMetricFamily
+    return cls(m.name, M.help_text(m), labels=list(m.labels))
+
+
+def require_client():
+    """Raise Unsupported (exit 5) naming the install line when
+    prometheus_client is missing."""
+    if prometheus_client is None:
+        raise Unsupported(f"the exporter needs the Python package prometheus_client, which is "
+                          f"not installed: {INSTALL_HINT}")
+
+
+def write_textfile(path, reg):
+    """PATH (ending in .prom) written atomically: prometheus_client writes
+    PATH.<pid>.<thread> in the same directory and renames it over PATH, so
+    node_exporter never reads half a file (and skips the temporary, which
+    does not end in .prom)."""
+    try:
+        prometheus_client.write_to_textfile(path, reg)
+    except PermissionError as exc:
+        raise AccessDenied(None, f"cannot write {path}: {exc.strerror}", remediation=None) \
+            from None
+
+
+def registry(collector):
+    """A CollectorRegistry of its own holding only COLLECTOR."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(collector)
+    return reg
