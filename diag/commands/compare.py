@@ -36,9 +36,10 @@ output: a table, or with --json one document: {"variants": [{"name", "allocator"
   "preload_effective", "excluded_reason", "peak": {...}, "settled": {...}, "gap", "spread",
   "finding", "runs": [... samples ...]}], "ranking", "confounds"}; inner keys are the field
   names of `allocdiag --help` / diag/fields.py (rss, rss_anon, lazyfree, working_set,
-  allocated, resident, retained, ...), in bytes.  A chart page: no HTML report renderer
-  (diag/report.py) exists in this tree yet, so --html is not offered: keep the JSON
-  (--json > FILE) and render it later.
+  allocated, resident, retained, ...), in bytes.  A chart page: --html OUT writes per-variant
+  RSS, anon, LazyFree and allocator resident over time and peak vs settled bars (the HTML
+  report renderer; needs pip install 'allocdiag[report]'); a saved --json document gives the
+  same page later with `allocdiag report FILE -o OUT.html`.
 """
 
 
@@ -59,7 +60,8 @@ def add_parser(sub):
             "allocdiag compare --variants glibc glibc:MALLOC_ARENA_MAX=2 "
             "jemalloc:dirty_decay_ms=1000,muzzy_decay_ms=0 "
             "--load 'wrk -d10 http://127.0.0.1:8080/' --ready 'listening' -- ./server",
-            "allocdiag compare --json --idle-after READY -- python3 myjob.py > compare.json"])
+            "allocdiag compare --json --idle-after READY -- python3 myjob.py > compare.json",
+            "allocdiag compare --preset footprint --html footprint.html"])
     p.add_argument("--variants", nargs="+", action="extend", metavar="VARIANT",
                    help="allocators / knob sets to run (default: every installed allocator)")
     p.add_argument("--preset", choices=("footprint", "staircase"),
@@ -95,6 +97,7 @@ def add_parser(sub):
                         "memory hierarchy) under ours, removed afterwards")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("-o", "--output", metavar="FILE", help="also write the JSON document to FILE")
+    p.add_argument("--html", metavar="OUT", help="also write a chart page (HTML) to OUT")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS",
                    help="the workload to run (after --)")
     return p
@@ -151,6 +154,9 @@ def run(args):
     names = [v.name for v in variants]
     if len(set(names)) != len(names):
         raise UsageError("a variant is named twice")
+    if args.html:
+        from diag import report_charts
+        report_charts.check_available()     # before the runs, not after them
     doc = compare.compare(variants, settings,
                           progress=lambda m: print(m, file=sys.stderr, flush=True))
     if args.preset:
@@ -159,6 +165,9 @@ def run(args):
     if args.output:
         with open(args.output, "w") as f:
             f.write(compare.dumps(doc) + "\n")
+    if args.html:
+        from diag import report
+        report.write_compare(doc, args.html)
     if args.json:
         dump_json(doc)
     else:

@@ -1,0 +1,459 @@
+"""The HTML incident report: one self-contained page from a recording (or a
+``compare`` document).
+
+A recording (``allocdiag record``, JSON Lines, .gz allowed) gives:
+
+- the stack over time: the kernel's view (RSS, anon, LazyFree, cgroup
+  working set) and the allocator's layers (allocated, active, resident,
+  mapped: drawn as separate lines, never stacked, as they are not nested);
+- peak vs settled per field.  ``peak`` is the largest sample; ``settled``
+  the median of the last ``SETTLED_FRACTION`` of the samples (at least
+  one), so one late outlier does not decide it;
+- the findings: every finding any snapshot carried (latest occurrence, how
+  many samples had it) plus the trend findings over the whole series, with
+  knob and evidence (bytes as exact bytes, binary units and share of RSS;
+  units from diag.fields);
+- the process and allocator identity and the preload verdict;
+- every ``release`` event (``record --release-at``, ``release --record``):
+  before/after per field.
+
+A compare document (``compare --json``) gives per-variant RSS, anon,
+LazyFree and allocator resident over time and peak vs settled bars (compare's
+own definitions, stated on the page).
+
+The page has no script, no external stylesheet, font or image: charts are
+inline SVG drawn by matplotlib (diag.report_charts) with glyphs as paths.
+"""
+
+import datetime
+import gzip
+import html
+import json
+import os
+import statistics
+import zlib
+
+from collectors.errors import MalformedData
+from diag import findings as findings_mod
+from diag import report_charts as charts
+from diag.fields import BY_NAME, RUNTIME_BY_NAME
+from diag.recording import read_recording_events
+from diag.render import human_bytes
+
+SETTLED_FRACTION = 0.2     # settled = median of the last 20% of the samples
+
+KERNEL_FIELDS = ("rss", "rss_anon", "lazyfree", "working_set")
+ALLOCATOR_FIELDS = ("allocated", "active", "resident", "mapped")
+RELEASE_FIELDS = KERNEL_FIELDS + ALLOCATOR_FIELDS + ("dirty", "muzzy", "retained")
+# compare's sample keys drawn per variant (its "resident" is the allocator's)
+COMPARE_PANELS = (("rss", "RSS"), ("rss_anon", "anon"), ("lazyfree", "LazyFree"),
+                  ("resident", "allocator resident"))
+COMPARE_BARS = ("rss", "rss_anon", "lazyfree", "working_set", "allocated", "resident")
+
+# Evidence keys that are byte counts but not a diag.fields name (the names
+# the rules in diag.findings use for derived quantities).
+EVIDENCE_BYTES = frozenset((
+    "free_in_arenas", "held_free", "keepcost", "committed", "non_main_system",
+    "non_main_free", "pageheap_free", "thread_cache_free", "max_total_thread_cache_bytes",
+    "resident_free_upper_bound", "outside", "free_in_pools"))
+# prefixes/suffixes the rules put around a field name (allocator_resident, allocated_peak)
+_EVIDENCE_AFFIXES = (("", ""), ("allocator_", ""), ("cgroup_", ""), ("pymalloc_", ""),
+                     ("", "_first"), ("", "_last"), ("", "_peak"))
+
+
+# -- numbers ------------------------------------------------------------------------
+
+def field_value(snap, name):
+    """Bytes of the field NAME (diag.fields) in SNAP, or None when unknown."""
+    layer = BY_NAME[name].layer
+    if layer == "stats":
+        v = snap.stats.get(name)
+        return v.value if v is not None else None
+    return getattr(snap.process if layer == "process" else snap.cgroup, name, None)
+
+
+def peak_settled(values, fraction=SETTLED_FRACTION):
+    """(peak, settled) of VALUES (None = unknown, skipped): peak the maximum,
+    settled the median of the last FRACTION of the known values (at least one)."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return None, None
+    tail = known[-max(1, round(len(known) * fraction)):]
+    return max(known), int(statistics.median(tail))
+
+
+def evidence_unit(key):
+    """The unit of an evidence KEY: a diag.fields unit ("bytes", "count"),
+    "percent", "ratio", "seconds", or None (shown as it is)."""
+    for prefix, suffix in _EVIDENCE_AFFIXES:
+        if key.startswith(prefix) and key.endswith(suffix):
+            base = key[len(prefix):len(key) - len(suffix)]
+            f = BY_NAME.get(base) or RUNTIME_BY_NAME.get(base)
+            if f is not None:
+                return f.unit
+    if key in EVIDENCE_BYTES:
+        return "bytes"
+    if "_pct" in key:
+        return "percent"
+    if key == "ratio":
+        return "ratio"
+    if key == "seconds":
+        return "seconds"
+    if key in ("samples", "steps_up", "narenas", "threads", "arenas"):
+        return "count"
+    return None
+
+
+def evidence_text(key, value, rss=None):
+    """One evidence value as the page shows it."""
+    unit = evidence_unit(key)
+    if value is None:
+        return "unknown"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+    if unit == "bytes":
+        text = f"{value:,} B ({human_bytes(value)})"
+        if rss:
+            text += f" = {100.0 * value / rss:.1f}% of RSS"
+        return text
+    if unit == "percent":
+        return f"{value:g}%"
+    if unit == "ratio":
+        return f"{value:g}×"
+    if unit == "seconds":
+        return f"{value:.1f} s"
+    return f"{value:,}" if isinstance(value, int) else f"{value:g}"
+
+
+# -- input ----------------------------------------------------------------------------
+
+def _open_text(path):
+    if str(path).endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, "r", encoding="utf-8")
+
+
+def load(path):
+    """("compare", document) for a ``compare --json`` file, else ("recording",
+    (snapshots, events)).  MalformedData for anything else (OSError when it
+    cannot be opened)."""
+    try:
+        with _open_text(path) as f:
+            first = next((line for line in f if line.strip()), None)
+            if first is not None:
+                try:
+                    doc = json.loads(first)
+                except ValueError:
+                    doc = None
+                if doc is None and first.strip() == "{":
+                    # an indented document (compare --json): read it whole
+                    f.seek(0)
+                    try:
+                        doc = json.load(f)
+                    except ValueError as exc:
+                        raise MalformedData(f"{path}: not a compare document or a "
+                                            f"recording: {exc}") from None
+                if isinstance(doc, dict) and doc.get("kind") == "compare":
+                    if not isinstance(doc.get("variants"), list):
+                        raise MalformedData(f"{path}: compare document without variants")
+                    return "compare", doc
+    except (EOFError, OSError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError) as exc:
+        if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
+            raise
+        raise MalformedData(f"{path}: not a readable recording "
+                            f"({exc.__class__.__name__}: {exc})") from None
+    return "recording", read_recording_events(path)
+
+
+# -- HTML pieces -------------------------------------------------------------------------
+
+CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;
+ margin:0 auto;max-width:1120px;padding:16px 20px;color:#1a1a1a;background:#fff}
+h1{font-size:1.5em;margin:.2em 0}h2{font-size:1.2em;margin-top:1.6em;
+ border-bottom:1px solid #ddd;padding-bottom:.2em}h3{font-size:1.05em;margin:1em 0 .3em}
+table{border-collapse:collapse;margin:.4em 0;font-size:.92em}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+.muted{color:#666}.chart svg{max-width:100%;height:auto;display:block}
+.sev-warning{color:#a35200}.sev-critical{color:#b00020}.sev-info{color:#1f5fa0}
+code{background:#f4f4f4;padding:0 3px}dl{display:grid;grid-template-columns:max-content auto;
+ gap:2px 14px}dt{font-weight:600}dd{margin:0}
+"""
+
+
+def esc(x):
+    return html.escape("" if x is None else str(x), quote=True)
+
+
+def _table(headers, rows, numeric=()):
+    out = ["<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in headers) + "</tr>"]
+    for r in rows:
+        out.append("<tr>" + "".join(
+            f'<td class="n">{esc(c)}</td>' if i in numeric else f"<td>{esc(c)}</td>"
+            for i, c in enumerate(r)) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def _dl(pairs):
+    return "<dl>" + "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in pairs
+                            if v not in (None, "", [], ())) + "</dl>"
+
+
+def _chart(svg, missing="no data for this chart"):
+    if svg is None:
+        return f'<p class="muted">{esc(missing)}</p>'
+    return f'<div class="chart">{svg}</div>'
+
+
+def _page(title, body):
+    made = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{esc(title)}</title><style>{CSS}</style></head><body>\n"
+            f"<h1>{esc(title)}</h1>\n{body}\n"
+            f'<p class="muted">made by allocdiag report, {made}</p>\n</body></html>\n')
+
+
+def _when(ts):
+    if ts is None:
+        return "unknown"
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M:%S UTC")
+
+
+def _bytes_cell(v):
+    return "unknown" if v is None else f"{human_bytes(v)} ({v:,} B)"
+
+
+# -- recording page ------------------------------------------------------------------------
+
+def _times(snaps):
+    t0 = snaps[0].taken_at
+    return [round(s.taken_at - t0, 3) if s.taken_at is not None and t0 is not None else float(i)
+            for i, s in enumerate(snaps)]
+
+
+def _identity(snaps, source):
+    last = snaps[-1]
+    a, p, c = last.allocator, last.preload, last.cgroup
+    span = (snaps[-1].taken_at - snaps[0].taken_at
+            if snaps[-1].taken_at is not None and snaps[0].taken_at is not None else None)
+    pairs = [("recording", source), ("process", f"pid {last.pid} {last.comm or '?'}"),
+             ("executable", last.exe),
+             ("samples", f"{len(snaps)} from {_when(snaps[0].taken_at)}" +
+              (f" over {span:.1f} s" if span is not None else "")),
+             ("allocator", " ".join(x for x in (a.kind, a.version, a.linkage) if x)),
+             ("allocator library", a.path), ("symbol prefix", a.prefix),
+             ("how it was identified", "; ".join(a.evidence)),
+             ("also loaded (not serving malloc)", ", ".join(
+                 f"{o.kind} {o.path or ''}".strip() for o in a.others)),
+             ("preload requested", ", ".join(p.requested)),
+             ("preload verdict", p.verdict), ("preload reasons", "; ".join(p.reasons)),
+             ("cgroup", f"v{c.version} {c.path}" if c.path else None),
+             ("cgroup limit", human_bytes(c.limit) if c.limit is not None else
+              ("unlimited" if c.path else None)),
+             ("threads", last.process.threads)]
+    if last.runtime is not None:
+        pairs.append(("runtime heap", f"{last.runtime.kind} {last.runtime.version or ''}"))
+    failed = {n: s.error for s in snaps for n, s in s.collectors.items() if not s.ok}
+    if failed:
+        pairs.append(("collectors that failed", "; ".join(f"{n}: {e}" for n, e in failed.items())))
+    return "<h2>Process and allocator</h2>\n" + _dl(pairs)
+
+
+def _stack_section(snaps, events):
+    t = _times(snaps)
+    t0 = snaps[0].taken_at
+    marks = [(round(e["taken_at"] - t0, 3), "release") for e in events
+             if e.get("event") == "release" and e.get("taken_at") is not None and t0 is not None]
+    panels = [("kernel: RSS, anon, LazyFree, cgroup working set",
+               {f: [field_value(s, f) for s in snaps] for f in KERNEL_FIELDS}),
+              ("allocator: allocated, active, resident, mapped (separate lines: "
+               "mapped and resident are not nested)",
+               {f: [field_value(s, f) for s in snaps] for f in ALLOCATOR_FIELDS})]
+    svg = charts.time_panels(t, panels, marks, title="memory over time")
+    note = ("Dotted vertical lines: a release.  Unknown values are left out, never drawn as "
+            "zero; the working set is the whole cgroup's, not only this process's.")
+    return ("<h2>The stack over time</h2>\n" + _chart(svg) +
+            f'<p class="muted">{esc(note)}</p>')
+
+
+def _peak_section(snaps):
+    rows, bars = [], []
+    for f in KERNEL_FIELDS + ALLOCATOR_FIELDS:
+        peak, settled = peak_settled([field_value(s, f) for s in snaps])
+        if peak is None:
+            continue
+        rows.append((charts.label(f), _bytes_cell(peak), _bytes_cell(settled),
+                     human_bytes(peak - settled), BY_NAME[f].meaning))
+        bars.append((charts.label(f), (peak, settled)))
+    n = max(1, round(len(snaps) * SETTLED_FRACTION))
+    defn = (f"peak = the largest sample; settled = the median of the last "
+            f"{SETTLED_FRACTION:.0%} of the samples (here the last {n} of {len(snaps)}).")
+    svg = charts.paired_bars(bars, ("peak", "settled"), "peak vs settled")
+    return ("<h2>Peak vs settled</h2>\n" + f"<p>{esc(defn)}</p>\n" + _chart(svg) +
+            _table(("field", "peak", "settled", "peak − settled", "meaning"), rows,
+                   numeric={1, 2, 3}))
+
+
+def _collect_findings(snaps):
+    """[(Finding, samples that had it, snapshot it was last seen in)], most
+    bytes at stake first; then the trend findings over the whole series."""
+    seen = {}
+    for s in snaps:
+        for f in s.findings:
+            count = seen[f.id][1] + 1 if f.id in seen else 1
+            seen[f.id] = (f, count, s)
+    out = sorted(seen.values(), key=lambda x: -(x[0].expected_effect_bytes or 0))
+    trend = [(f, None, snaps[-1]) for f in findings_mod.trends(snaps)]
+    return out + trend
+
+
+def _finding_html(f, count, snap, total):
+    rss = snap.process.rss
+    seen = ("computed over the whole recording" if count is None else
+            f"in {count} of {total} samples; last at {_when(snap.taken_at)}")
+    parts = [f'<h3 class="sev-{esc(f.severity)}">{esc(f.severity)}: {esc(f.title)}</h3>',
+             f'<p class="muted">{esc(f.id)} · confidence {esc(f.confidence)} · {esc(seen)}'
+             + (f" · at stake {esc(_bytes_cell(f.expected_effect_bytes))}"
+                if f.expected_effect_bytes else "") + "</p>"]
+    if f.knob is not None:
+        k = f.knob
+        parts.append(_dl([("knob", k.name), ("current", f"{k.current or 'unset'} "
+                                                       f"({k.source or 'default'})"),
+                          ("suggested", k.suggested), ("how", k.how)]))
+    rows = [(k, evidence_text(k, v, rss), evidence_unit(k) or "") for k, v in f.evidence.items()]
+    if rows:
+        parts.append(_table(("evidence", "value", "unit"), rows, numeric={1}))
+    return "\n".join(parts)
+
+
+def _findings_section(snaps):
+    found = _collect_findings(snaps)
+    if not found:
+        return "<h2>Findings</h2>\n<p>None: no rule fired in any sample.</p>"
+    return ("<h2>Findings</h2>\n<p class=\"muted\">Evidence in bytes also as a share of the "
+            "RSS of the sample the finding was last seen in.</p>\n" +
+            "\n".join(_finding_html(f, c, s, len(snaps)) for f, c, s in found))
+
+
+def _release_html(e, t0):
+    when = _when(e.get("taken_at"))
+    if t0 is not None and e.get("taken_at") is not None:
+        when += f" ({e['taken_at'] - t0:+.1f} s into the recording)"
+    head = f"<h3>{esc(e.get('call') or 'release')} at {esc(when)}</h3>"
+    if e.get("error"):
+        return head + f"<p class=\"sev-warning\">failed: {esc(e['error'])}</p>"
+    before, after = e.get("before"), e.get("after")
+    if before is None or after is None:
+        return head + "<p class=\"muted\">no before/after figures in the event</p>"
+    pause = e.get("pause_us")
+    pause = max(pause) if isinstance(pause, list) and pause else pause
+    rows, bars = [], []
+    for f in RELEASE_FIELDS:
+        b, a = field_value(before, f), field_value(after, f)
+        if b is None and a is None:
+            continue
+        change = (("−" if a < b else "+") + human_bytes(abs(a - b))) \
+            if a is not None and b is not None else "unknown"
+        rows.append((charts.label(f), _bytes_cell(b), _bytes_cell(a), change))
+        bars.append((charts.label(f), (b, a)))
+    svg = charts.paired_bars(bars, ("before", "after"), "release before/after",
+                             colors=("#7f7f7f", "#2ca02c"))
+    return (head + f"<p>returned {esc(e.get('return'))}; thread stopped "
+            f"{esc(pause)} µs</p>\n" + _chart(svg) +
+            _table(("field", "before", "after", "change"), rows, numeric={1, 2, 3}))
+
+
+def _releases_section(snaps, events):
+    rel = [e for e in events if e.get("event") == "release"]
+    if not rel:
+        return ("<h2>Release</h2>\n<p class=\"muted\">No release in this recording (record with "
+                "<code>--release-at S</code>, or <code>allocdiag release --record FILE "
+                "PID</code>).</p>")
+    return "<h2>Release</h2>\n" + "\n".join(_release_html(e, snaps[0].taken_at) for e in rel)
+
+
+def recording_html(snaps, events, source="recording"):
+    last = snaps[-1]
+    title = f"allocdiag report: pid {last.pid} {last.comm or ''}".strip()
+    body = "\n".join((_identity(snaps, source), _stack_section(snaps, events),
+                      _peak_section(snaps), _findings_section(snaps),
+                      _releases_section(snaps, events)))
+    return _page(title, body)
+
+
+# -- compare page ------------------------------------------------------------------------------
+
+def _variant_series(entry, key):
+    """(t, values) of KEY over the variant's runs (run 1, then later runs shifted)."""
+    ts, vs = [], []
+    for run in entry.get("runs") or ():
+        for s in run.get("samples") or ():
+            ts.append(s.get("t"))
+            vs.append(s.get(key))
+        break       # repeats overlap in time: the first run draws the line
+    return ts, vs
+
+
+def compare_html(doc, source="compare"):
+    entries = [e for e in doc["variants"] if e.get("runs")]
+    panels = [(heading, {e["name"]: _variant_series(e, key) for e in entries})
+              for key, heading in COMPARE_PANELS]
+    over_time = charts.variant_panels(panels, title="per variant over time")
+    s = doc.get("settings") or {}
+    bars = charts.bar_panels(
+        [(charts.label(key), [(e["name"], ((e.get("peak") or {}).get(key),
+                                          (e.get("settled") or {}).get(key))) for e in entries])
+         for key in COMPARE_BARS], ("peak", "settled"), "peak vs settled per variant")
+    rows = []
+    for e in doc["variants"]:
+        pk, st = e.get("peak") or {}, e.get("settled") or {}
+        rows.append((e.get("rank") if e.get("rank") is not None else "-", e["name"],
+                     {True: "yes", False: "NO", None: "n/a"}[e.get("preload_effective")],
+                     human_bytes(pk.get("rss")), human_bytes(st.get("rss")),
+                     human_bytes(st.get("lazyfree")), human_bytes(st.get("resident")),
+                     e.get("excluded_reason") or (e.get("finding") or {}).get("title") or ""))
+    cmd = " ".join(doc.get("command") or ())
+    defn = ("compare's definitions: peak = the maximum over the run (RSS: the kernel's VmHWM "
+            "when larger); settled = the last sample of the idle phase, or the last before the "
+            "command exited; with repeats, medians over the runs.  Lines: the first run.")
+    body = (_dl([("source", source), ("command", cmd), ("taken", _when(doc.get("taken_at"))),
+                 ("phases", f"warm-up {s.get('warmup_s')} s, idle {s.get('idle_s')} s, "
+                            f"sampled every {s.get('interval_s')} s, {s.get('repeat')} run(s)"),
+                 ("ranked by", (doc.get("ranking") or {}).get("by"))]) +
+            f"<p>{esc(defn)}</p>\n<h2>Over time</h2>\n" + _chart(over_time) +
+            "\n<h2>Peak vs settled</h2>\n" + _chart(bars) +
+            "\n<h2>Variants</h2>\n" +
+            _table(("rank", "variant", "preload", "peak RSS", "settled RSS", "settled LazyFree",
+                    "settled allocator resident", "excluded / finding"), rows,
+                   numeric={3, 4, 5, 6}))
+    return _page("allocdiag compare: " + (cmd[:80] or "variants"), body)
+
+
+# -- files -------------------------------------------------------------------------------------
+
+def write_html(text, out):
+    """Write TEXT to OUT atomically (a reader never sees half a page)."""
+    tmp = f"{out}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, out)
+
+
+def write_compare(doc, out, source="allocdiag compare"):
+    """The chart page of a compare DOC (``compare --html OUT``)."""
+    charts.check_available()
+    write_html(compare_html(doc, source), out)
+
+
+def render_file(path, out):
+    """The report of the recording or compare document at PATH, written to
+    OUT.  Returns "recording" or "compare"."""
+    charts.check_available()
+    kind, data = load(path)
+    name = os.path.basename(str(path))
+    text = compare_html(data, name) if kind == "compare" else recording_html(*data, source=name)
+    write_html(text, out)
+    return kind
