@@ -789,3 +789,26 @@ def test_restart_syscall_of_a_futex_is_not_borrowed(waits):
                 pass
     finally:
         remote._restarted.pop((t.pid, a["tid"]), None)
+
+
+@pytest.mark.parametrize("runnable, spins_long", [(1, True), (64, False)])
+def test_spin_budget_follows_free_cpus(tmp_path, runnable, spins_long):
+    """The waiter spins long only when a CPU is free for the tracee (spinning
+    then costs it nothing); on a busy box it sleeps early so it does not take
+    the CPU the tracee needs.  The runnable count comes from loadavg."""
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        procfs = tmp_path / "proc"
+        procfs.mkdir()
+        os.symlink(f"/proc/{p.pid}", procfs / str(p.pid))
+        (procfs / "loadavg").write_text(f"0.10 0.20 0.30 {runnable}/300 4242\n")
+        rp = RemoteProcess(p.pid, procfs=str(procfs))
+        cpus = len(os.sched_getaffinity(0))
+        want = RemoteProcess.SPIN_FREE_CPU_S if runnable < cpus else RemoteProcess.SPIN_S
+        assert rp._spin_budget() == want
+        assert (want == RemoteProcess.SPIN_FREE_CPU_S) == (spins_long and cpus > 1)
+        (procfs / "loadavg").write_text("garbage\n")
+        assert rp._spin_budget() == RemoteProcess.SPIN_S
+    finally:
+        p.kill()
+        p.wait()
