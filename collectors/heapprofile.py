@@ -1,33 +1,87 @@
-"""One parser for legacy heap profiles (issue 10).
+"""One parser (and writer) for legacy text heap profiles (issue 10).
 
 Formats:
-- gperftools unsampled ``heap profile: ... @ heapprofile`` (no scaling),
-- gperftools/pprof ``heap profile: ... @ heap_v2/<period>`` (pprof scaling),
-- jemalloc threaded ``heap_v2/<period>`` with ``t*:`` totals and ``tN:`` rows.
 
-Scaling is pprof's ``scaleHeapSample`` (profile/legacy_profile.go) and jeprof's
-``AdjustSamples``: ``scale = 1 / (1 - exp(-(size/count)/rate))`` applied to both
-count and size, separately for the in-use and the cumulative pair; rate 1 or
-count 0 means no scaling.  Old ``heap`` (no _v2) uses rate period/2 in pprof;
-we follow that.  Malformed input raises ``MalformedData``, never anything else.
+- gperftools heap profiler, unsampled: ``heap profile: ... @ heapprofile``
+  (``HeapProfileTable::SaveProfile``; every allocation after the start is
+  counted, so nothing is scaled);
+- gperftools ``MallocExtension::GetHeapSample``: ``heap profile: ... @
+  heap_v2/<period>`` (may start with ``%warn`` lines); also the older
+  ``heap/<period>`` and Google's ``heapz_v2``;
+- jemalloc threaded ``heap_v2/<period>`` (``src/prof_data.c``
+  ``prof_dump_header``/``prof_dump_gctx``): a ``t*:`` process total and one
+  ``tN:`` row per thread (optionally followed by the thread's name), then per
+  stack an ``@ addr...`` line, its ``t*:`` total and its per-thread rows.
+
+All end with ``MAPPED_LIBRARIES:`` (or ``--- Memory map: ---``) and a copy of
+``/proc/self/maps`` at dump time, which the symbolizer uses.
+
+Verified against upstream source (mirrors of github:google/pprof,
+github:jemalloc/jemalloc, github:gperftools/gperftools, read with git show):
+
+- pprof ``profile/legacy_profile.go`` ``parseHeapHeader``: ``heapprofile`` →
+  rate 1 (no scaling); ``heap_v2``/``heapz_v2`` → rate = period;
+  ``heap`` → rate = period/2 (integer division) and, unlike jeprof, the same
+  Poisson formula.  ``scaleHeapSample``: count 0 or size 0 → (0, 0); rate <= 1
+  → unchanged; else ``scale = 1/(1 - exp(-(size/count)/rate))`` applied to
+  count and size, each truncated to int64.  ``parseHeapSample``: a count of 0
+  with a non-zero size is an error; the in-use count may be negative.  The
+  alloc pair is only a sample type when the header's alloc pair differs from
+  the in-use pair and is not 0 (``hasAlloc``).  Blank and ``#`` lines are
+  skipped; parsing stops at a line containing ``MAPPED_LIBRARIES:`` or
+  ``--- Memory map: ---``.  Every address is decremented by 1 (done by the
+  symbolizer, not here).
+- jemalloc ``bin/jeprof.in`` ``ReadThreadedHeapProfile``: header
+  ``heap_v2/(\\d+)`` → ``AdjustSamples`` with algorithm 2 and adjustment =
+  period: the same formula, applied only when the count is non-zero, and the
+  result kept as a float (Perl numbers); the rows before the first ``@`` are
+  "just a per-thread summary"; ``t*`` rows make the profile, ``tN`` rows the
+  per-thread profiles.  (jeprof's old ``heap`` handling — algorithm 1, divide
+  by ``ratio`` when below 1 — is not pprof's; for gperftools formats we follow
+  pprof, the tool that reads them today.)
+- jemalloc ``prof_tdata_dump_iter`` appends ``" " thread_name`` to header
+  thread rows when the thread was named (``prof.thread_name``).
+- gperftools ``UnparseBucket``: ``"%6d: %8d [%6d: %8d] @"`` then
+  ``" 0x%08x"`` per frame; ``kProcSelfMapsHeader`` is ``"\\nMAPPED_LIBRARIES:\\n"``.
+
+Malformed input raises ``MalformedData`` (exit 5) naming the line, never any
+other exception.  ``unparse`` writes a profile back out in its own format from
+the numbers as written (unscaled), so pprof/jeprof read it exactly as the
+original and ``parse(unparse(p)) == p``.
 """
 from __future__ import annotations
 
 import math
 import re
+from collections import namedtuple
 from dataclasses import dataclass, field
 
 from collectors.errors import MalformedData
 
+# pprof's heapHeaderRE / heapSampleRE, anchored (we refuse trailing junk).
 HEADER_RE = re.compile(
-    r"^heap profile: *(\d+): *(\d+) *\[ *(\d+): *(\d+) *\] *@ *(heap[_a-z0-9]*)/?(\d*)\s*$")
+    r"heap profile: *(\d+): *(\d+) *\[ *(\d+): *(\d+) *\] *@ *(heap[_a-z0-9]*)/?(\d*)")
 SAMPLE_RE = re.compile(
-    r"^\s*(-?\d+): *(-?\d+) *\[ *(\d+): *(\d+) *\] *@([ x0-9a-fA-F]*)$")
-JE_HEADER_RE = re.compile(r"^heap_v2/(\d+)\s*$")
-JE_ROW_RE = re.compile(r"^\s*t(\*|\d+): *(\d+): *(\d+) *\[ *(\d+): *(\d+) *\]\s*$")
-JE_STACK_RE = re.compile(r"^@((?: +0x[0-9a-fA-F]+)*)\s*$")
+    r"(-?\d+): *(-?\d+) *\[ *(\d+): *(\d+) *\] *@([ x0-9a-fA-F]*)")
+JE_HEADER_RE = re.compile(r"heap_v2/(\d+)")
+# jeprof: t(\*|\d+):\s+(\d+):\s+(\d+)\s+\[\s*(\d+):\s+(\d+)\]  (+ an optional thread name)
+JE_ROW_RE = re.compile(r"t(\*|\d+): *(\d+): *(\d+) *\[ *(\d+): *(\d+) *\](?: (.*))?")
+JE_STACK_RE = re.compile(r"@((?: +0x[0-9a-fA-F]+)*)")
 MAPS_RE = re.compile(
-    r"^([0-9a-fA-F]+)-([0-9a-fA-F]+) +([-rwxps]{4}) +([0-9a-fA-F]+) +\S+ +\d+ *(.*)$")
+    r"([0-9a-fA-F]+)-([0-9a-fA-F]+) +([-rwxps]{4}) +([0-9a-fA-F]+) +\S+ +\d+ *(.*)")
+MAP_SENTINELS = ("MAPPED_LIBRARIES:", "--- Memory map: ---")
+WARN_PREFIX = "%warn"
+
+INT64_MAX = (1 << 63) - 1
+UINT64_MAX = (1 << 64) - 1
+
+# format names (HeapProfile.format)
+HEAPPROFILE = "heapprofile"
+JEMALLOC = "jemalloc_heap_v2"
+GPERF_KINDS = ("heapprofile", "heap_v2", "heapz_v2", "heap")
+
+Counts = namedtuple("Counts", "inuse_objects inuse_bytes alloc_objects alloc_bytes")
+ZERO = Counts(0, 0, 0, 0)
 
 
 @dataclass
@@ -42,164 +96,281 @@ class Mapping:
 @dataclass
 class Sample:
     stack: list            # raw return addresses as in the file, top first
-    inuse_objects: float
-    inuse_bytes: float
-    alloc_objects: float
-    alloc_bytes: float
-    threads: dict = field(default_factory=dict)   # jemalloc: tid -> (co, cb, ao, ab) scaled
+    raw: Counts            # as written
+    scaled: Counts         # after pprof/jeprof scaling
+    threads: dict = field(default_factory=dict)   # jemalloc: thread uid -> raw Counts
+
+    # scaled values under their pprof sample-type names
+    inuse_objects = property(lambda self: self.scaled.inuse_objects)
+    inuse_bytes = property(lambda self: self.scaled.inuse_bytes)
+    alloc_objects = property(lambda self: self.scaled.alloc_objects)
+    alloc_bytes = property(lambda self: self.scaled.alloc_bytes)
 
 
 @dataclass
 class HeapProfile:
-    format: str            # heapprofile | heap_v2 | heap | jemalloc_heap_v2
-    period: int
+    format: str            # heapprofile | heap_v2 | heapz_v2 | heap | jemalloc_heap_v2
+    period: int            # as written in the header (0 when absent)
+    rate: int              # the sampling rate scaling uses (1 = none)
     samples: list
     mappings: list
     warnings: list
-    totals: tuple          # as written in the header (unscaled)
+    totals: Counts         # header totals as written (unscaled)
+    has_alloc: bool = True  # pprof hasAlloc: the alloc pair carries data
+    thread_totals: dict = field(default_factory=dict)   # jemalloc: uid -> (Counts, name)
+    maps_text: str = ""    # the trailer after the sentinel, verbatim
+    sentinel: str = MAP_SENTINELS[0]
+
+    def scale(self, raw):
+        """RAW Counts scaled the way this profile's reader (pprof/jeprof) does."""
+        return _scale_counts(raw, self.rate, truncate=self.format != JEMALLOC)
 
 
-def _scale(count: int, size: int, rate: int):
-    if count == 0 or size == 0 or rate <= 1:
-        return float(count), float(size)
-    avg = size / count
-    denom = 1.0 - math.exp(-avg / rate)
+def _scale_pair(count, size, rate, truncate):
+    if count == 0 or rate <= 1:
+        return count, size
+    if size == 0:
+        # pprof answers (0, 0); jeprof would divide by zero.  Keep as written.
+        return (0, 0) if truncate else (count, size)
+    denom = -math.expm1(-(size / count) / rate)     # 1 - exp(-x), exact for small x
     if denom <= 0:
-        return float(count), float(size)
+        raise MalformedData(f"heap profile: sample {count}: {size} cannot be scaled "
+                            f"at rate {rate}")
     s = 1.0 / denom
+    if truncate:
+        return int(count * s), int(size * s)
     return count * s, size * s
 
 
-def _addrs(text: str, lineno: int):
+def _scale_counts(raw, rate, truncate):
+    co, cb = _scale_pair(raw.inuse_objects, raw.inuse_bytes, rate, truncate)
+    ao, ab = _scale_pair(raw.alloc_objects, raw.alloc_bytes, rate, truncate)
+    return Counts(co, cb, ao, ab)
+
+
+def _int64(text, lineno):
+    v = int(text)
+    if not -INT64_MAX - 1 <= v <= INT64_MAX:
+        raise MalformedData(f"heap profile line {lineno}: number {text[:30]} out of int64 range")
+    return v
+
+
+def _counts(groups, lineno):
+    c = Counts(*(_int64(g, lineno) for g in groups))
+    for cnt, size, what in ((c.inuse_objects, c.inuse_bytes, "in-use"),
+                            (c.alloc_objects, c.alloc_bytes, "allocation")):
+        if cnt == 0 and size != 0:      # pprof parseHeapSample rejects this too
+            raise MalformedData(f"heap profile line {lineno}: {what} count 0 but {size} bytes")
+    return c
+
+
+def _addrs(text, lineno):
     out = []
     for tok in text.split():
         try:
-            out.append(int(tok, 16))
+            v = int(tok, 16)
         except ValueError:
-            raise MalformedData(f"heap profile line {lineno}: bad address {tok!r}") from None
+            raise MalformedData(f"heap profile line {lineno}: bad address {tok[:40]!r}") from None
+        if not 0 < v <= UINT64_MAX:
+            raise MalformedData(f"heap profile line {lineno}: address {tok[:40]} out of range")
+        out.append(v)
+    if not out:
+        raise MalformedData(f"heap profile line {lineno}: empty stack")
     return out
 
 
-def _parse_maps(lines, start):
+def _parse_maps(text):
     maps = []
-    for ln in lines[start:]:
-        ln = ln.rstrip("\n")
-        if not ln.strip():
-            continue
-        m = MAPS_RE.match(ln)
+    for ln in text.splitlines():
+        m = MAPS_RE.fullmatch(ln.strip())
         if not m:
-            continue            # pprof skips lines it does not understand here
-        maps.append(Mapping(int(m.group(1), 16), int(m.group(2), 16), m.group(3),
-                            int(m.group(4), 16), m.group(5).strip()))
+            continue            # pprof and jeprof skip lines they do not understand here
+        start, end = int(m.group(1), 16), int(m.group(2), 16)
+        if start >= end or end > UINT64_MAX:
+            continue
+        maps.append(Mapping(start, end, m.group(3), int(m.group(4), 16), m.group(5).strip()))
     return maps
 
 
-def parse(data) -> HeapProfile:
-    if isinstance(data, bytes):
+def _decode(data):
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        data = bytes(data)
+        if b"\0" in data:
+            raise MalformedData("heap profile: binary data (NUL byte)")
         try:
-            data = data.decode("utf-8")
+            return data.decode("utf-8")
         except UnicodeDecodeError:
-            data = data.decode("latin-1")
+            return data.decode("latin-1")     # paths in the maps may be any bytes
     if not isinstance(data, str):
         raise MalformedData("heap profile: not text")
-    lines = data.splitlines()
+    return data
+
+
+def _split_trailer(text):
+    """(body lines, sentinel, trailer text).  The trailer starts after the
+    first line that contains a sentinel (pprof: strings.Contains)."""
+    lines = text.split("\n")
+    for i, ln in enumerate(lines):
+        for s in MAP_SENTINELS:
+            if s in ln:
+                return lines[:i], s, "\n".join(lines[i + 1:])
+    return lines, MAP_SENTINELS[0], ""
+
+
+def parse(data) -> HeapProfile:
+    """Parse one legacy heap profile (bytes or str).  Raises MalformedData."""
+    text = _decode(data).replace("\r", "")
+    body, sentinel, trailer = _split_trailer(text)
     warnings = []
     i = 0
-    while i < len(lines) and (lines[i].startswith("%warn") or not lines[i].strip()):
-        if lines[i].startswith("%warn"):
-            warnings.append(lines[i][5:].strip())
+    while i < len(body):
+        ln = body[i].strip()
+        if ln.startswith(WARN_PREFIX):
+            warnings.append(ln[len(WARN_PREFIX):].strip())
+        elif ln:
+            break
         i += 1
-    if i >= len(lines):
-        raise MalformedData("heap profile: empty")
-    head = lines[i]
-    if JE_HEADER_RE.match(head):
-        return _parse_jemalloc(lines, i, warnings)
-    m = HEADER_RE.match(head)
+    if i >= len(body):
+        raise MalformedData("heap profile: no header line")
+    head = body[i].strip()
+    if JE_HEADER_RE.fullmatch(head):
+        prof = _parse_jemalloc(body, i, warnings)
+    else:
+        prof = _parse_gperf(body, i, warnings)
+    prof.maps_text = trailer
+    prof.sentinel = sentinel
+    prof.mappings = _parse_maps(trailer)
+    return prof
+
+
+def _parse_gperf(body, i, warnings):
+    head = body[i].strip()
+    m = HEADER_RE.fullmatch(head)
     if not m:
         raise MalformedData(f"heap profile: unknown header {head[:80]!r}")
     kind, per = m.group(5), m.group(6)
-    period = int(per) if per else 0
+    period = _int64(per, i + 1) if per else 0
     if kind == "heapprofile":
         rate = 1
     elif kind in ("heap_v2", "heapz_v2"):
         rate = period
     elif kind == "heap":
-        rate = period // 2 if period else 1
+        rate = period // 2
     else:
         raise MalformedData(f"heap profile: unknown kind {kind!r}")
+    totals = Counts(*(_int64(m.group(k), i + 1) for k in range(1, 5)))
+    has_alloc = ((totals.alloc_objects != totals.inuse_objects and totals.alloc_objects != 0)
+                 or (totals.alloc_bytes != totals.inuse_bytes and totals.alloc_bytes != 0))
+    truncate = True
     samples = []
-    j = i + 1
-    while j < len(lines):
-        ln = lines[j]
-        if ln.startswith("MAPPED_LIBRARIES:") or ln.startswith("--- Memory map:"):
-            break
-        if ln.startswith("%warn"):
-            warnings.append(ln[5:].strip())
-        elif ln.strip():
-            sm = SAMPLE_RE.match(ln)
-            if not sm:
-                raise MalformedData(f"heap profile line {j + 1}: {ln[:80]!r}")
-            co, cb, ao, ab = (int(sm.group(k)) for k in range(1, 5))
-            stack = _addrs(sm.group(5), j + 1)
-            co_s, cb_s = _scale(co, cb, rate)
-            ao_s, ab_s = _scale(ao, ab, rate)
-            samples.append(Sample(stack, co_s, cb_s, ao_s, ab_s))
-        j += 1
-    maps = _parse_maps(lines, j + 1) if j < len(lines) else []
-    return HeapProfile(kind, period, samples, maps, warnings,
-                       tuple(int(m.group(k)) for k in range(1, 5)))
+    for j in range(i + 1, len(body)):
+        ln = body[j].strip()
+        if not ln or ln.startswith("#"):
+            continue
+        if ln.startswith(WARN_PREFIX):
+            warnings.append(ln[len(WARN_PREFIX):].strip())
+            continue
+        sm = SAMPLE_RE.fullmatch(ln)
+        if not sm:
+            raise MalformedData(f"heap profile line {j + 1}: not a sample: {ln[:80]!r}")
+        raw = _counts(sm.groups()[:4], j + 1)
+        samples.append(Sample(_addrs(sm.group(5), j + 1), raw,
+                              _scale_counts(raw, rate, truncate)))
+    return HeapProfile(kind, period, rate, samples, [], warnings, totals, has_alloc)
 
 
-def _parse_jemalloc(lines, i, warnings):
-    period = int(JE_HEADER_RE.match(lines[i]).group(1))
-    rate = period
-    j = i + 1
+def _parse_jemalloc(body, i, warnings):
+    period = _int64(JE_HEADER_RE.fullmatch(body[i].strip()).group(1), i + 1)
     totals = None
+    thread_totals = {}
     samples = []
     cur = None
-
-    def row(ln, lineno):
-        rm = JE_ROW_RE.match(ln)
-        if not rm:
-            raise MalformedData(f"jemalloc heap profile line {lineno}: {ln[:80]!r}")
-        return rm.group(1), tuple(int(rm.group(k)) for k in range(2, 6))
-
-    while j < len(lines):
-        ln = lines[j]
-        if ln.startswith("MAPPED_LIBRARIES:"):
-            break
-        if ln.startswith("%warn"):
-            warnings.append(ln[5:].strip())
-        elif ln.startswith("@"):
-            sm = JE_STACK_RE.match(ln)
+    have_total = False
+    for j in range(i + 1, len(body)):
+        ln = body[j].strip()
+        if not ln:
+            continue
+        if ln.startswith(WARN_PREFIX):
+            warnings.append(ln[len(WARN_PREFIX):].strip())
+            continue
+        if ln.startswith("@"):
+            if cur is not None and not have_total:
+                raise MalformedData(f"jemalloc heap profile line {j + 1}: stack without a t* row")
+            sm = JE_STACK_RE.fullmatch(ln)
             if not sm:
-                raise MalformedData(f"jemalloc heap profile line {j + 1}: bad stack")
-            cur = Sample(_addrs(sm.group(1), j + 1), 0.0, 0.0, 0.0, 0.0)
-            cur._have_total = False
+                raise MalformedData(f"jemalloc heap profile line {j + 1}: bad stack line")
+            cur = Sample(_addrs(sm.group(1), j + 1), ZERO, ZERO)
             samples.append(cur)
-        elif ln.strip():
-            tid, vals = row(ln, j + 1)
-            co, cb = _scale(vals[0], vals[1], rate)
-            ao, ab = _scale(vals[2], vals[3], rate)
-            if cur is None:
-                if tid == "*":
-                    if totals is not None:
-                        raise MalformedData("jemalloc heap profile: two process totals")
-                    totals = vals
-            elif tid == "*":
-                if cur._have_total:
-                    raise MalformedData(f"jemalloc heap profile line {j + 1}: two t* rows")
-                cur._have_total = True
-                cur.inuse_objects, cur.inuse_bytes = co, cb
-                cur.alloc_objects, cur.alloc_bytes = ao, ab
+            have_total = False
+            continue
+        rm = JE_ROW_RE.fullmatch(ln)
+        if not rm:
+            raise MalformedData(f"jemalloc heap profile line {j + 1}: {ln[:80]!r}")
+        tid, name = rm.group(1), rm.group(6)
+        vals = _counts(rm.groups()[1:5], j + 1)
+        if cur is None:                          # header: process and per-thread totals
+            if tid == "*":
+                if totals is not None:
+                    raise MalformedData(f"jemalloc heap profile line {j + 1}: two t* totals")
+                totals = vals
+            elif totals is None:
+                raise MalformedData(f"jemalloc heap profile line {j + 1}: thread row before t*")
             else:
-                cur.threads[int(tid)] = (co, cb, ao, ab)
-        j += 1
+                thread_totals[int(tid)] = (vals, name)
+            continue
+        if name is not None:
+            raise MalformedData(f"jemalloc heap profile line {j + 1}: junk after a stack row")
+        if tid == "*":
+            if have_total:
+                raise MalformedData(f"jemalloc heap profile line {j + 1}: two t* rows")
+            have_total = True
+            cur.raw = vals
+            cur.scaled = _scale_counts(vals, period, truncate=False)
+        elif not have_total:
+            raise MalformedData(f"jemalloc heap profile line {j + 1}: thread row before t*")
+        else:
+            cur.threads[int(tid)] = vals
     if totals is None:
         raise MalformedData("jemalloc heap profile: no t* totals line")
-    for s in samples:
-        if not s._have_total:
-            raise MalformedData("jemalloc heap profile: stack without a t* row")
-        del s._have_total
-    maps = _parse_maps(lines, j + 1) if j < len(lines) else []
-    return HeapProfile("jemalloc_heap_v2", period, samples, maps, warnings, totals)
+    if cur is not None and not have_total:
+        raise MalformedData("jemalloc heap profile: last stack has no t* row")
+    # jemalloc writes [0: 0] unless opt.prof_accum: then there is no alloc data
+    has_alloc = bool(totals.alloc_objects or totals.alloc_bytes)
+    return HeapProfile(JEMALLOC, period, period, samples, [], warnings, totals, has_alloc,
+                       thread_totals)
+
+
+# -- writing -------------------------------------------------------------------
+
+def _bucket(c):
+    # gperftools UnparseBucket / PrintCountAndSize
+    return "%6d: %8d [%6d: %8d] @" % tuple(c)
+
+
+def _je_cnts(c):
+    # jemalloc prof_dump_print_cnts
+    return "%d: %d [%d: %d]" % tuple(c)
+
+
+def unparse(prof: HeapProfile) -> str:
+    """The profile as text in its own format, numbers as written (unscaled),
+    so pprof and jeprof scale it again exactly as they did the original."""
+    out = []
+    if prof.format == JEMALLOC:
+        out.append("heap_v2/%d\n  t*: %s\n" % (prof.period, _je_cnts(prof.totals)))
+        for tid, (c, name) in prof.thread_totals.items():
+            out.append("  t%d: %s%s\n" % (tid, _je_cnts(c), f" {name}" if name is not None else ""))
+        for s in prof.samples:
+            out.append("@" + "".join(" %#x" % a for a in s.stack) + "\n")
+            out.append("  t*: %s\n" % _je_cnts(s.raw))
+            for tid, c in s.threads.items():
+                out.append("  t%d: %s\n" % (tid, _je_cnts(c)))
+    else:
+        out.extend("%s %s\n" % (WARN_PREFIX, w) if w else WARN_PREFIX + "\n" for w in prof.warnings)
+        kind = prof.format + (f"/{prof.period}" if prof.format != HEAPPROFILE and prof.period else "")
+        out.append("heap profile: %s %s\n" % (_bucket(prof.totals), kind))
+        for s in prof.samples:
+            out.append(_bucket(s.raw) + "".join(" 0x%08x" % a for a in s.stack) + "\n")
+    out.append("\n%s\n" % prof.sentinel)
+    out.append(prof.maps_text)
+    return "".join(out)

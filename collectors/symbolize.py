@@ -1,0 +1,343 @@
+"""Symbolize heap-profile stacks from the dump's own mappings (issue 10).
+
+For each return address (pprof and jeprof symbolize ``addr - 1``, the call
+instruction, not the one after it):
+
+1. the mapping that holds it comes from the profile's ``MAPPED_LIBRARIES``
+   (the process's maps at dump time: libraries may be gone from the live
+   maps since);
+2. ``off = addr - map_start + map_offset`` is a file offset; the PT_LOAD with
+   ``p_offset <= off < p_offset + p_filesz`` turns it into an ELF virtual
+   address ``off - p_offset + p_vaddr`` (google/pprof
+   ``internal/elfexec/elfexec.go``);
+3. the function is the STT_FUNC symbol with the greatest ``st_value <=
+   vaddr`` that also covers it (``st_size``), from ``.symtab``, else from the
+   separate debug file (``/usr/lib/debug/.build-id/xx/yyyy.debug`` by the
+   ``NT_GNU_BUILD_ID`` note, then ``.gnu_debuglink``), else ``.dynsym``;
+4. C++ names go through ``collectors.demangle``.
+
+An address that cannot be named is shown as ``object+0xVADDR`` (or the bare
+address when no mapping holds it), never dropped.
+
+Files are read through ROOT (``/proc/PID/root`` for a process in a
+container).  When PID is given and ``/proc/PID/map_files/START-END`` still
+maps the same path, that is the exact file the kernel mapped: its build-id is
+compared with the file found by path and wins when they differ (the file was
+replaced since), with a warning.
+
+The symbol tables come from pyelftools for the structure (program headers,
+notes, section headers, with decompression of compressed debug sections) and
+a flat ``struct`` unpack for the entries (``collectors.elf`` explains why);
+``collectors.elf.ElfObject`` itself is not used here because it reads
+section bytes at their file offsets and decodes ``.dynamic``, which separate
+debug files keep as NOBITS (it refuses them: measured on libc6-dbg's file),
+and it does not keep ``p_filesz``.  Tables are cached per (path, build-id),
+so symbolizing many profiles of the same binaries parses each object once.
+"""
+from __future__ import annotations
+
+import bisect
+import os
+import re
+import struct
+import threading
+from dataclasses import dataclass
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+
+from collectors.demangle import demangle
+from collectors.elf import STB_GLOBAL, STB_WEAK, STT_FUNC
+
+DEBUG_ROOT = "/usr/lib/debug"
+PROCFS = "/proc"
+RETURN_ADDRESS_ADJUST = 1        # return address -> inside the call instruction
+DELETED_SUFFIX = " (deleted)"
+_SYM64 = struct.Struct("<IBBHQQ")     # Elf64_Sym
+_ELF_ERRORS = (ELFError, OSError, struct.error, ValueError, KeyError, IndexError,
+               AssertionError, UnicodeDecodeError, TypeError, EOFError)
+# Among aliases at one address, the name people call: global, then weak, then local.
+_BIND_RANK = {STB_GLOBAL: 0, STB_WEAK: 1}
+
+# Allocator-internal frames, dropped from the top of each stack.  An object
+# that is an allocator library is internal as a whole; elsewhere (libc, a
+# binary that links jemalloc statically) the symbol name decides.
+ALLOCATOR_OBJECT_RE = re.compile(
+    r"lib(?:jemalloc|tcmalloc(?:_minimal|_and_profiler|_debug)?|profiler|mimalloc)\b[^/]*$")
+ALLOCATOR_NAMES = frozenset({
+    "malloc", "calloc", "realloc", "reallocarray", "free", "posix_memalign",
+    "aligned_alloc", "memalign", "valloc", "pvalloc", "mallocx", "rallocx", "xallocx",
+    "__libc_malloc", "__libc_calloc", "__libc_realloc", "__libc_memalign",
+    "_int_malloc", "_int_realloc", "_int_memalign", "sysmalloc", "tcache_init",
+    "malloc_hook_ini", "_mid_memalign",
+})
+ALLOCATOR_PREFIXES = (
+    "je_", "tc_", "prof_", "imalloc", "ialloc", "HeapProfiler", "HeapProfileTable",
+    "MallocHook", "MallocExtension", "tcmalloc::", "operator new", "operator delete",
+    "mi_", "_mi_",
+)
+
+
+@dataclass(frozen=True)
+class Frame:
+    addr: int                  # as in the profile (a return address)
+    object: str | None         # mapped path, None when no mapping holds it
+    function: str | None       # demangled name, None when unknown
+    vaddr: int | None          # ELF virtual address of addr-1 (file offset if no PT_LOAD)
+    text: str                  # what views print
+
+    @property
+    def allocator(self):
+        return is_allocator_frame(self)
+
+
+def is_allocator_frame(frame):
+    if frame.object and ALLOCATOR_OBJECT_RE.search(frame.object):
+        return True
+    fn = frame.function
+    return bool(fn) and (fn.split("(", 1)[0] in ALLOCATOR_NAMES or fn.startswith(ALLOCATOR_PREFIXES))
+
+
+def drop_allocator_frames(frames):
+    """FRAMES (top first) without the allocator's own frames at the top; the
+    bottom frame is kept even when every frame is internal."""
+    i = 0
+    while i < len(frames) - 1 and frames[i].allocator:
+        i += 1
+    return frames[i:]
+
+
+# -- ELF objects ---------------------------------------------------------------
+
+class SymbolTable:
+    """One object's PT_LOADs and sorted function symbols."""
+
+    def __init__(self, path, build_id, loads, funcs, source):
+        self.path = path
+        self.build_id = build_id
+        self.loads = loads                    # [(p_offset, p_filesz, p_vaddr)]
+        funcs.sort()
+        self._starts = [f[0] for f in funcs]
+        self._funcs = funcs                   # [(st_value, bind rank, st_size, name)]
+        self.source = source                  # symtab | debug:PATH | dynsym | none
+
+    def vaddr(self, off):
+        for p_offset, p_filesz, p_vaddr in self.loads:
+            if p_offset <= off < p_offset + p_filesz:
+                return off - p_offset + p_vaddr
+        return None
+
+    def function(self, vaddr):
+        i = bisect.bisect_right(self._starts, vaddr) - 1
+        if i < 0:
+            return None
+        # aliases share st_value; sorted by bind rank, the global name comes first
+        for j in range(bisect.bisect_left(self._starts, self._starts[i]), i + 1):
+            st_value, _rank, st_size, name = self._funcs[j]
+            if vaddr < st_value + st_size:
+                return name
+        return None
+
+
+def _elf_facts(f):
+    """(build_id, loads, elffile) of an open ELF file."""
+    elf = ELFFile(f)
+    loads = [(s["p_offset"], s["p_filesz"], s["p_vaddr"])
+             for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+    build_id = None
+    for sec in elf.iter_sections():
+        if sec["sh_type"] == "SHT_NOTE":
+            for note in sec.iter_notes():
+                # stapsdt notes reuse n_type 3: the owner must be "GNU"
+                if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU" \
+                        and isinstance(note["n_desc"], str):
+                    build_id = note["n_desc"]
+    return build_id, loads, elf
+
+
+def _func_symbols(elf, name):
+    """[(st_value, bind rank, st_size, name)] of defined STT_FUNC entries of
+    section NAME; [] when absent or NOBITS."""
+    sec = elf.get_section_by_name(name)
+    if sec is None or sec["sh_type"] == "SHT_NOBITS" or elf.elfclass != 64:
+        return []
+    strs = elf.get_section(sec["sh_link"])
+    if strs is None or strs["sh_type"] == "SHT_NOBITS":
+        return []
+    data, names = sec.data(), strs.data()
+    out = []
+    usable = len(data) // _SYM64.size * _SYM64.size
+    for st_name, st_info, _other, st_shndx, st_value, st_size in _SYM64.iter_unpack(data[:usable]):
+        if st_info & 0xF != STT_FUNC or st_shndx == 0 or not st_size:
+            continue
+        end = names.find(b"\0", st_name)
+        sym = names[st_name:end if end >= 0 else None].decode("utf-8", "replace")
+        # .symtab names carry the symbol version ("__libc_start_main@@GLIBC_2.34")
+        sym = sym.split("@", 1)[0]
+        if sym:
+            out.append((st_value, _BIND_RANK.get(st_info >> 4, 2), st_size, sym))
+    return out
+
+
+def _debuglink(elf):
+    sec = elf.get_section_by_name(".gnu_debuglink")
+    if sec is None or sec["sh_type"] == "SHT_NOBITS":
+        return None
+    name = sec.data().split(b"\0", 1)[0].decode("utf-8", "replace")
+    return name or None
+
+
+_CACHE = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def clear_cache():
+    with _CACHE_LOCK:
+        _CACHE.clear()
+
+
+def _build_id_of(path):
+    try:
+        with open(path, "rb") as f:
+            return _elf_facts(f)[0]
+    except _ELF_ERRORS:
+        return None
+
+
+def load_table(path, display, debug_root=DEBUG_ROOT, root=None):
+    """The SymbolTable of the ELF file at PATH (shown as DISPLAY), or None
+    when it is not a readable ELF file.  Cached per (DISPLAY, build-id)."""
+    try:
+        with open(path, "rb") as f:
+            build_id, loads, elf = _elf_facts(f)
+            key = (display, build_id, debug_root)
+            with _CACHE_LOCK:
+                if build_id is not None and key in _CACHE:
+                    return _CACHE[key]
+            funcs, source = _func_symbols(elf, ".symtab"), "symtab"
+            if not funcs:
+                dbg = _find_debug(display, build_id, _debuglink(elf), debug_root, root)
+                if dbg is not None:
+                    funcs, source = dbg
+            if not funcs:
+                funcs, source = _func_symbols(elf, ".dynsym"), "dynsym"
+    except _ELF_ERRORS:
+        return None
+    table = SymbolTable(display, build_id, loads, funcs, source if funcs else "none")
+    if build_id is not None:
+        with _CACHE_LOCK:
+            table = _CACHE.setdefault(key, table)
+    return table
+
+
+def _find_debug(display, build_id, link, debug_root, root):
+    """(funcs, "debug:PATH") from the separate debug file, or None."""
+    cands = []
+    if build_id:
+        cands.append(os.path.join(debug_root, ".build-id", build_id[:2], build_id[2:] + ".debug"))
+    if link:
+        d = os.path.dirname(display)
+        for c in (os.path.join(d, link), os.path.join(d, ".debug", link),
+                  os.path.join(debug_root, d.lstrip("/"), link)):
+            cands.append(_rooted(c, root) if not c.startswith(debug_root) else c)
+    for cand in cands:
+        try:
+            with open(cand, "rb") as f:
+                dbg_id, _loads, elf = _elf_facts(f)
+                # a debug file for another build would name the wrong functions
+                if build_id and dbg_id and dbg_id != build_id:
+                    continue
+                funcs = _func_symbols(elf, ".symtab")
+        except _ELF_ERRORS:
+            continue
+        if funcs:
+            return funcs, f"debug:{cand}"
+    return None
+
+
+def _rooted(path, root):
+    return os.path.join(root, path.lstrip("/")) if root else path
+
+
+# -- the symbolizer ------------------------------------------------------------
+
+class Symbolizer:
+    """Names the addresses of one profile from its MAPPINGS (a list of
+    ``collectors.heapprofile.Mapping``)."""
+
+    def __init__(self, mappings, root=None, pid=None, debug_root=DEBUG_ROOT, procfs=PROCFS):
+        self.root = root
+        self.pid = pid
+        self.debug_root = debug_root
+        self.procfs = procfs
+        self.warnings = []
+        self._maps = sorted((m for m in mappings if m.end > m.start), key=lambda m: m.start)
+        self._starts = [m.start for m in self._maps]
+        self._tables = {}      # mapping path -> SymbolTable | None
+        self._frames = {}      # addr -> Frame
+
+    def _mapping(self, addr):
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if i >= 0 and addr < self._maps[i].end:
+            return self._maps[i]
+        return None
+
+    def _table(self, m):
+        path = m.path
+        if path in self._tables:
+            return self._tables[path]
+        table = None
+        if path.startswith("/"):
+            clean = path[:-len(DELETED_SUFFIX)] if path.endswith(DELETED_SUFFIX) else path
+            by_path = _rooted(clean, self.root)
+            exact = self._map_file(m)
+            table = load_table(by_path, clean, self.debug_root, self.root) \
+                if os.path.exists(by_path) else None
+            if exact is not None:
+                want = _build_id_of(exact)
+                if table is None or (want and table.build_id and want != table.build_id):
+                    if table is not None:
+                        self.warnings.append(
+                            f"{clean}: the file on disk (build-id {table.build_id}) is not "
+                            f"the one mapped (build-id {want}); symbolized from the mapped file")
+                    table = load_table(exact, clean, self.debug_root, self.root)
+            if table is None:
+                self.warnings.append(f"{clean}: not readable as ELF; its frames stay addresses")
+        self._tables[path] = table
+        return table
+
+    def _map_file(self, m):
+        """/proc/PID/map_files/START-END when it still maps M's path."""
+        if self.pid is None:
+            return None
+        p = os.path.join(self.procfs, str(self.pid), "map_files", f"{m.start:x}-{m.end:x}")
+        try:
+            if os.readlink(p) != m.path:
+                return None
+        except OSError:
+            return None
+        return p
+
+    def frame(self, addr):
+        fr = self._frames.get(addr)
+        if fr is None:
+            fr = self._frames[addr] = self._resolve(addr)
+        return fr
+
+    def _resolve(self, addr):
+        pc = addr - RETURN_ADDRESS_ADJUST
+        m = self._mapping(pc)
+        if m is None:
+            return Frame(addr, None, None, None, f"0x{pc:x}")
+        off = pc - m.start + m.offset
+        table = self._table(m)
+        vaddr = table.vaddr(off) if table is not None else None
+        name = table.function(vaddr) if vaddr is not None else None
+        where = vaddr if vaddr is not None else off
+        if name is None:
+            return Frame(addr, m.path, None, where, f"{os.path.basename(m.path) or m.path}+0x{where:x}")
+        name = demangle(name)
+        return Frame(addr, m.path, name, where, name)
+
+    def stack(self, addrs):
+        return [self.frame(a) for a in addrs]
