@@ -345,3 +345,46 @@ def test_compare_html_from_a_real_run(tmp_path):
     res = allocdiag("report", str(doc_path), "-o", str(again))
     assert res.returncode == 0 and "compare report" in res.stderr
     assert len(re.findall(r"<svg\b", again.read_text())) == 2
+
+
+# -- the captured fixture, and the record/report options ----------------------------------------
+
+FIXTURE = os.path.join(ROOT, "tests", "fixtures", "recording-jemalloc-burst-release.jsonl.gz")
+
+
+def test_fixture_with_and_without_its_release_event(tmp_path):
+    pytest.importorskip("matplotlib")
+    with gzip.open(FIXTURE, "rt") as f:
+        lines = f.readlines()
+    only_snaps = tmp_path / "old.jsonl"       # what a recording made before events looks like
+    only_snaps.write_text("".join(line for line in lines if not line.startswith('{"event"')))
+    assert len(only_snaps.read_text().splitlines()) == len(lines) - 1
+    for src, releases in ((FIXTURE, 1), (only_snaps, 0)):
+        out = tmp_path / "r.html"
+        res = allocdiag("report", str(src), "-o", str(out))
+        assert res.returncode == 0, res.stderr
+        text = out.read_text()
+        assert text.count('mallctl(&quot;arena.4096.purge&quot;) at') == releases
+        if not releases:
+            assert "No release in this recording" in text
+
+
+def test_unreadable_paths_are_usage_errors(tmp_path):
+    res = allocdiag("report", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "x.html"))
+    assert res.returncode == 2 and "No such file" in res.stderr and "Traceback" not in res.stderr
+    res = allocdiag("report", FIXTURE, "-o", str(tmp_path / "no" / "x.html"))
+    assert res.returncode == 2 and f"{tmp_path / 'no' / 'x.html'}:" in res.stderr
+
+
+def test_record_release_at_checks_before_recording(tmp_path):
+    out = tmp_path / "r.jsonl"
+    pid = str(os.getpid())
+    res = allocdiag("record", pid, "-o", str(out), "--duration", "2", "--release-at", "3", "--yes")
+    assert res.returncode == 2 and "--release-at must be between" in res.stderr
+    res = allocdiag("record", pid, "-o", str(out), "--no-attach", "--release-at", "1", "--yes")
+    assert res.returncode == 2 and "--no-attach" in res.stderr
+    # no terminal to ask on and no --yes: refused, nothing recorded
+    res = allocdiag("record", pid, "-o", str(out), "--duration", "2", "--release-at", "1",
+                    stdin=subprocess.DEVNULL)
+    assert res.returncode == 2 and "refusing without --yes" in res.stderr
+    assert not out.exists()

@@ -38,6 +38,14 @@ def add_parser(sub):
 
 def run(args):
     from diag import report
-    kind = report.render_file(args.file, args.output)
+    from diag.commands.common import UsageError
+    try:
+        kind = report.render_file(args.file, args.output)
+    except OSError as exc:
+        # a path that cannot be read or written: the user's to fix, not a bug
+        name = str(exc.filename or args.file)
+        if name.startswith(args.output):
+            name = args.output      # not the temporary name it is written under
+        raise UsageError(f"{name}: {exc.strerror or exc}") from None
     print(f"wrote the {kind} report of {args.file} to {args.output}", file=sys.stderr)
     return ExitCode.OK
