@@ -15,7 +15,7 @@ import re
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from collectors.errors import AccessDenied, AllocdiagError, Unsupported
@@ -51,7 +51,6 @@ class Options:
     min_gap_s: float = 1.0
     deadline_s: float = 0.5
     proc: str = "/proc"
-    extra: dict = field(default_factory=dict)
 
 
 def _read(path, default=""):

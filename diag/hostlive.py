@@ -22,6 +22,11 @@ Wiring (the host screen, one call): pass each scan's row dicts through
 ``top_finding`` (a snapshot's top finding, else the /proc one, else
 "allocator not read: REASON") and ``allocator_read`` ("ok" | "not read: …" |
 "pending").
+
+The exporter (diag.exporter) uses the same reader for its live targets: it
+reads ``Entry.snapshot`` (kept for "ok" reads) and ``Entry.code`` (one of
+REASONS, a bounded metric label), and counts reads and pauses per group
+through the ``on_read`` hook.
 """
 
 import os
