@@ -577,6 +577,86 @@ def _inspect(snap):
     return out.getvalue()
 
 
+# -- one reactive view-model ----------------------------------------------------------
+
+def test_one_assignment_to_the_view_redraws_every_tab():
+    """The screen's widgets are bound to its ``view`` reactive: assigning one
+    ProcessView (no show(), no per-widget update) redraws every tab."""
+    from tui import layers
+    from tui.widgets import NativeTables, StackPanel
+
+    async def go():
+        app = make_app(process_source=FakeProcess(), interval=1000)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot, app)
+            screen = app.screen
+            assert screen.query_one("#cgroup-panel").display       # jemalloc: in a cgroup
+            old_native = {t.title for t in layers.native_tables(screen.snapshot.native)}
+            # WHEN the view of another process (mimalloc, no cgroup) is assigned once
+            snap = mimalloc_snapshot()
+            screen.view = layers.process_view(snap, [snap])
+            await pilot.pause()
+            # THEN every tab shows it
+            assert screen.snapshot is snap and "mimalloc" in app.sub_title
+            for wid, panel_of in (("#alloc-panel", layers.allocator_panel),
+                                  ("#rss-panel", layers.rss_panel)):
+                assert screen.query_one(wid, StackPanel).panel == panel_of(snap)
+            assert not screen.query_one("#cgroup-panel").display
+            assert screen.query_one("#history").series == tuple(layers.history_series([snap]))
+            assert "1 sample)" in status_text(app, "#history-legend")
+            assert table_column(app, "#stats") == [r[0] for r in layers.stats_rows(snap)]
+            native = screen.query_one(NativeTables)
+            titles = {str(w.render()) for w in native.query("Label")}
+            assert titles == {t.title for t in layers.native_tables(snap.native, kind="mimalloc")}
+            assert titles != old_native
+            assert table_column(app, "#findings-table") == []    # mimalloc's capture: none
+            assert status_text(app, "#finding-detail") == "no findings"
+            assert status_text(app, "#process-info").startswith("6161 renderer")
+            assert table_column(app, "#collectors") == ["procfs", "mimalloc"]
+    run(go())
+
+
+def test_bound_widgets_draw_a_view_set_before_and_after_mount():
+    """A bound widget draws the view its parent held before it was mounted
+    (the binding starts from the current value) and every later one."""
+    from textual.app import App
+    from textual.reactive import reactive
+    from tui import layers, process_tabs
+    from tui.widgets import HistoryLegend, LayerHistory, StackPanel, ViewTable
+
+    class Holder(App):
+        view = reactive(None)
+
+        def compose(self):
+            yield StackPanel(id="rss", panel_of=layers.rss_panel).data_bind(Holder.view)
+            history = LayerHistory(id="history").data_bind(Holder.view)
+            yield history
+            yield HistoryLegend(history, id="legend").data_bind(Holder.view)
+            yield ViewTable(process_tabs.COLLECTORS_COLUMNS, process_tabs.collector_rows,
+                            id="collectors").data_bind(Holder.view)
+
+    first = staircase(3)
+    second = glibc_snapshot()
+
+    async def go():
+        app = Holder()
+        app.view = layers.process_view(first[-1], first)      # before mount
+        async with app.run_test(size=(80, 20)) as pilot:
+            await pilot.pause()
+            assert app.query_one("#rss", StackPanel).panel == layers.rss_panel(first[-1])
+            assert len(app.query_one("#history", LayerHistory).series[0][2]) == 3
+            assert "3 samples" in str(app.query_one("#legend").render())
+            assert table_column(app, "#collectors") == list(first[-1].collectors)
+            app.view = layers.process_view(second, first + [second], cursor=1)   # after
+            await pilot.pause()
+            assert app.query_one("#rss", StackPanel).panel == layers.rss_panel(second)
+            assert app.query_one("#history", LayerHistory).cursor == 1
+            legend = str(app.query_one("#legend").render())
+            assert human_bytes(first[1].process.rss) in legend       # the cursor's sample
+            assert table_column(app, "#collectors") == list(second.collectors)
+    run(go())
+
+
 def test_history_widget_draws_a_staircase():
     from tui import layers
     from tui.widgets import LayerHistory

@@ -15,6 +15,7 @@ Labels and meanings come from ``diag.fields``.
 
 import json
 from collections import namedtuple
+from dataclasses import dataclass
 
 from diag.fields import BY_NAME
 from diag.render import human_bytes, native_value
@@ -230,6 +231,28 @@ def history_series(snaps):
             lab = held_label() if name == "resident" else label(name)
             out.append((role, lab, values))
     return out
+
+
+# -- the process screen's view-model --------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class ProcessView:
+    """What every widget of the process screen draws, built once per refresh.
+
+    The screen holds one of these in a reactive; each widget is bound to it
+    and renders its own part (a panel, a table, a text) from ``snapshot``.
+    Compared by identity (``eq=False``): every refresh is a new view, and
+    comparing two histories element by element would cost more than drawing.
+    """
+
+    snapshot: object            # diag.model.Snapshot (frozen)
+    series: tuple               # history_series of the samples up to now
+    cursor: object = None       # replay: index of the sample shown; live: None
+
+
+def process_view(snap, snaps, cursor=None):
+    """The ProcessView of SNAP, with the history of SNAPS (oldest first)."""
+    return ProcessView(snap, tuple(history_series(list(snaps))), cursor)
 
 
 # -- native detail, rendered generically ----------------------------------------

@@ -1,7 +1,8 @@
 """What the TUI's workers post and the helpers every screen shares.
 
 A thread worker asks the source for data, builds an immutable result and
-posts ONE of these messages; the handler sets widget attributes; widgets
+posts ONE of these messages; the handler sets one reactive on its screen
+(the process screen's ``view``), to which the widgets are bound; widgets
 only render (memray's pattern)."""
 
 import time

@@ -1,23 +1,27 @@
 """One process: its layers, allocator tables, findings and history.
 
 Tabs are composed in ProcessScreen.compose; a new tab (e.g. a heap profile
-view in its own module) is one TabPane there."""
+view in its own module) is one TabPane there.  Every widget that shows the
+sample is bound (data_bind) to the screen's one ``view`` reactive, a
+``layers.ProcessView`` built once per refresh, and draws itself from it."""
 
 import threading
 import time
 from collections import deque
 
 from rich.text import Text
-from textual import on, work
+from textual import work
 from textual.binding import Binding
 from textual.containers import VerticalScroll
+from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Label, Static, TabbedContent, TabPane
+from textual.widgets import Footer, Header, Label, Static, TabbedContent, TabPane
 
 from collectors.errors import AccessDenied, NoSuchProcess
-from diag.render import human_bytes
 from tui import layers
-from tui.widgets import LayerHistory, NativeTables, StackPanel, fill_table
+from tui import process_tabs as tabs
+from tui.process_tabs import FindingsPane
+from tui.widgets import HistoryLegend, LayerHistory, NativeTables, StackPanel, ViewStatic, ViewTable
 
 from tui.messages import ActionFinished, DEFAULT_INTERVAL, HISTORY_LIMIT, MIN_INTERVAL, SampleFailed, SampleTaken, clock, error_text
 from tui.dialogs import ConfirmDialog, InputDialog, ResultDialog
@@ -48,6 +52,10 @@ class ProcessScreen(Screen):
         Binding("4", "tab('process')", "Process", show=False),
     ]
 
+    # The sample on screen and its history (layers.ProcessView); every widget
+    # that shows it is bound to this one reactive.
+    view = reactive(None, repaint=False)
+
     def __init__(self, source, interval=DEFAULT_INTERVAL, can_go_back=False):
         super().__init__(id=f"process-{source.pid}")
         self.source = source
@@ -56,7 +64,6 @@ class ProcessScreen(Screen):
         self.can_go_back = can_go_back
         self.history = deque(maxlen=HISTORY_LIMIT) if self.live else []
         self.cursor = None          # replay: index into history
-        self.snapshot = None
         self.paused = False
         self.ended = None           # text when the process is gone / unreadable
         self.last_error = None
@@ -74,30 +81,39 @@ class ProcessScreen(Screen):
         """A notification; the text is shown as is (never parsed as markup)."""
         self.app.notify(message, markup=False, **kw)
 
-    # layout
+    # layout: every widget that shows the sample is bound to ``view``
     def compose(self):
+        bound = ProcessScreen.view
         yield Header()
         with TabbedContent(initial="overview", id="tabs"):
             with TabPane("Overview", id="overview"):
                 with VerticalScroll(id="overview-scroll"):
-                    yield StackPanel(id="alloc-panel", empty="allocator layer: no data yet")
-                    yield Static("", id="alloc-extra", classes="extra")
-                    yield StackPanel(id="rss-panel", empty="process RSS: no data yet")
-                    yield StackPanel(id="cgroup-panel", empty="no memory cgroup")
-                    yield LayerHistory(id="history")
-                    yield Static("", id="history-legend")
+                    yield StackPanel(id="alloc-panel", empty="allocator layer: no data yet",
+                                     panel_of=layers.allocator_panel).data_bind(bound)
+                    yield ViewStatic(tabs.extra_text, id="alloc-extra",
+                                     classes="extra").data_bind(bound)
+                    yield StackPanel(id="rss-panel", empty="process RSS: no data yet",
+                                     panel_of=layers.rss_panel).data_bind(bound)
+                    yield StackPanel(id="cgroup-panel", empty="no memory cgroup",
+                                     panel_of=layers.cgroup_panel,
+                                     hide_empty=True).data_bind(bound)
+                    history = LayerHistory(id="history").data_bind(bound)
+                    yield history
+                    yield HistoryLegend(history, id="history-legend").data_bind(bound)
             with TabPane("Allocator", id="allocator"):
                 with VerticalScroll():
                     yield Label("normalised allocator layer", classes="section")
-                    yield DataTable(id="stats", cursor_type="row", zebra_stripes=True)
-                    yield NativeTables(id="native")
-            with TabPane("Findings", id="findings"):
-                yield DataTable(id="findings-table", cursor_type="row", zebra_stripes=True)
-                yield Static("", id="finding-detail")
+                    yield ViewTable(tabs.STATS_COLUMNS, tabs.stats_rows, tabs.STATS_RIGHT,
+                                    id="stats", cursor_type="row",
+                                    zebra_stripes=True).data_bind(bound)
+                    yield NativeTables(id="native").data_bind(bound)
+            yield FindingsPane("Findings", id="findings").data_bind(bound)
             with TabPane("Process", id="process"):
                 with VerticalScroll():
-                    yield Static("", id="process-info")
-                    yield DataTable(id="collectors", cursor_type="none")
+                    yield ViewStatic(tabs.process_text, id="process-info").data_bind(bound)
+                    yield ViewTable(tabs.COLLECTORS_COLUMNS, tabs.collector_rows,
+                                    tabs.COLLECTORS_RIGHT, id="collectors",
+                                    cursor_type="none").data_bind(bound)
         yield Static("", id="proc-status", classes="status")
         yield Footer()
 
@@ -189,119 +205,26 @@ class ProcessScreen(Screen):
             self._timer = None
         self.refresh_bindings()
 
-    # rendering
+    # rendering: one assignment; the bound widgets draw themselves from it
     def show(self, snap):
-        self.snapshot = snap
-        comm = snap.comm or "?"
-        a = snap.allocator
-        self.app.title = f"allocdiag · {snap.pid} {comm}"
-        version = (a.version or "").split("-g")[0] or None
-        alloc = " ".join(x for x in (a.kind, version, f"({a.linkage})" if a.linkage else None)
-                         if x)
-        self.app.sub_title = alloc
-        self.query_one("#alloc-panel", StackPanel).panel = layers.allocator_panel(snap)
-        extra = layers.extra_stats(snap)
-        text = " · ".join(f"{k} {'unknown' if v is None else human_bytes(v)}" for k, v in extra)
-        self.query_one("#alloc-extra", Static).update(
-            Text(text, style="dim", no_wrap=True, overflow="ellipsis"))
-        self.query_one("#rss-panel", StackPanel).panel = layers.rss_panel(snap)
-        cg = layers.cgroup_panel(snap)
-        cg_widget = self.query_one("#cgroup-panel", StackPanel)
-        cg_widget.display = cg is not None
-        cg_widget.panel = cg
-        history = self.query_one("#history", LayerHistory)
-        history.series = tuple(layers.history_series(list(self.history)))
-        history.cursor = self.cursor
-        self.query_one("#history-legend", Static).update(history.legend())
-        fill_table(self.query_one("#stats", DataTable),
-                   ("field", "value", "provenance", "source", "meaning"),
-                   layers.stats_rows(snap), right=(1,))
-        kind = snap.allocator.kind if snap.allocator else None
-        self.query_one("#native", NativeTables).show(snap.native, kind=kind)
-        self._show_findings(snap)
-        self._show_process(snap)
+        self.view = layers.process_view(snap, self.history, self.cursor)
+
+    @property
+    def snapshot(self):
+        """The sample on screen (None before the first)."""
+        return self.view.snapshot if self.view is not None else None
+
+    def watch_view(self, view):
+        if view is None:
+            return
+        snap = view.snapshot
+        self.app.title = f"allocdiag · {snap.pid} {snap.comm or '?'}"
+        self.app.sub_title = tabs.alloc_title(snap)
         self._tell_collector_errors(snap)
         self.update_status()
 
-    def _show_findings(self, snap):
-        rows = []
-        for f in snap.findings:
-            k = f.knob
-            rows.append((f.severity, f.title, k.name if k else "", (k.current or "") if k else "",
-                         (k.source or "") if k else "", (k.suggested or "") if k else "",
-                         human_bytes(f.expected_effect_bytes)
-                         if f.expected_effect_bytes is not None else ""))
-        table = self.query_one("#findings-table", DataTable)
-        fill_table(table, ("severity", "finding", "knob", "current", "source", "suggested",
-                           "effect"), rows, right=(6,))
-        self._show_finding_detail()
-
     def selected_finding(self):
-        if self.snapshot is None or not self.snapshot.findings:
-            return None
-        table = self.query_one("#findings-table", DataTable)
-        row = table.cursor_row if table.row_count else 0
-        if 0 <= row < len(self.snapshot.findings):
-            return self.snapshot.findings[row]
-        return None
-
-    def _show_finding_detail(self):
-        f = self.selected_finding()
-        detail = self.query_one("#finding-detail", Static)
-        if f is None:
-            detail.update("no findings" if self.snapshot is not None else "")
-            return
-        text = Text()
-        text.append(f"{f.title}\n", style="bold")
-        text.append(f"confidence {f.confidence}")
-        if f.expected_effect_bytes is not None:
-            text.append(f" · expected effect {human_bytes(f.expected_effect_bytes)}")
-        text.append("\n")
-        for k, v in f.evidence.items():
-            text.append(f"  {k}: {v}\n", style="dim")
-        if f.knob is not None:
-            text.append(f"knob {f.knob.name} = {f.knob.current or 'unset'}"
-                        f" (from {f.knob.source or 'default'})")
-            if f.knob.suggested:
-                text.append(f" → suggested {f.knob.suggested}")
-            if f.knob.how:
-                text.append(f"\nhow: {f.knob.how}")
-            text.append("\npress k to set it at runtime")
-        detail.update(text)
-
-    @on(DataTable.RowHighlighted, "#findings-table")
-    def _finding_highlighted(self, event):
-        self._show_finding_detail()
-
-    def _show_process(self, snap):
-        p = snap.preload
-        text = Text()
-        text.append(f"{snap.pid} {snap.comm or '?'}", style="bold")
-        text.append(f"  {snap.exe or ''}\n")
-        a = snap.allocator
-        text.append(f"allocator: {a.kind} {a.version or ''} {a.linkage or ''} "
-                    f"{a.path or ''}\n")
-        for e in a.evidence:
-            text.append(f"  · {e}\n", style="dim")
-        if a.others:
-            text.append("also loaded (not serving malloc): "
-                        + ", ".join(o.kind for o in a.others) + "\n")
-        text.append(f"preload: {p.verdict}\n")
-        for r in p.reasons:
-            text.append(f"  · {r}\n", style="dim")
-        pm = snap.process
-        text.append(" · ".join(f"{layers.label(n)} {human_bytes(getattr(pm, n))}"
-                               for n in ("pss", "swap", "anon_thp", "vm_size")))
-        text.append(f" · {layers.label('threads')} {pm.threads if pm.threads is not None else '-'}")
-        if snap.cgroup.path:
-            text.append(f"\ncgroup v{snap.cgroup.version}: {snap.cgroup.path}")
-        self.query_one("#process-info", Static).update(text)
-        rows = [(name, "ok" if s.ok else "FAILED", f"{s.duration_s * 1000:.1f} ms",
-                 f"{s.pause_us} µs" if s.pause_us is not None else "", s.error or "")
-                for name, s in snap.collectors.items()]
-        fill_table(self.query_one("#collectors", DataTable),
-                   ("collector", "status", "took", "target paused", "note"), rows,
-                   right=(2, 3))
+        return self.query_one(FindingsPane).selected()
 
     def _tell_collector_errors(self, snap):
         if not self.live:

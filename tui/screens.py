@@ -4,6 +4,7 @@
 - tui/dialogs.py         confirm / input / result dialogs and the help screen
 - tui/host_screen.py     the host table
 - tui/process_screen.py  one process; its tabs are composed in ProcessScreen.compose
+- tui/process_tabs.py    what those tabs draw from the screen's one view-model
 
 Kept as an index so old imports keep working.
 """

@@ -1,5 +1,10 @@
 """Widgets that render the view-model of ``tui.layers``.  They only render:
-data comes in through reactive attributes set by their screen."""
+data comes in through reactive attributes set by their screen.
+
+A ``Bound`` widget has a ``view`` reactive that its screen binds to its own
+(``widget.data_bind(ProcessScreen.view)``): one assignment on the screen
+reaches every bound widget, each of which draws its own part of the view
+(memray's pattern; no ``query_one`` per widget per refresh)."""
 
 from rich.segment import Segment as RichSegment
 from rich.style import Style
@@ -8,7 +13,7 @@ from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widget import Widget
-from textual.widgets import DataTable, Label
+from textual.widgets import DataTable, Label, Static
 
 from diag.render import human_bytes
 from tui import layers
@@ -22,16 +27,58 @@ _COLOURS = {
     "extra": "#ffd75f",     # an RSS layer diag.breakdown knows and this view does not name
 }
 
+class Bound:
+    """Mixin of a widget drawn from its screen's view-model (``layers.ProcessView``).
+
+    ``view`` is set through a data binding; ``show_view`` draws the widget's
+    part of it.  A view given before the widget is mounted is drawn when the
+    binding is made (data_bind initialises with the screen's current value).
+    """
+
+    view = reactive(None, repaint=False)
+
+    def watch_view(self, view):
+        if view is not None:
+            self.show_view(view)
+
+    def show_view(self, view):
+        raise NotImplementedError
+
+
+class ViewStatic(Bound, Static):
+    """A text made from the view by TEXT_OF(view)."""
+
+    def __init__(self, text_of, **kwargs):
+        super().__init__("", **kwargs)
+        self.text_of = text_of
+
+    def show_view(self, view):
+        self.update(self.text_of(view))
+
+
+class ViewTable(Bound, DataTable):
+    """A table whose rows are ROWS_OF(view); RIGHT: right-aligned column indexes."""
+
+    def __init__(self, headers, rows_of, right=(), **kwargs):
+        super().__init__(**kwargs)
+        self.headers, self.rows_of, self.right = tuple(headers), rows_of, tuple(right)
+
+    def show_view(self, view):
+        fill_table(self, self.headers, self.rows_of(view), right=self.right)
+
+
 def role_css(widget_type):
     return "\n".join(f"{widget_type} > .stack--{role} {{ color: {c}; }}"
                      for role, c in _COLOURS.items())
 
 
-class StackPanel(Widget):
+class StackPanel(Bound, Widget):
     """Horizontal stacked bars (one row each) with a legend.
 
     Each bar is a ``layers.Bar``; all bars of a panel share one scale so
     their lengths compare.  Separate bars are never implied to nest.
+    Bound to a view, ``panel`` is PANEL_OF(view.snapshot); with HIDE_EMPTY
+    the widget is hidden while that is None (no cgroup).
     """
 
     COMPONENT_CLASSES = {f"stack--{r}" for r in _COLOURS} | {"stack--note", "stack--frame"}
@@ -45,9 +92,16 @@ class StackPanel(Widget):
     NAME_WIDTH = 9
     CAPTION_WIDTH = 19
 
-    def __init__(self, empty="no data yet", **kwargs):
+    def __init__(self, empty="no data yet", panel_of=None, hide_empty=False, **kwargs):
         super().__init__(**kwargs)
         self.empty = empty
+        self.panel_of, self.hide_empty = panel_of, hide_empty
+
+    def show_view(self, view):
+        panel = self.panel_of(view.snapshot)
+        if self.hide_empty:
+            self.display = panel is not None
+        self.panel = panel
 
     def _style(self, role):
         try:
@@ -115,7 +169,7 @@ class StackPanel(Widget):
         return Text("\n").join(out)
 
 
-class LayerHistory(Widget):
+class LayerHistory(Bound, Widget):
     """Overlaid areas of the layers over the session, one column per sample.
 
     Each series is an area from zero; a smaller one is drawn over a larger
@@ -133,18 +187,24 @@ class LayerHistory(Widget):
     series = reactive((), layout=False)
     cursor = reactive(None)
 
-    def _window(self):
-        n = max((len(v) for _, _, v in self.series), default=0)
+    def show_view(self, view):
+        self.series = view.series
+        self.cursor = view.cursor
+
+    def _window(self, series, cursor):
+        """(start, end, n) of the samples of SERIES that fit the width, ending
+        at CURSOR (None: at the newest)."""
+        n = max((len(v) for _, _, v in series), default=0)
         width = max(1, self.size.width)
-        last = n - 1 if self.cursor is None else self.cursor
+        last = n - 1 if cursor is None else cursor
         start = max(0, last - width + 1)
-        if self.cursor is None:
+        if cursor is None:
             start = max(0, n - width)
         return start, min(n, start + width), n
 
-    def _scale(self, start, end):
+    def _scale(self, start, end, series):
         top = 0
-        for _, _, values in self.series:
+        for _, _, values in series:
             for v in values[start:end]:
                 if v is not None and v > top:
                     top = v
@@ -153,8 +213,8 @@ class LayerHistory(Widget):
     def render_line(self, y):
         width = self.size.width
         rows = self.size.height
-        start, end, _ = self._window()
-        scale = self._scale(start, end)
+        start, end, _ = self._window(self.series, self.cursor)
+        scale = self._scale(start, end, self.series)
         if not self.series or scale <= 0 or rows <= 0:
             if y == rows // 2:
                 return Strip([RichSegment("no samples yet".center(width)[:width],
@@ -196,18 +256,22 @@ class LayerHistory(Widget):
             segs.append(RichSegment(char, style))
         return Strip(segs, width).simplify()
 
-    def legend(self):
-        """Text of the legend: latest (or cursor) value and the scale."""
-        start, end, n = self._window()
-        at = (n - 1) if self.cursor is None else self.cursor
+    def legend(self, view=None):
+        """Text of the legend: latest (or cursor) value and the scale, of VIEW
+        (a ProcessView) or of the widget's own series; the window is this
+        widget's width."""
+        series, cursor = (self.series, self.cursor) if view is None else (view.series,
+                                                                          view.cursor)
+        start, end, n = self._window(series, cursor)
+        at = (n - 1) if cursor is None else cursor
         text = Text()           # wraps: at 80 columns the legend takes two lines
-        for role, lab, values in self.series:
+        for role, lab, values in series:
             v = values[at] if 0 <= at < len(values) else None
             if text:
                 text.append("  ")
             text.append("█ ", style=self.get_component_rich_style(f"stack--{role}"))
             text.append(f"{lab} {'unknown' if v is None else human_bytes(v)}")
-        scale = self._scale(start, end)
+        scale = self._scale(start, end, series)
         if scale:
             text.append(f"  (top {human_bytes(scale)}, {end - start} of {n} "
                         f"sample{'' if n == 1 else 's'})",
@@ -234,7 +298,19 @@ def fill_table(table, columns, rows, right=()):
         table.add_row(*cells)
 
 
-class NativeTables(Vertical):
+class HistoryLegend(Bound, Static):
+    """The legend of HISTORY (a LayerHistory) for the view: values at the
+    cursor and the scale of the samples that fit the history's width."""
+
+    def __init__(self, history, **kwargs):
+        super().__init__("", **kwargs)
+        self.history = history
+
+    def show_view(self, view):
+        self.update(self.history.legend(view))
+
+
+class NativeTables(Bound, Vertical):
     """The allocator's native dict, rendered generically as DataTables."""
 
     DEFAULT_CSS = """
@@ -246,29 +322,35 @@ class NativeTables(Vertical):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self._shape = None
+        self._tables = []       # the DataTables of the current shape, in order
+
+    def show_view(self, view):
+        snap = view.snapshot
+        self.show(snap.native, kind=snap.allocator.kind if snap.allocator else None)
 
     def show(self, native, kind=None):
         tables = layers.native_tables(native or {}, kind=kind)
         shape = tuple((t.title, t.columns) for t in tables)
         if shape != self._shape:
+            # A new shape (another allocator, a replay across a change): new
+            # widgets, held by reference (the old ones leave asynchronously, so
+            # ids would clash while both exist).
             self.remove_children()
             widgets = []
             if not tables:
                 widgets.append(Label("no native detail from this allocator (yet)"))
-            for i, t in enumerate(tables):
+            self._tables = []
+            for t in tables:
                 widgets.append(Label(t.title))
-                widgets.append(DataTable(id=f"native-{i}", cursor_type="row",
-                                         zebra_stripes=True))
+                self._tables.append(DataTable(cursor_type="row", zebra_stripes=True))
+                widgets.append(self._tables[-1])
             self.mount_all(widgets)
             self._shape = shape
-            self.call_after_refresh(self._fill, tables)
+            self.call_after_refresh(self._fill, self._tables, tables)
         else:
-            self._fill(tables)
+            self._fill(self._tables, tables)
 
-    def _fill(self, tables):
-        for i, t in enumerate(tables):
-            try:
-                table = self.query_one(f"#native-{i}", DataTable)
-            except Exception:
-                continue
+    @staticmethod
+    def _fill(widgets, tables):
+        for table, t in zip(widgets, tables):
             fill_table(table, t.columns, t.rows)
