@@ -33,8 +33,9 @@ github:jemalloc/jemalloc, github:gperftools/gperftools, read with git show):
   symbolizer, not here).
 - jemalloc ``bin/jeprof.in`` ``ReadThreadedHeapProfile``: header
   ``heap_v2/(\\d+)`` → ``AdjustSamples`` with algorithm 2 and adjustment =
-  period: the same formula, applied only when the count is non-zero, and the
-  result kept as a float (Perl numbers); the rows before the first ``@`` are
+  period: the same formula, applied whenever the count and the period are
+  non-zero (so ``heap_v2/1`` is scaled too, unlike pprof's rate <= 1 rule),
+  the result kept as a float (Perl numbers); the rows before the first ``@`` are
   "just a per-thread summary"; ``t*`` rows make the profile, ``tN`` rows the
   per-thread profiles.  (jeprof's old ``heap`` handling — algorithm 1, divide
   by ``ratio`` when below 1 — is not pprof's; for gperftools formats we follow
@@ -74,11 +75,13 @@ WARN_PREFIX = "%warn"
 
 INT64_MAX = (1 << 63) - 1
 UINT64_MAX = (1 << 64) - 1
+INT64_DIGITS = len(str(INT64_MAX))
 
 # format names (HeapProfile.format)
 HEAPPROFILE = "heapprofile"
 JEMALLOC = "jemalloc_heap_v2"
 GPERF_KINDS = ("heapprofile", "heap_v2", "heapz_v2", "heap")
+PPROF, JEPROF = "pprof", "jeprof"      # scaling modes
 
 Counts = namedtuple("Counts", "inuse_objects inuse_bytes alloc_objects alloc_bytes")
 ZERO = Counts(0, 0, 0, 0)
@@ -120,35 +123,54 @@ class HeapProfile:
     thread_totals: dict = field(default_factory=dict)   # jemalloc: uid -> (Counts, name)
     maps_text: str = ""    # the trailer after the sentinel, verbatim
     sentinel: str = MAP_SENTINELS[0]
+    label: str = ""        # gperftools: the header's "@ LABEL" as written ("heap_v2/0")
 
     def scale(self, raw):
         """RAW Counts scaled the way this profile's reader (pprof/jeprof) does."""
-        return _scale_counts(raw, self.rate, truncate=self.format != JEMALLOC)
+        return _scale_counts(raw, self.rate, _mode(self.format))
 
 
-def _scale_pair(count, size, rate, truncate):
-    if count == 0 or rate <= 1:
+def _mode(fmt):
+    """How the reader of FMT scales: jeprof for jemalloc's threaded format,
+    pprof's scaleHeapSample for sampled gperftools formats, none for the
+    unsampled heap profiler (pprof never calls scaleHeapSample for it)."""
+    return JEPROF if fmt == JEMALLOC else None if fmt == HEAPPROFILE else PPROF
+
+
+def _scale_pair(count, size, rate, mode):
+    if mode is None:
         return count, size
-    if size == 0:
-        # pprof answers (0, 0); jeprof would divide by zero.  Keep as written.
-        return (0, 0) if truncate else (count, size)
+    if mode == PPROF:
+        if count == 0 or size == 0:
+            return 0, 0                  # scaleHeapSample
+        if rate <= 1:
+            return count, size
+    elif count == 0 or rate == 0 or size == 0:
+        # AdjustSamples scales when the count is non-zero and the rate is set;
+        # a zero size would make Perl divide by zero: keep it as written.
+        return count, size
     denom = -math.expm1(-(size / count) / rate)     # 1 - exp(-x), exact for small x
-    if denom <= 0:
+    if not denom > 0:
         raise MalformedData(f"heap profile: sample {count}: {size} cannot be scaled "
                             f"at rate {rate}")
     s = 1.0 / denom
-    if truncate:
-        return int(count * s), int(size * s)
-    return count * s, size * s
+    if not math.isfinite(count * s):
+        raise MalformedData(f"heap profile: sample {count}: {size} scales to infinity")
+    if mode == PPROF:
+        return int(count * s), int(size * s)       # Go int64(float64 * scale)
+    return count * s, size * s                     # Perl keeps the float
 
 
-def _scale_counts(raw, rate, truncate):
-    co, cb = _scale_pair(raw.inuse_objects, raw.inuse_bytes, rate, truncate)
-    ao, ab = _scale_pair(raw.alloc_objects, raw.alloc_bytes, rate, truncate)
+def _scale_counts(raw, rate, mode):
+    co, cb = _scale_pair(raw.inuse_objects, raw.inuse_bytes, rate, mode)
+    ao, ab = _scale_pair(raw.alloc_objects, raw.alloc_bytes, rate, mode)
     return Counts(co, cb, ao, ab)
 
 
 def _int64(text, lineno):
+    # checked before int(): Python refuses to convert over 4300 digits (ValueError)
+    if len(text.lstrip("-")) > INT64_DIGITS:
+        raise MalformedData(f"heap profile line {lineno}: number {text[:30]}... out of int64 range")
     v = int(text)
     if not -INT64_MAX - 1 <= v <= INT64_MAX:
         raise MalformedData(f"heap profile line {lineno}: number {text[:30]} out of int64 range")
@@ -165,17 +187,16 @@ def _counts(groups, lineno):
 
 
 def _addrs(text, lineno):
-    out = []
-    for tok in text.split():
-        try:
-            v = int(tok, 16)
-        except ValueError:
-            raise MalformedData(f"heap profile line {lineno}: bad address {tok[:40]!r}") from None
-        if not 0 < v <= UINT64_MAX:
-            raise MalformedData(f"heap profile line {lineno}: address {tok[:40]} out of range")
-        out.append(v)
-    if not out:
+    toks = text.split()
+    if not toks:
         raise MalformedData(f"heap profile line {lineno}: empty stack")
+    try:
+        out = [int(t, 16) for t in toks]
+    except ValueError:
+        bad = next((t for t in toks if not re.fullmatch(r"(0[xX])?[0-9a-fA-F]+", t)), toks[0])
+        raise MalformedData(f"heap profile line {lineno}: bad address {bad[:40]!r}") from None
+    if min(out) <= 0 or max(out) > UINT64_MAX:
+        raise MalformedData(f"heap profile line {lineno}: address out of range")
     return out
 
 
@@ -203,6 +224,8 @@ def _decode(data):
             return data.decode("latin-1")     # paths in the maps may be any bytes
     if not isinstance(data, str):
         raise MalformedData("heap profile: not text")
+    if "\0" in data:
+        raise MalformedData("heap profile: binary data (NUL character)")
     return data
 
 
@@ -261,7 +284,7 @@ def _parse_gperf(body, i, warnings):
     totals = Counts(*(_int64(m.group(k), i + 1) for k in range(1, 5)))
     has_alloc = ((totals.alloc_objects != totals.inuse_objects and totals.alloc_objects != 0)
                  or (totals.alloc_bytes != totals.inuse_bytes and totals.alloc_bytes != 0))
-    truncate = True
+    mode = _mode(kind)
     samples = []
     for j in range(i + 1, len(body)):
         ln = body[j].strip()
@@ -275,8 +298,9 @@ def _parse_gperf(body, i, warnings):
             raise MalformedData(f"heap profile line {j + 1}: not a sample: {ln[:80]!r}")
         raw = _counts(sm.groups()[:4], j + 1)
         samples.append(Sample(_addrs(sm.group(5), j + 1), raw,
-                              _scale_counts(raw, rate, truncate)))
-    return HeapProfile(kind, period, rate, samples, [], warnings, totals, has_alloc)
+                              _scale_counts(raw, rate, mode)))
+    return HeapProfile(kind, period, rate, samples, [], warnings, totals, has_alloc,
+                       label=kind + (f"/{per}" if per else ""))
 
 
 def _parse_jemalloc(body, i, warnings):
@@ -325,7 +349,7 @@ def _parse_jemalloc(body, i, warnings):
                 raise MalformedData(f"jemalloc heap profile line {j + 1}: two t* rows")
             have_total = True
             cur.raw = vals
-            cur.scaled = _scale_counts(vals, period, truncate=False)
+            cur.scaled = _scale_counts(vals, period, JEPROF)
         elif not have_total:
             raise MalformedData(f"jemalloc heap profile line {j + 1}: thread row before t*")
         else:
@@ -352,12 +376,19 @@ def _je_cnts(c):
     return "%d: %d [%d: %d]" % tuple(c)
 
 
+def _warn_lines(warnings):
+    return ["%s %s\n" % (WARN_PREFIX, w) if w else WARN_PREFIX + "\n" for w in warnings]
+
+
 def unparse(prof: HeapProfile) -> str:
     """The profile as text in its own format, numbers as written (unscaled),
     so pprof and jeprof scale it again exactly as they did the original."""
     out = []
     if prof.format == JEMALLOC:
-        out.append("heap_v2/%d\n  t*: %s\n" % (prof.period, _je_cnts(prof.totals)))
+        out.append("heap_v2/%d\n" % prof.period)
+        # jemalloc writes no %warn; jeprof skips unknown lines after its header line
+        out.extend(_warn_lines(prof.warnings))
+        out.append("  t*: %s\n" % _je_cnts(prof.totals))
         for tid, (c, name) in prof.thread_totals.items():
             out.append("  t%d: %s%s\n" % (tid, _je_cnts(c), f" {name}" if name is not None else ""))
         for s in prof.samples:
@@ -366,9 +397,9 @@ def unparse(prof: HeapProfile) -> str:
             for tid, c in s.threads.items():
                 out.append("  t%d: %s\n" % (tid, _je_cnts(c)))
     else:
-        out.extend("%s %s\n" % (WARN_PREFIX, w) if w else WARN_PREFIX + "\n" for w in prof.warnings)
-        kind = prof.format + (f"/{prof.period}" if prof.format != HEAPPROFILE and prof.period else "")
-        out.append("heap profile: %s %s\n" % (_bucket(prof.totals), kind))
+        out.extend(_warn_lines(prof.warnings))
+        label = prof.label or prof.format + (f"/{prof.period}" if prof.period else "")
+        out.append("heap profile: %s %s\n" % (_bucket(prof.totals), label))
         for s in prof.samples:
             out.append(_bucket(s.raw) + "".join(" 0x%08x" % a for a in s.stack) + "\n")
     out.append("\n%s\n" % prof.sentinel)

@@ -287,6 +287,15 @@ class DiffView:
     a: ProfileView
     b: ProfileView
     entries: list             # per site: function, object, stack, a, b, delta
+    context_a: dict | None = None   # the inspect --json documents at dump time
+    context_b: dict | None = None
+    warnings: list = field(default_factory=list)
+
+    def contexts(self, context_a=None, context_b=None):
+        """The contexts to show: the ones given, else the sidecars."""
+        if context_a is None and context_b is None:
+            return self.context_a, self.context_b
+        return context_a, context_b
 
 
 def diff(a_view, b_view):
@@ -308,7 +317,18 @@ def diff(a_view, b_view):
                         "stack": list(key), "a": va, "b": vb, "delta": delta})
     entries.sort(key=lambda e: (-e["delta"]["inuse_bytes"], -e["delta"]["inuse_objects"],
                                 e["function"]))
-    return DiffView(a_view, b_view, entries)
+    d = DiffView(a_view, b_view, entries)
+    for side, view in (("a", a_view), ("b", b_view)):
+        if not view.path:
+            continue
+        try:
+            setattr(d, f"context_{side}", load_context(view.path))
+        except (MalformedData, AccessDenied, Unsupported) as exc:
+            d.warnings.append(f"sidecar ignored: {exc}")
+    if d.context_a and d.context_b and d.context_a.get("pid") != d.context_b.get("pid"):
+        d.warnings.append(f"the two snapshots are of different processes "
+                          f"({d.context_a.get('pid')} and {d.context_b.get('pid')})")
+    return d
 
 
 def _layer_value(ctx, section, name):
@@ -361,6 +381,7 @@ def verdict(d, context_a=None, context_b=None):
 
 
 def diff_json(d, context_a=None, context_b=None):
+    context_a, context_b = d.contexts(context_a, context_b)
     ta, tb = d.a.totals(), d.b.totals()
     name, parts = verdict(d, context_a, context_b)
     return {
@@ -371,7 +392,14 @@ def diff_json(d, context_a=None, context_b=None):
         "layers": layer_deltas(context_a, context_b) if (context_a and context_b) else [],
         "verdict": name,
         "verdict_parts": parts,
+        "warnings": list(d.warnings),
     }
+
+
+def _site_label(e):
+    """function (object) <- caller: sites with one function differ by caller."""
+    label = e["function"] + (f"  ({os.path.basename(e['object'])})" if e["object"] else "")
+    return label + (f"  <- {e['stack'][1]}" if len(e["stack"]) > 1 else "")
 
 
 def _signed_bytes(v):
@@ -381,6 +409,7 @@ def _signed_bytes(v):
 
 
 def render_diff(d, context_a=None, context_b=None, n=20):
+    context_a, context_b = d.contexts(context_a, context_b)
     out = io.StringIO()
     ta, tb = d.a.totals(), d.b.totals()
     print(f"A: {d.a.path or 'profile A'} ({d.a.format})", file=out)
@@ -397,8 +426,7 @@ def render_diff(d, context_a=None, context_b=None, n=20):
             continue
         body = [[_signed_bytes(e["delta"]["inuse_bytes"]), f"{e['delta']['inuse_objects']:+d}",
                  human_bytes(e["a"]["inuse_bytes"]), human_bytes(e["b"]["inuse_bytes"]),
-                 e["function"] + (f"  ({os.path.basename(e['object'])})" if e["object"] else "")]
-                for e in rows]
+                 _site_label(e)] for e in rows]
         table(body, ["bytes", "objects", "A", "B", "site"], right=(0, 1, 2, 3), out=out)
     if context_a and context_b:
         print("\nlayers between the same two moments (inspect snapshots):", file=out)
@@ -413,6 +441,8 @@ def render_diff(d, context_a=None, context_b=None, n=20):
     name, parts = verdict(d, context_a, context_b)
     detail = ", ".join(f"{VERDICT_PART_LABELS[k]} {_signed_bytes(v)}" for k, v in parts.items())
     print(f"\nverdict: {name}  [{detail}]", file=out)
+    for w in d.warnings:
+        print(f"warning: {w}", file=out)
     return out.getvalue()
 
 
