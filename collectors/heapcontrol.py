@@ -1,0 +1,561 @@
+"""Heap profiling in a running process (issue 10): what it can do, and
+start / dump / stop through the allocator's own profiler, called on one
+borrowed thread at a safe point (collectors.remote; DESIGN.md rule 7: only
+on an explicit user action).
+
+gperftools (full ``libtcmalloc.so.4``; src/gperftools/heap-profiler.h):
+  ``HeapProfilerStart(prefix)`` installs hooks that record EVERY later
+  allocation with its stack (no sampling: measurable cost, see
+  bench/heapprof_cost.py); it sees nothing allocated before the start, so a
+  profile started here is the growth since the start.  ``GetHeapProfile()``
+  returns a ``malloc``ed text (legacy ``heapprofile`` format) that is read
+  out and handed to the target's ``free``.  ``HeapProfilerStop()`` removes
+  the hooks and drops the data.  ``_minimal`` has none of these.
+jemalloc (built with ``config.prof``; src/ctl.c): ``opt.prof`` is fixed at
+  start; with it, ``prof.active`` (bool) switches sampling on and off and
+  ``prof.dump`` (a ``const char *`` path) writes the sampled profile.
+  Without ``prof:true`` these names do not exist (ENOENT) and the only way
+  is a restart with the recipe ``restart_recipe`` prints.
+
+Files the target must write (the ``HeapProfilerStart`` prefix, interval
+dumps, ``prof.dump``) go to one directory per process that allocdiag
+creates inside the target's own root with the target's uid/gid
+(``work_dir``) and removes: on ``stop`` and, for jemalloc, right after the
+dump is copied out.  Profiles the program writes on its own (``HEAPPROFILE``,
+jemalloc ``prof_prefix``) are found through ``/proc/PID/cwd`` and
+``/proc/PID/root`` (``existing_files``).
+
+Environment values are secret (DESIGN.md): besides the allocator variables
+ProcFS.environ allows, only ``HEAPPROFILE`` and ``HEAP_PROFILE_*`` are read
+here, for finding those files.
+"""
+
+import glob
+import os
+import re
+import shutil
+import stat
+import struct
+
+from collectors import livestats, memory, remote
+from collectors.allocators import common
+from collectors.config import parse_conf
+from collectors.detect import detect
+from collectors.errors import AccessDenied, MalformedData, RemoteCallError, Unsupported
+from collectors.image import ProcessImage
+from collectors.procfs import ProcFS
+from collectors.remote import RemoteProcess
+
+# GetHeapProfile walks every bucket under the profiler's lock; with many
+# sites that takes a while.  A call still running then is abandoned (and the
+# process quarantined), so be generous.
+CALL_TIMEOUT_S = 10.0
+DEADLINE_S = 2.0                  # to find a safe thread
+PROFILE_MAX = 256 << 20           # refuse to copy a bigger profile text
+PAGE = 4096
+READ_CHUNK = 64 * 1024            # process_vm_readv per call, page-aligned ends
+PATH_MAX = 4096                   # linux/limits.h
+ENOENT = 2
+
+GPERF_CALLS = ("HeapProfilerStart", "IsHeapProfilerRunning", "GetHeapProfile",
+               "HeapProfilerStop")
+# The environment variables read here and nowhere else (gperftools heap-profiler.cc).
+GPERF_ENV = (b"HEAPPROFILE", b"HEAPPROFILESIGNAL")
+GPERF_ENV_PREFIX = b"HEAP_PROFILE_"
+# jemalloc's default lg_prof_sample (5.3: 2^19 = 512 KiB between samples).
+JE_LG_SAMPLE_DEFAULT = 19
+JE_READS = (("config.prof", "bool"), ("opt.prof", "bool"), ("prof.active", "bool"),
+            ("opt.prof_active", "bool"), ("opt.lg_prof_sample", "size_t"),
+            ("opt.prof_prefix", "const char*"), ("opt.prof_final", "bool"),
+            ("opt.lg_prof_interval", "ssize_t"), ("opt.prof_gdump", "bool"))
+WORK_DIR_PARENT = "/tmp"          # in the target's own root
+WORK_DIR_NAME = "allocdiag-heap-{pid}-{start}"
+GPERF_PREFIX = "heap"             # HeapProfilerStart(WORK_DIR/heap): files heap.NNNN.heap
+JE_DUMP_NAME = "dump.heap"
+
+GROWTH_NOTE = ("the gperftools profile sees only allocations made after the start: "
+               "it is the growth since attach, not the whole heap")
+JE_ACTIVE_NOTE = ("jemalloc samples (one allocation per 2^lg_prof_sample bytes on average, "
+                  "scaled back up) only while prof.active is on")
+
+LIBTCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4"
+LIBJEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+
+
+class Target:
+    """One process as the heap commands see it: image, detection, procfs."""
+
+    def __init__(self, pid, procfs=None):
+        self.pid = pid
+        self.procfs = procfs or ProcFS()
+        self.image = ProcessImage(pid, self.procfs)
+        self.det = detect(self.image)
+        self.alloc = self.det.allocator
+        self.kind = self.alloc.kind
+        self.res = livestats.Resolver(self.image)
+
+    @property
+    def root(self):
+        return self.procfs.path(self.pid, "root")
+
+    def session(self):
+        return RemoteProcess(self.pid,
+                             forbidden_ranges=livestats.forbidden_ranges(self.image, self.det),
+                             deadline_s=DEADLINE_S, call_timeout_s=CALL_TIMEOUT_S,
+                             procfs=self.procfs.root)
+
+    def fn(self, name):
+        return common.need(self.res.address(self.det.serving, name), name, self.kind)
+
+    def mallctl(self):
+        return self.fn((self.alloc.prefix or "") + "mallctl")
+
+
+# -- what the process can do ------------------------------------------------------
+
+def profiler_env(procfs, pid):
+    """{name: value} of HEAPPROFILE, HEAPPROFILESIGNAL and HEAP_PROFILE_* from
+    the initial environment; nothing else is kept.  gperftools sets the high
+    bit of HEAPPROFILE's first byte in place (GetUniquePathFromEnv, so that
+    children add their pid): it is cleared here."""
+    try:
+        raw = procfs.read(pid, "environ")
+    except (AccessDenied, OSError):
+        return {}
+    out = {}
+    for entry in raw.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep and (name in GPERF_ENV or name.startswith(GPERF_ENV_PREFIX)):
+            if name == b"HEAPPROFILE" and value and value[0] & 0x80:
+                value = bytes([value[0] & 0x7F]) + value[1:]
+            out[name.decode()] = value.decode(errors="replace")
+    return out
+
+
+def _jemalloc_values(t):
+    """The prof mallctls (None where the name does not exist)."""
+    from collectors.allocators import jemalloc
+    mallctl = t.mallctl()
+    rp = t.session()
+    out = {}
+    with rp.borrow() as c:
+        scratch = jemalloc.mallctl_scratch(c)
+        for name, ctype in JE_READS:
+            v = jemalloc.mallctl_read(c, mallctl, name, ctype, scratch)
+            out[name] = v.decode(errors="replace") if isinstance(v, bytes) else v
+    return out, list(rp.pause_us)
+
+
+def _gperf_running(t):
+    rp = t.session()
+    with rp.borrow() as c:
+        running = bool(c.call(t.fn("IsHeapProfilerRunning")) & 0xFFFFFFFF)
+    return running, list(rp.pause_us)
+
+
+def conf_var(alloc):
+    """The MALLOC_CONF variable name jemalloc reads (prefixed builds: _RJEM_MALLOC_CONF)."""
+    return (alloc.prefix or "").upper() + "MALLOC_CONF"
+
+
+def restart_recipe(t, lg_sample=JE_LG_SAMPLE_DEFAULT):
+    """The exact way to make heap profiling possible, for the allocator T has."""
+    kind = t.kind
+    exe = t.image.exe_path or "PROGRAM"
+    arm = f"prof:true,prof_active:false,lg_prof_sample:{lg_sample}"
+    if kind == "jemalloc":
+        var = conf_var(t.alloc)
+        current = (t.image.environ or {}).get(var)
+        conf = ",".join(f"{k}:{v}" for k, v in {**parse_conf(current), **parse_conf(arm)}.items())
+        return (f"restart it with {var}={conf} {exe}  (armed but inactive: costs almost "
+                f"nothing until `allocdiag heap start {t.pid}` turns prof.active on)")
+    return (f"restart it under an allocator with a heap profiler, e.g.\n"
+            f"  LD_PRELOAD={LIBJEMALLOC} MALLOC_CONF={arm} {exe}\n"
+            f"  (then `allocdiag heap start PID` / `heap dump PID`; package libjemalloc2), or\n"
+            f"  LD_PRELOAD={LIBTCMALLOC} {exe}\n"
+            f"  (gperftools with its heap profiler; package libgoogle-perftools4; "
+            f"HEAPPROFILE=/tmp/prof profiles from the start)")
+
+
+def status(pid, procfs=None):
+    """What heap profiling PID can do, and why.  A dict:
+    ``possible`` (a profile can be started or dumped now), ``running``
+    (True/False/None unknown), ``how`` (the calls used), ``reason``,
+    ``remedy`` (when not possible), ``notes``, ``values`` (the allocator's own
+    switches), ``env`` (HEAPPROFILE & co), ``files`` (profiles on disk),
+    ``work_dir`` (allocdiag's directory for the target, when it exists)."""
+    return _status(Target(pid, procfs))
+
+
+def _status(t):
+    a, pid = t.alloc, t.pid
+    doc = {"pid": pid, "allocator": {"kind": a.kind, "variant": a.variant, "version": a.version,
+                                     "path": a.path, "prefix": a.prefix},
+           "possible": False, "running": None, "how": None, "reason": None, "remedy": None,
+           "notes": [], "values": {}, "env": {}, "files": [], "work_dir": None, "pause_us": []}
+    wd = work_dir(t, create=False)
+    doc["work_dir"] = wd.inside if wd.exists() else None
+    if t.kind == "tcmalloc":
+        doc["env"] = profiler_env(t.procfs, pid)
+        if not _gperf_full(t):
+            doc["reason"] = ("gperftools' libtcmalloc_minimal has no heap profiler (no "
+                             "HeapProfilerStart/GetHeapProfile) and its sampling is compiled out "
+                             "(-DNO_TCMALLOC_SAMPLES)")
+            doc["remedy"] = restart_recipe(t)
+        else:
+            doc["running"], doc["pause_us"] = _gperf_running(t)
+            doc["possible"] = True
+            doc["how"] = "HeapProfilerStart / GetHeapProfile / HeapProfilerStop (libtcmalloc.so.4)"
+            doc["reason"] = ("full gperftools: the heap profiler can be started in the running "
+                             "process; it records every allocation after the start (not sampled)")
+            doc["notes"].append(GROWTH_NOTE)
+            if doc["running"] and "HEAPPROFILE" in doc["env"]:
+                doc["notes"].append("the program runs its own profile (HEAPPROFILE): it has "
+                                    "seen everything since the program started")
+    elif t.kind == "jemalloc":
+        doc["env"] = {k: v for k, v in (t.image.environ or {}).items() if k == conf_var(a)}
+        vals, doc["pause_us"] = _jemalloc_values(t)
+        doc["values"] = vals
+        if not vals.get("config.prof"):
+            doc["reason"] = "this jemalloc was built without profiling (config.prof false)"
+            doc["remedy"] = ("use a jemalloc built with --enable-prof (Debian's libjemalloc2 is): "
+                             + restart_recipe(t))
+        elif not vals.get("opt.prof"):
+            doc["reason"] = ("jemalloc has profiling compiled in (config.prof) but the program "
+                             "was not started with prof:true, and opt.prof cannot be changed "
+                             "at run time")
+            doc["remedy"] = restart_recipe(t)
+        else:
+            doc["possible"] = True
+            doc["running"] = bool(vals.get("prof.active"))
+            doc["how"] = "mallctl prof.active / prof.dump"
+            sample = vals.get("opt.lg_prof_sample")
+            doc["reason"] = (f"started with prof:true: sampling every ~2^{sample} bytes "
+                             f"allocated, switched by prof.active")
+            doc["notes"].append(JE_ACTIVE_NOTE)
+    elif t.kind == "tcmalloc-google":
+        doc["reason"] = ("google/tcmalloc profiles only through the C++ "
+                         "MallocExtension::SnapshotCurrent; there is no C entry point to call")
+        doc["remedy"] = ("have the program export its own profile (tcmalloc's "
+                         "MallocExtension::SnapshotCurrent(ProfileType::kHeap) to pprof), or "
+                         + restart_recipe(t))
+    else:
+        doc["reason"] = f"{t.kind} malloc has no heap profiler allocdiag can drive"
+        doc["remedy"] = restart_recipe(t)
+    doc["files"] = existing_files(t, doc)
+    return doc
+
+
+def _gperf_full(t):
+    return all(t.res.address(t.det.serving, n) for n in GPERF_CALLS)
+
+
+# -- files on disk -----------------------------------------------------------------
+
+def _in_target(t, path, relative_to_cwd=True):
+    """PATH as the target sees it, opened from here: absolute paths under
+    /proc/PID/root, relative ones under /proc/PID/cwd."""
+    if path.startswith("/"):
+        return os.path.join(t.root, path.lstrip("/"))
+    return os.path.join(t.procfs.path(t.pid, "cwd"), path)
+
+
+def existing_files(t, doc=None):
+    """[{path (as the target sees it), local (openable here), bytes, mtime,
+    source}] of heap profiles already on disk, newest last: the gperftools
+    HEAPPROFILE prefix, jemalloc's opt.prof_prefix, and allocdiag's own work
+    directory (interval dumps of a profile it started)."""
+    doc = doc or {}
+    prefixes = []
+    env = doc.get("env") or {}
+    if env.get("HEAPPROFILE"):
+        prefixes.append((env["HEAPPROFILE"], "*.heap", "HEAPPROFILE"))
+    pp = (doc.get("values") or {}).get("opt.prof_prefix")
+    if pp and (doc.get("values") or {}).get("opt.prof"):
+        prefixes.append((pp, f"{t.pid}.*.heap", "opt.prof_prefix"))
+    wd = work_dir(t, create=False)
+    if wd.exists():
+        prefixes.append((os.path.join(wd.inside, GPERF_PREFIX), "*.heap", "allocdiag work dir"))
+    out = []
+    for prefix, pattern, source in prefixes:
+        local_prefix = _in_target(t, prefix)
+        for local in glob.glob(glob.escape(local_prefix) + "." + pattern):
+            try:
+                st = os.stat(local)
+            except OSError:
+                continue
+            inside = os.path.join(os.path.dirname(prefix), os.path.basename(local)) \
+                if os.path.dirname(prefix) else os.path.basename(local)
+            out.append({"path": inside, "local": local, "bytes": st.st_size,
+                        "mtime": st.st_mtime, "source": source})
+    out.sort(key=lambda f: (f["mtime"], f["path"]))
+    return out
+
+
+class WorkDir:
+    """allocdiag's directory for one target process, inside the target's root."""
+
+    def __init__(self, t):
+        start = remote._starttime(t.pid, t.procfs.root)
+        self.inside = os.path.join(WORK_DIR_PARENT, WORK_DIR_NAME.format(pid=t.pid, start=start))
+        self.local = os.path.join(t.root, self.inside.lstrip("/"))
+        self.uid, self.gid = _fs_ids(t)
+
+    def exists(self):
+        try:
+            return self._check(os.lstat(self.local))
+        except FileNotFoundError:
+            return False
+
+    def _check(self, st):
+        """Refuse anything but a plain directory of the target's uid (or ours)
+        that only its owner can write: /tmp is shared."""
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (self.uid, os.geteuid()) or \
+                st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise AccessDenied(None, msg=f"{self.local} exists and is not allocdiag's "
+                                         f"private directory; not using it", remediation=None)
+        return True
+
+    def create(self):
+        if self.exists():
+            return self
+        try:
+            os.mkdir(self.local, 0o700)
+            os.chown(self.local, self.uid, self.gid)
+        except FileExistsError:
+            self.exists()
+        except OSError as exc:
+            raise AccessDenied(None, msg=f"cannot create {self.local} for the target "
+                                         f"({exc.strerror})", remediation=None) from None
+        return self
+
+    def remove(self):
+        """Remove the directory and what the target wrote in it."""
+        if self.exists():
+            shutil.rmtree(self.local)
+
+
+def work_dir(t, create=True):
+    wd = WorkDir(t)
+    return wd.create() if create else wd
+
+
+def _fs_ids(t):
+    """(uid, gid) the target creates files with (the fs ids of /proc/PID/status)."""
+    st = t.procfs.status(t.pid)
+    uid = int(st.get(b"Uid", b"0 0 0 0").split()[-1])
+    gid = int(st.get(b"Gid", b"0 0 0 0").split()[-1])
+    return uid, gid
+
+
+# -- start / dump / stop -------------------------------------------------------------
+
+def _unsupported(t, doc):
+    raise Unsupported(f"heap profiling is not possible: {doc['reason']}", pid=t.pid,
+                      remediation=doc["remedy"])
+
+
+def _require(pid, procfs):
+    t = Target(pid, procfs)
+    doc = _status(t)
+    if not doc["possible"]:
+        _unsupported(t, doc)
+    return t, doc
+
+
+def start(pid, procfs=None):
+    """Start (gperftools) or activate (jemalloc) the heap profiler.
+    Returns {call, was_running, running, notes, work_dir, pause_us}."""
+    t, doc = _require(pid, procfs)
+    if t.kind == "tcmalloc":
+        if doc["running"]:
+            return {"call": "IsHeapProfilerRunning() (already running: nothing started)",
+                    "was_running": True, "running": True, "notes": [GROWTH_NOTE],
+                    "work_dir": doc["work_dir"], "pause_us": doc["pause_us"]}
+        wd = work_dir(t)
+        prefix = os.path.join(wd.inside, GPERF_PREFIX).encode()
+        fn_start, fn_running = t.fn("HeapProfilerStart"), t.fn("IsHeapProfilerRunning")
+        rp = t.session()
+        try:
+            with rp.borrow() as c:
+                at = c.scratch(len(prefix) + 1)
+                c.write(at, prefix + b"\0")
+                c.call(fn_start, at)
+                running = bool(c.call(fn_running) & 0xFFFFFFFF)
+        except BaseException:
+            wd.remove()
+            raise
+        if not running:
+            wd.remove()
+            raise RemoteCallError("HeapProfilerStart returned but IsHeapProfilerRunning says 0",
+                                  pid=pid)
+        return {"call": f"HeapProfilerStart(\"{prefix.decode()}\")", "was_running": False,
+                "running": True, "notes": [GROWTH_NOTE], "work_dir": wd.inside,
+                "pause_us": list(rp.pause_us)}
+    old, pause = _je_set_active(t, True)
+    return {"call": "mallctl(\"prof.active\", true)", "was_running": old, "running": True,
+            "notes": [JE_ACTIVE_NOTE], "work_dir": None, "pause_us": pause}
+
+
+def _je_set_active(t, on):
+    """Write prof.active; returns (old value, pause_us)."""
+    mallctl = t.mallctl()
+    rp = t.session()
+    with rp.borrow() as c:
+        name, old, oldlen, new = c.scratch(32), c.scratch(16), c.scratch(16), c.scratch(16)
+        c.write(name, b"prof.active\0")
+        c.write(oldlen, struct.pack("<Q", 1))
+        c.write(new, struct.pack("<?", on))
+        rc = c.call(mallctl, name, old, oldlen, new, 1) & 0xFFFFFFFF
+        was = struct.unpack("<?", c.read(old, 1))[0]
+    if rc:
+        raise Unsupported(f"mallctl(\"prof.active\") failed with error {rc}", pid=t.pid)
+    return was, list(rp.pause_us)
+
+
+def stop(pid, procfs=None, force=False):
+    """Stop (gperftools: HeapProfilerStop, which drops the data) or
+    deactivate (jemalloc: prof.active false; samples already taken stay)
+    and remove allocdiag's work directory.  A gperftools profile the
+    program started itself (HEAPPROFILE) is left running unless FORCE."""
+    t, doc = _require(pid, procfs)
+    wd = work_dir(t, create=False)
+    ours = wd.exists()
+    if t.kind == "tcmalloc":
+        if not doc["running"]:
+            wd.remove()
+            return {"call": None, "was_running": False, "running": False,
+                    "removed": wd.inside if ours else None, "notes": ["the profiler was not running"],
+                    "pause_us": doc["pause_us"]}
+        if not ours and not force:
+            raise Unsupported("the heap profiler was not started by allocdiag (the program's own "
+                              "HEAPPROFILE or HeapProfilerStart): left running", pid=pid,
+                              remediation="use --force to stop it anyway (its data is dropped)")
+        fn_stop, fn_running = t.fn("HeapProfilerStop"), t.fn("IsHeapProfilerRunning")
+        rp = t.session()
+        with rp.borrow() as c:
+            c.call(fn_stop)
+            running = bool(c.call(fn_running) & 0xFFFFFFFF)
+        wd.remove()
+        return {"call": "HeapProfilerStop()", "was_running": True, "running": running,
+                "removed": wd.inside if ours else None,
+                "notes": ["HeapProfilerStop drops the recorded data"], "pause_us": list(rp.pause_us)}
+    old, pause = _je_set_active(t, False)
+    wd.remove()
+    return {"call": "mallctl(\"prof.active\", false)", "was_running": old, "running": False,
+            "removed": wd.inside if ours else None,
+            "notes": ["samples already taken stay in the profile (prof.dump still shows the "
+                      "sampled objects that are live)"], "pause_us": pause}
+
+
+def dump(pid, procfs=None):
+    """The profile text now: gperftools GetHeapProfile (read out, then the
+    target's free), jemalloc prof.dump into the work directory (copied out,
+    directory removed).  Returns (bytes, info dict)."""
+    t, doc = _require(pid, procfs)
+    if t.kind == "tcmalloc":
+        if not doc["running"]:
+            raise Unsupported("the gperftools heap profiler is not running: nothing to dump",
+                              pid=pid, remediation=f"allocdiag heap start {pid}  (then let the "
+                              f"program run; the profile sees only what is allocated after it)")
+        get, free = t.fn("GetHeapProfile"), t.fn("free")
+        rp = t.session()
+        with rp.borrow() as c:
+            p = c.call(get)
+            if not p:
+                raise RemoteCallError("GetHeapProfile returned NULL", pid=pid)
+            try:
+                data = read_cstring(c, p, PROFILE_MAX)
+            finally:
+                c.call(free, p)
+        if not data:
+            raise MalformedData("GetHeapProfile returned an empty profile (profiler stopped?)",
+                                pid=pid)
+        data = drop_remote_frames(data)
+        return data, {"call": "GetHeapProfile() + free()", "notes": [GROWTH_NOTE],
+                      "pause_us": list(rp.pause_us)}
+    mallctl = t.mallctl()
+    wd = work_dir(t)
+    try:
+        inside = os.path.join(wd.inside, JE_DUMP_NAME)
+        rp = t.session()
+        with rp.borrow() as c:
+            name, pathp, path = c.scratch(16), c.scratch(16), c.scratch(len(inside) + 1)
+            c.write(name, b"prof.dump\0")
+            c.write(path, inside.encode() + b"\0")
+            c.write(pathp, struct.pack("<Q", path))
+            rc = c.call(mallctl, name, 0, 0, pathp, 8) & 0xFFFFFFFF
+        if rc:
+            raise Unsupported(f"mallctl(\"prof.dump\") failed with error {rc}"
+                              + (" (EFAULT: the target could not write the file)" if rc == 14
+                                 else ""), pid=pid)
+        local = os.path.join(wd.local, JE_DUMP_NAME)
+        try:
+            with open(local, "rb") as f:
+                data = f.read(PROFILE_MAX + 1)
+        except OSError as exc:
+            raise MalformedData(f"prof.dump returned 0 but {local} cannot be read "
+                                f"({exc.strerror})", pid=pid) from None
+    finally:
+        wd.remove()
+    notes = [] if doc["running"] else ["prof.active is off: the profile holds only what was "
+                                       "sampled while it was on"]
+    return data, {"call": f"mallctl(\"prof.dump\", \"{inside}\")", "notes": [JE_ACTIVE_NOTE] + notes,
+                  "pause_us": list(rp.pause_us)}
+
+
+_BUCKET = re.compile(rb"^ *(\d+): *(\d+) *\[ *(\d+): *(\d+) *\] *@(.*)$")
+_HEADER = re.compile(rb"^(heap profile:) *(\d+): *(\d+) *\[ *(\d+): *(\d+) *\] *@ *(heapprofile.*)$")
+
+
+def drop_remote_frames(text):
+    """The legacy gperftools profile TEXT without the buckets allocated by
+    allocdiag's own calls, and the header totals without them.  Their stacks
+    hold the return address 0 the remote engine pushes (the trap that ends a
+    call): GetHeapProfile's own 1 MiB buffer (gperftools 2.10 mallocs it
+    before taking the profile, so the profiler records it) would otherwise
+    show as a site in every dump.  The line layout is heap-profile-table.cc
+    UnparseBucket's ("%6d: %8d [%6d: %8d] @")."""
+    lines = text.split(b"\n")
+    if not lines or not _HEADER.match(lines[0]):
+        return text
+    removed = [0, 0, 0, 0]
+    keep = [lines[0]]
+    for i, line in enumerate(lines[1:], 1):
+        if line.startswith(b"MAPPED_LIBRARIES:"):
+            keep.extend(lines[i:])
+            break
+        m = _BUCKET.match(line)
+        if m and 0 in (int(a, 16) for a in m.group(5).split()):
+            removed = [r + int(v) for r, v in zip(removed, m.groups()[:4])]
+            continue
+        keep.append(line)
+    if not any(removed):
+        return text
+    h = _HEADER.match(lines[0])
+    totals = [int(v) - r for v, r in zip(h.groups()[1:5], removed)]
+    keep[0] = b"heap profile: %6d: %8d [%6d: %8d] @ " % tuple(totals) + h.group(6)
+    return b"\n".join(keep)
+
+
+def read_cstring(c, addr, limit):
+    """The NUL-terminated string at ADDR in the target, up to LIMIT bytes.
+    Reads READ_CHUNK bytes at a time, each ending on a page boundary, so a
+    chunk can only fault in a page past the string's end: that chunk is then
+    read again page by page."""
+    out = []
+    total = 0
+    while total < limit:
+        n = min(READ_CHUNK - (addr % PAGE), limit - total)
+        try:
+            data = c.read(addr, n)
+        except memory.MemoryFault:
+            data = c.read(addr, min(PAGE - addr % PAGE, n))
+        i = data.find(b"\0")
+        if i >= 0:
+            out.append(data[:i])
+            return b"".join(out)
+        out.append(data)
+        total += len(data)
+        addr += len(data)
+    raise MalformedData(f"profile text longer than {limit} bytes: not copied")
