@@ -350,16 +350,17 @@ def _fs_ids(t):
 
 # -- start / dump / stop -------------------------------------------------------------
 
-def _unsupported(t, doc):
-    raise Unsupported(f"heap profiling is not possible: {doc['reason']}", pid=t.pid,
-                      remediation=doc["remedy"])
+def not_possible(doc):
+    """The Unsupported error (exit 5) for a status DOC that says no."""
+    return Unsupported(f"heap profiling is not possible: {doc['reason']}", pid=doc["pid"],
+                       remediation="how: " + doc["remedy"])
 
 
 def _require(pid, procfs):
     t = Target(pid, procfs)
     doc = _status(t)
     if not doc["possible"]:
-        _unsupported(t, doc)
+        raise not_possible(doc)
     return t, doc
 
 
@@ -425,8 +426,8 @@ def stop(pid, procfs=None, force=False):
         if not doc["running"]:
             wd.remove()
             return {"call": None, "was_running": False, "running": False,
-                    "removed": wd.inside if ours else None, "notes": ["the profiler was not running"],
-                    "pause_us": doc["pause_us"]}
+                    "removed": wd.inside if ours else None,
+                    "notes": ["the profiler was not running"], "pause_us": doc["pause_us"]}
         if not ours and not force:
             raise Unsupported("the heap profiler was not started by allocdiag (the program's own "
                               "HEAPPROFILE or HeapProfilerStart): left running", pid=pid,
@@ -439,7 +440,8 @@ def stop(pid, procfs=None, force=False):
         wd.remove()
         return {"call": "HeapProfilerStop()", "was_running": True, "running": running,
                 "removed": wd.inside if ours else None,
-                "notes": ["HeapProfilerStop drops the recorded data"], "pause_us": list(rp.pause_us)}
+                "notes": ["HeapProfilerStop drops the recorded data"],
+                "pause_us": list(rp.pause_us)}
     old, pause = _je_set_active(t, False)
     wd.remove()
     return {"call": "mallctl(\"prof.active\", false)", "was_running": old, "running": False,
@@ -500,12 +502,13 @@ def dump(pid, procfs=None):
         wd.remove()
     notes = [] if doc["running"] else ["prof.active is off: the profile holds only what was "
                                        "sampled while it was on"]
-    return data, {"call": f"mallctl(\"prof.dump\", \"{inside}\")", "notes": [JE_ACTIVE_NOTE] + notes,
-                  "pause_us": list(rp.pause_us)}
+    return data, {"call": f"mallctl(\"prof.dump\", \"{inside}\")",
+                  "notes": [JE_ACTIVE_NOTE] + notes, "pause_us": list(rp.pause_us)}
 
 
 _BUCKET = re.compile(rb"^ *(\d+): *(\d+) *\[ *(\d+): *(\d+) *\] *@(.*)$")
-_HEADER = re.compile(rb"^(heap profile:) *(\d+): *(\d+) *\[ *(\d+): *(\d+) *\] *@ *(heapprofile.*)$")
+_HEADER = re.compile(rb"^(heap profile:) *(\d+): *(\d+) *\[ *(\d+): *(\d+) *\] *@ *"
+                     rb"(heapprofile.*)$")
 
 
 def drop_remote_frames(text):

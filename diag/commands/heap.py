@@ -55,7 +55,7 @@ def add_parser(sub):
                   "allocdiag heap stop 1234",
                   "allocdiag heap show b.heap --top 30",
                   "allocdiag heap show b.heap --collapsed > b.folded   # flamegraph.pl",
-                  "allocdiag heap dump 1234 --latest -o last.heap  # the program's own HEAPPROFILE"])
+                  "allocdiag heap dump 1234 --latest -o last.heap   # its own HEAPPROFILE"])
     hs = p.add_subparsers(dest="heap_command", metavar="ACTION")
     p.set_defaults(heap_command=None)
 
@@ -188,8 +188,7 @@ def _start(args):
     procfs = _procfs(args)
     doc = heapcontrol.status(args.pid, procfs)
     if not doc["possible"]:
-        raise Unsupported(f"heap profiling is not possible: {doc['reason']}", pid=args.pid,
-                          remediation="how: " + doc["remedy"])
+        raise heapcontrol.not_possible(doc)
     what = ("start gperftools' heap profiler (every later allocation is recorded)"
             if doc["allocator"]["kind"] == "tcmalloc" else "turn jemalloc's prof.active on")
     if not doc["running"] and not confirm(f"{what} in pid {args.pid}?", args):
