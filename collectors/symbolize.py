@@ -307,12 +307,13 @@ class Symbolizer:
         return table
 
     def _map_file(self, m):
-        """/proc/PID/map_files/START-END when it still maps M's path."""
+        """/proc/PID/map_files/START-END when it still maps M's path (or the
+        file that was there: replaced or deleted since, "PATH (deleted)")."""
         if self.pid is None:
             return None
         p = os.path.join(self.procfs, str(self.pid), "map_files", f"{m.start:x}-{m.end:x}")
         try:
-            if os.readlink(p) != m.path:
+            if os.readlink(p) not in (m.path, m.path + DELETED_SUFFIX):
                 return None
         except OSError:
             return None
