@@ -10,6 +10,7 @@ node_exporter textfile (``write_to_textfile``, atomic rename), or printed
 once.  Metric names, labels and HELP strings: diag.metrics.
 """
 
+import errno
 import os
 import re
 import threading
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from collectors.errors import AccessDenied, AllocdiagError, Unsupported
+from diag.exitcodes import ExitCode
 from diag import hostlive, hostscan, metrics as M
 
 try:        # an optional extra: the command names the install line when it is missing
@@ -123,8 +125,8 @@ class AllocdiagCollector:
         return comm
 
     def select_targets(self, rows):
-        """The rows of the live targets, at most max_targets: explicit pids,
-        then --match, then --top by RSS."""
+        """([pid] of the live targets, {pid: row} of the scan): explicit
+        pids, then --match, then --top by RSS; at most max_targets."""
         me = os.getpid()
         by_pid = {r["pid"]: r for r in rows if r["pid"] != me}
         chosen = [p for p in self.o.targets]
@@ -159,8 +161,11 @@ class AllocdiagCollector:
             scan = hostscan.scan(self.o.proc)
         except AllocdiagError:
             scan, procfs_ok = hostscan.ScanResult(), False
-        self._proc_metrics(scan, fams)
-        live_ok = self.last_live_ok = self._live_metrics(scan.rows, fams)
+        groups = {r["pid"]: self.group_of(r) for r in scan.rows}
+        self._proc_metrics(scan, groups, fams)
+        live_ok, pending = self._live_metrics(scan.rows, groups, fams)
+        # one-shot modes: a target left unread (budget spent) is not "ok" either
+        self.last_live_ok = live_ok and not (self.sync and pending)
         fams[M.COLLECTOR_SUCCESS.name].add_metric(["procfs"], 1 if procfs_ok else 0)
         fams[M.COLLECTOR_SUCCESS.name].add_metric(["live"], 1 if live_ok else 0)
         with self._counter_lock:
@@ -171,11 +176,11 @@ class AllocdiagCollector:
         fams[M.SCRAPE_DURATION.name].add_metric([], time.perf_counter() - t0)
         return [f for f in fams.values() if f.samples]
 
-    def _proc_metrics(self, scan, fams):
+    def _proc_metrics(self, scan, groups, fams):
         sums = defaultdict(lambda: defaultdict(int))
         seen = defaultdict(set)         # which sums had at least one known value
         for r in scan.rows:
-            key = (self.group_of(r), r["allocator"]["kind"] or UNKNOWN,
+            key = (groups[r["pid"]], r["allocator"]["kind"] or UNKNOWN,
                    preload_label(r["preload"]["effective"]))
             sums[key]["processes"] += 1
             for name, _ in M.PROC_ROW_FIELDS:
@@ -190,55 +195,56 @@ class AllocdiagCollector:
                           ("failed", len(scan.failed))):
             fams[M.SCAN_SKIPPED.name].add_metric([reason], n)
 
-    def _live_metrics(self, rows, fams):
-        """Target info and the cached allocator numbers; False when a target
-        is in state "not read"."""
+    def _live_metrics(self, rows, groups, fams):
+        """Target info and the cached allocator numbers.  Returns (ok, pending):
+        ok is False when a target is in state "not read"."""
         pids, by_pid = self.select_targets(rows)
-        shown = []
-        for pid in pids:
-            row = by_pid.get(pid)
-            if row is not None:
-                self._group_of_pid[pid] = self.group_of(row)
-                shown.append(row)
-        self._group_of_pid = {p: g for p, g in self._group_of_pid.items() if p in by_pid}
-        self.live.annotate([dict(pid=r["pid"]) for r in shown])
+        self._group_of_pid = {p: groups[p] for p in pids if p in by_pid}
+        self.live.annotate([{"pid": p} for p in self._group_of_pid])
         if self.sync:
             while self.live.step():
                 pass
-        ok = True
+        ok, pending = True, False
         sums = defaultdict(lambda: defaultdict(int))
         cgroups = {}
         for pid in pids:
             row = by_pid.get(pid)
             if row is None:
                 ok = False
+                reason = _missing_reason(self.o.proc, pid)
                 fams[M.TARGET_INFO.name].add_metric(
-                    [UNKNOWN, str(pid), UNKNOWN, UNKNOWN, "not read", _missing_reason(self.o.proc, pid)], 1)
+                    [UNKNOWN, str(pid), UNKNOWN, UNKNOWN, "not read", reason], 1)
                 continue
             group, kind = self._group_of_pid[pid], row["allocator"]["kind"] or UNKNOWN
             e = self.live.entry(pid)
             state = "pending" if e is None else e.state
             reason = (e.code or "error") if e is not None and e.state != "ok" else ""
             ok = ok and state != "not read"
+            pending = pending or state == "pending"
             fams[M.TARGET_INFO.name].add_metric(
                 [group, str(pid), row.get("comm") or UNKNOWN, kind, state, reason], 1)
             if state == "ok" and e.snapshot is not None:
                 _add_snapshot(sums[(group, kind)], cgroups, (group, kind), e.snapshot)
-        for key, s in sorted(sums.items()):
-            for name, m in M.STATS_METRICS.items():
-                if name in s:
-                    fams[m.name].add_metric(list(key), s[name])
-            for cls in M.CLASSES:
-                if "class:" + cls in s:
-                    fams[M.MEMORY.name].add_metric(list(key) + [cls], s["class:" + cls])
-            if "rss" in s:
-                fams[M.TARGET_RSS.name].add_metric(list(key), s["rss"])
-        for key, by_path in sorted(cgroups.items()):
-            for name, m in M.CGROUP_METRICS.items():
-                vals = [c[name] for c in by_path.values() if c.get(name) is not None]
-                if vals:
-                    fams[m.name].add_metric(list(key), sum(vals))
-        return ok
+        _emit_live(sums, cgroups, fams)
+        return ok, pending
+
+
+def _emit_live(sums, cgroups, fams):
+    """The per-(group, allocator) sums of the live targets into FAMS."""
+    for key, s in sorted(sums.items()):
+        for name, m in M.STATS_METRICS.items():
+            if name in s:
+                fams[m.name].add_metric(list(key), s[name])
+        for cls in M.CLASSES:
+            if "class:" + cls in s:
+                fams[M.MEMORY.name].add_metric(list(key) + [cls], s["class:" + cls])
+        if "rss" in s:
+            fams[M.TARGET_RSS.name].add_metric(list(key), s["rss"])
+    for key, by_path in sorted(cgroups.items()):
+        for name, m in M.CGROUP_METRICS.items():
+            vals = [c[name] for c in by_path.values() if c.get(name) is not None]
+            if vals:
+                fams[m.name].add_metric(list(key), sum(vals))
 
 
 def _add_snapshot(s, cgroups, key, snap):
@@ -268,6 +274,12 @@ def _family(m):
     return cls(m.name, M.help_text(m), labels=list(m.labels))
 
 
+class TextfileError(AllocdiagError):
+    """The textfile directory cannot take the file (not a permission problem)."""
+
+    exit_code = ExitCode.USAGE
+
+
 def require_client():
     """Raise Unsupported (exit 5) naming the install line when
     prometheus_client is missing."""
@@ -283,9 +295,11 @@ def write_textfile(path, reg):
     does not end in .prom)."""
     try:
         prometheus_client.write_to_textfile(path, reg)
-    except PermissionError as exc:
-        raise AccessDenied(None, f"cannot write {path}: {exc.strerror}", remediation=None) \
-            from None
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise AccessDenied(None, f"cannot write {path}: {exc.strerror}",
+                               remediation=None) from None
+        raise TextfileError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def registry(collector):

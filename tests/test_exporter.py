@@ -4,6 +4,9 @@ real allocators; the Prometheus server test is tests/test_exporter_prometheus.py
 
 import contextlib
 import os
+import pwd
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -120,6 +123,24 @@ def test_python_arenas_are_carved_from_other_anon():
     assert sum(classes.values()) == snap.process.rss
 
 
+def test_match_selects_targets_and_group_by_user_labels(tmp_path):
+    # a comm of its own: other tests on the machine may run burst targets too
+    comm = f"xp{os.getpid()}"
+    exe = tmp_path / comm
+    shutil.copy(build_c("burst.c"), exe)
+    with start([str(exe), *BURST_ARGS], allocator="jemalloc") as t:
+        opts = exporter.Options(match=re.compile("^" + re.escape(comm) + "$"), group_by="user")
+        collector = exporter.AllocdiagCollector(opts, sync=True)
+        fams = _scrape(exporter.registry(collector))
+    (info,) = samples(fams, "allocdiag_target_info")
+    assert info.labels["pid"] == str(t.pid) and info.labels["state"] == "ok"
+    user = pwd.getpwuid(os.getuid()).pw_name
+    assert info.labels["group"] == user
+    assert samples(fams, "allocdiag_allocator_allocated_bytes", group=user)[0].value >= 32 << 20
+    groups = {s.labels["group"] for s in fams["allocdiag_processes"].samples}
+    assert user in groups and comm not in groups
+
+
 def _scrape(reg):
     return families(generate_latest(reg).decode())
 
@@ -233,6 +254,7 @@ def _vanished_pid():
     (["--interval", "5"], ExitCode.USAGE, "--interval goes with --textfile"),
     (["--textfile", "/nonexistent/dir"], ExitCode.USAGE, "no such directory"),
     (["--once", "--target", "VANISHED"], ExitCode.NO_PROCESS, "no such process"),
+    (["--textfile", "/sys"], ExitCode.DENIED, "cannot write /sys/allocdiag.prom"),
 ])
 def test_bad_arguments_give_clear_errors(argv, code, words):
     argv = [str(_vanished_pid()) if a == "VANISHED" else a for a in argv]

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -59,7 +60,23 @@ def prometheus(scrape_port):
         argv = [exe, f"--config.file={cfg}", f"--storage.tsdb.path={tmp}/data",
                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
         with process(argv, port):
-            yield f"http://127.0.0.1:{port}"
+            base = f"http://127.0.0.1:{port}"
+            wait_ready(base)
+            yield base
+
+
+def wait_ready(base, timeout=20):
+    """Prometheus answers queries (503 before) once /-/ready says 200."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/-/ready", timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503 or time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
 
 
 def query(base, promql):
