@@ -310,10 +310,11 @@ def _collect_findings(snaps):
     return out + trend
 
 
-def _finding_html(f, count, snap, total):
+def _finding_html(f, count, snap, total, current):
     rss = snap.process.rss
     seen = ("computed over the whole recording" if count is None else
-            f"in {count} of {total} samples; last at {_when(snap.taken_at)}")
+            f"in {count} of {total} samples; last at {_when(snap.taken_at)}" +
+            ("" if current else " (gone by the last sample)"))
     parts = [f'<h3 class="sev-{esc(f.severity)}">{esc(f.severity)}: {esc(f.title)}</h3>',
              f'<p class="muted">{esc(f.id)} · confidence {esc(f.confidence)} · {esc(seen)}'
              + (f" · at stake {esc(_bytes_cell(f.expected_effect_bytes))}"
@@ -335,7 +336,7 @@ def _findings_section(snaps):
         return "<h2>Findings</h2>\n<p>None: no rule fired in any sample.</p>"
     return ("<h2>Findings</h2>\n<p class=\"muted\">Evidence in bytes also as a share of the "
             "RSS of the sample the finding was last seen in.</p>\n" +
-            "\n".join(_finding_html(f, c, s, len(snaps)) for f, c, s in found))
+            "\n".join(_finding_html(f, c, s, len(snaps), s is snaps[-1]) for f, c, s in found))
 
 
 def _release_html(e, t0):
