@@ -234,7 +234,12 @@ def _find_debug(display, build_id, link, debug_root, root):
     """(funcs, "debug:PATH") from the separate debug file, or None."""
     cands = []
     if build_id:
-        cands.append(os.path.join(debug_root, ".build-id", build_id[:2], build_id[2:] + ".debug"))
+        by_id = os.path.join(debug_root, ".build-id", build_id[:2], build_id[2:] + ".debug")
+        # the container's own debug files first, then the host's: the
+        # build-id makes either one right for this exact build
+        if root:
+            cands.append(_rooted(by_id, root))
+        cands.append(by_id)
     if link:
         d = os.path.dirname(display)
         for c in (os.path.join(d, link), os.path.join(d, ".debug", link),

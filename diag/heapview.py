@@ -13,6 +13,32 @@ are dropped from its top; its ``function`` is the first frame outside the
 allocator.  ``render_top`` is pprof's ``-top``: per function, ``flat`` (the
 function is the site) and ``cum`` (it is anywhere on the stack, counted once
 per stack).
+
+JSON (``ProfileView.to_json``, what ``heap show --json`` prints)::
+
+    {"path": str, "format": "heapprofile"|"heap_v2"|"heapz_v2"|"heap"|"jemalloc_heap_v2",
+     "period": int (as in the header; 0 when absent), "rate": int (1 = not scaled),
+     "has_alloc": bool (false: jemalloc without prof_accum, alloc_* are 0),
+     "totals": {inuse_bytes, inuse_objects, alloc_bytes, alloc_objects},   scaled sums
+     "header_totals": {same keys},      the header as written (unscaled)
+     "warnings": [str],                 %warn lines, then symbolizer warnings
+     "sites": [{"function": str, "object": path|null, "inuse_bytes": int,
+                "inuse_objects": int, "alloc_bytes": int, "alloc_objects": int,
+                "stack": [str, ...] (top first, allocator frames dropped)}, ...]}
+
+``diff_json`` (``heap diff --json``)::
+
+    {"a": {path, format, totals}, "b": {...}, "delta": {the four keys: b - a},
+     "sites": [{"function", "object", "stack", "a": {4 keys}, "b": {4 keys},
+                "delta": {4 keys}}, ...]   biggest in-use growth first, shrinking last,
+     "layers": [{"layer": allocated|active|resident|retained|rss|rss_anon|lazyfree,
+                 "a": int|null, "b": int|null, "delta": int|null}]   ([] without sidecars),
+     "verdict": "growth is live objects"|"allocator retention"|
+                "kernel not reclaiming (LazyFree)"|"no growth",
+     "verdict_parts": {verdict name: bytes}, "warnings": [str]}
+
+Frame strings: a function name (C++ demangled), ``object+0xVADDR`` when the
+object has no symbol there, ``0xADDR`` when no mapping holds the address.
 """
 from __future__ import annotations
 
