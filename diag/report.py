@@ -275,6 +275,11 @@ def _stack_section(snaps, events):
     svg = charts.time_panels(t, panels, marks, title="memory over time")
     note = ("Dotted vertical lines: a release.  Unknown values are left out, never drawn as "
             "zero; the working set is the whole cgroup's, not only this process's.")
+    if not any(field_value(s, f) is not None for s in snaps for f in ALLOCATOR_FIELDS):
+        remote = snaps[-1].collectors.get("remote")
+        why = remote.error if remote is not None and remote.error else \
+            "not read (recorded with --no-attach?)"
+        note = f"The allocator's layers are unknown: {why}.  " + note
     return ("<h2>The stack over time</h2>\n" + _chart(svg) +
             f'<p class="muted">{esc(note)}</p>')
 

@@ -40,6 +40,7 @@ WIDTH_IN = 11.0          # chart width in inches (at 100 dpi: the page's 1100 px
 PANEL_HEIGHT_IN = 3.0
 BAR_ROW_IN = 0.32        # height per bar group in horizontal bar charts
 FONT_SIZE = 9
+SINGLE_SAMPLE_PAD_S = 0.05
 BAR_LABEL_ROOM = 0.22    # share of the bar axis kept free for the value labels
 PAIR_COLORS = ("#d62728", "#1f77b4")     # peak/settled
 _counter = itertools.count(1)
@@ -149,6 +150,9 @@ def time_panels(t, panels, marks=(), title="over time"):
         _series_axes(ax, t, series, unit, marks)
         ax.set_title(heading, loc="left", fontsize=FONT_SIZE + 1)
     axes[-1].set_xlabel("seconds since the first sample")
+    if t and max(t) == min(t):
+        # one sample: a one-second axis that starts at it, not ±0.05 s around it
+        axes[-1].set_xlim(min(t) - SINGLE_SAMPLE_PAD_S, min(t) + 1)
     return to_svg(fig, ctx, title)
 
 
