@@ -282,3 +282,12 @@ def test_missing_prometheus_client_names_the_extra():
     assert r.returncode == ExitCode.UNSUPPORTED
     assert "pip install 'allocdiag[exporter]'" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_help_teaches_with_examples_and_exit_codes():
+    r = allocdiag("exporter", "--help")
+    assert r.returncode == 0
+    for words in ("examples:", "allocdiag exporter --once --target", "default 127.0.0.1:9731",
+                  "--max-pause-ms-per-minute", "in this command:",
+                  "pip install 'allocdiag[exporter]'", "allocdiag_memory_bytes"):
+        assert words in r.stdout, words

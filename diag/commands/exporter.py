@@ -45,10 +45,14 @@ modes the live targets are read synchronously.  Needs the Python package
 prometheus_client: pip install 'allocdiag[exporter]'.
 See docs/exporter.md and examples/deploy/."""
 
-EXIT_NOTES = ("exporter: 2 also for a --listen address that cannot be bound or a --textfile "
-              "directory that is missing; 5 when prometheus_client is not installed; 6 when "
-              "a one-shot run (--once, --textfile without --interval) could not read a live "
-              "target (the metrics are still written)")
+EXIT_NOTES = """
+in this command:
+  2  also a --listen address that cannot be bound, a --textfile directory that is missing
+  4  the --textfile cannot be written
+  5  prometheus_client is not installed (pip install 'allocdiag[exporter]')
+  6  a one-shot run (--once, or --textfile without --interval) left a live target
+     unread; the metrics are still printed or written
+"""
 
 
 def listen_arg(text):
@@ -108,7 +112,7 @@ def add_parser(sub):
                   "allocdiag exporter --once --target 1234  # print once, read 1234 now",
                   "allocdiag exporter --textfile /var/lib/prometheus/node-exporter --top 3",
                   "allocdiag exporter --textfile DIR --interval 60 --group-by exe"])
-    p.epilog = p.epilog.rstrip("\n") + "\n  " + EXIT_NOTES + "\n"
+    p.epilog += EXIT_NOTES
     mode = p.add_argument_group("mode (HTTP by default)")
     mode.add_argument("--listen", type=listen_arg, default=listen_arg(DEFAULT_LISTEN),
                       metavar="HOST:PORT",
