@@ -141,6 +141,28 @@ def test_match_selects_targets_and_group_by_user_labels(tmp_path):
     assert user in groups and comm not in groups
 
 
+def test_a_scrape_never_reads_a_target_itself():
+    # HTTP and --interval modes: only HostLive's thread stops targets; a
+    # scrape reads the cache (here the thread is not started: still pending)
+    with burst() as t:
+        live = HostLive(min_gap_s=0.05)
+        collector = exporter.AllocdiagCollector(exporter.Options(targets=(t.pid,)), live=live)
+        reg = exporter.registry(collector)
+        for _ in range(3):
+            fams = _scrape(reg)
+        assert live.reads == 0
+        assert samples(fams, "allocdiag_target_info")[0].labels["state"] == "pending"
+        assert not samples(fams, "allocdiag_allocator_resident_bytes")
+        # once the thread has read it, the next scrape shows the numbers
+        with live:
+            deadline = time.monotonic() + 15
+            while live.reads == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            fams = _scrape(reg)
+    assert samples(fams, "allocdiag_target_info")[0].labels["state"] == "ok"
+    assert samples(fams, "allocdiag_allocator_resident_bytes")[0].value > 32 << 20
+
+
 def _scrape(reg):
     return families(generate_latest(reg).decode())
 
