@@ -66,13 +66,15 @@ def _code(exc):
     return "error"
 
 
-def _remote_code(col, remote):
-    """The REASONS word for a remote collector that did not read."""
+def _remote_code(pid, col, remote):
+    """The REASONS word for a remote collector that did not read (the
+    snapshot keeps only its message, so the quarantine is asked directly)."""
+    from collectors.remote import is_quarantined
     if col.first_denied is not None:
         return "denied"
     if (remote.error or "").startswith("skipped"):
         return "unsupported"
-    if "quarantin" in (remote.error or ""):
+    if is_quarantined(pid):
         return "quarantined"
     return "remote_failed"
 
@@ -110,7 +112,7 @@ def read_one(pid, take=None, deadline_s=0.3):
                      code="no_stats_interface")
     if not remote.ok or (remote.error or "").startswith("skipped"):
         return Entry("not read", now, reason=remote.error or "remote read failed",
-                     finding=top.title if top else None, code=_remote_code(col, remote))
+                     finding=top.title if top else None, code=_remote_code(pid, col, remote))
     return Entry("ok", now, resident=resident, finding=top.title if top else None,
                  pause_us=remote.pause_us, snapshot=snap)
 

@@ -163,6 +163,17 @@ def test_a_scrape_never_reads_a_target_itself():
     assert samples(fams, "allocdiag_allocator_resident_bytes")[0].value > 32 << 20
 
 
+def test_a_target_that_exits_is_reported_vanished():
+    # the pid was checked at start-up (exit 3 then); later it may exit
+    pid = _vanished_pid()
+    collector = exporter.AllocdiagCollector(exporter.Options(targets=(pid,)), sync=True)
+    fams = _scrape(exporter.registry(collector))
+    (info,) = samples(fams, "allocdiag_target_info", pid=str(pid))
+    assert (info.labels["state"], info.labels["reason"]) == ("not read", "vanished")
+    assert samples(fams, "allocdiag_collector_success", collector="live")[0].value == 0
+    assert collector.last_live_ok is False
+
+
 def _scrape(reg):
     return families(generate_latest(reg).decode())
 
