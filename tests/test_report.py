@@ -267,13 +267,27 @@ def page_requests(netlog):
             if e["type"] == start_job and "file://" in str(e["params"].get("site_for_cookies"))]
 
 
-def non_white_share(png, box):
-    """Share of pixels in BOX (left, top, right, bottom) of PNG that are not white."""
+def _colours(png, box=None):
+    """[(count, (r, g, b))] of PNG (or of BOX in it), counted by Pillow in C."""
     from PIL import Image       # matplotlib's own dependency: there whenever it is
     with Image.open(png) as im:
-        raw = im.convert("RGB").crop(box).tobytes()
-    pixels = [raw[i:i + 3] for i in range(0, len(raw), 3)]
-    return sum(1 for p in pixels if min(p) < 240) / len(pixels)
+        im = im.convert("RGB")
+        if box:
+            im = im.crop(box)
+        return im.getcolors(maxcolors=im.width * im.height)
+
+
+def non_white_share(png, box):
+    """Share of pixels in BOX (left, top, right, bottom) of PNG that are not white."""
+    colours = _colours(png, box)
+    return sum(n for n, c in colours if min(c) < 240) / sum(n for n, _c in colours)
+
+
+def pixels_of_colour(png, hex_colour, tolerance=24):
+    """How many pixels of PNG are within TOLERANCE of HEX_COLOUR ("#rrggbb")."""
+    want = bytes.fromhex(hex_colour[1:])
+    return sum(n for n, c in _colours(png) if all(abs(a - b) <= tolerance
+                                                   for a, b in zip(c, want)))
 
 
 def test_net_log_check_sees_a_page_request(tmp_path):
@@ -308,6 +322,11 @@ def test_chromium_renders_the_charts_offline(page, tmp_path):
     assert non_white_share(shot, chart) > 0.02
     # and the whole page is not one colour
     assert 0.02 < non_white_share(shot, (0, 0, WINDOW[0], WINDOW[1])) < 0.9
+    # the plotted series are there in their own colours (no text has them):
+    # anon and resident lines, peak/settled bars
+    from diag.report_charts import COLORS, PAIR_COLORS
+    for colour in (COLORS["rss_anon"], COLORS["resident"], COLORS["working_set"], *PAIR_COLORS):
+        assert pixels_of_colour(shot, colour) > 300, colour
 
 
 # -- compare ------------------------------------------------------------------------------------

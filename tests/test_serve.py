@@ -212,9 +212,9 @@ def bright_share(png, box):
     """Share of pixels in BOX of PNG brighter than the page's dark background."""
     from PIL import Image       # matplotlib's dependency; the test extra has it
     with Image.open(png) as im:
-        raw = im.convert("RGB").crop(box).tobytes()
-    pixels = [raw[i:i + 3] for i in range(0, len(raw), 3)]
-    return sum(1 for p in pixels if max(p) > 100) / len(pixels)
+        region = im.convert("RGB").crop(box)
+        colours = region.getcolors(maxcolors=region.width * region.height)
+    return sum(n for n, c in colours if max(c) > 100) / sum(n for n, _c in colours)
 
 
 def test_chromium_shows_the_tui(server, tmp_path):
