@@ -16,7 +16,7 @@ def add_parser(sub):
         description="Write one snapshot per line -- the same document as `inspect --json` -- every "
                     "INTERVAL seconds until DURATION passes, the process exits, or Ctrl-C.  A "
                     "recording is how an incident is shared: `allocdiag replay FILE` opens it in "
-                    "the process view.",
+                    "the process view; `allocdiag report FILE -o OUT.html` makes one HTML page of it.",
         examples=["allocdiag record 1234 -o incident.jsonl.gz --duration 600",
                   "allocdiag record 1234 -o rel.jsonl --duration 20 --release-at 10 --yes",
                   "allocdiag report incident.jsonl.gz -o incident.html"])
