@@ -10,8 +10,8 @@ import sys
 import time
 
 from collectors.errors import Unsupported
-from diag.commands.common import (UsageError, add_command, confirm, dump_json, pid_arg,
-                                  print_error)
+from diag.commands.common import (EXIT_CODES_HELP, UsageError, add_command, confirm,
+                                  dump_json, pid_arg, print_error)
 from diag.exitcodes import ExitCode
 
 NAME = "heap"
@@ -22,12 +22,15 @@ DEFAULT_OUT = "heap-{pid}-{stamp}.heap"
 
 # Measured by bench/heapprof_cost.py (figures and machine in bench/README.md).
 COST = ("cost: gperftools' heap profiler records EVERY allocation after `heap start` (no "
-        "sampling): a malloc/free churn ran at about 0.38x its speed with it on (bench/"
-        "heapprof_cost.py); `heap stop` removes the hooks and the data.  jemalloc samples "
-        "(default one per 512 KiB allocated, lg_prof_sample 19): the same churn ran at about "
-        "0.97x with prof.active on.  Each start/dump/stop stops one idle thread of the target "
-        "for about a millisecond; GetHeapProfile holds the profiler's lock while it writes, "
-        "so allocating threads wait that long.")
+        "sampling; a stack capture and a table insert per malloc): it added about 5 us to each "
+        "malloc+free, so a tight churn loop ran at 0.0035x its speed (bench/heapprof_cost.py); "
+        "a program doing real work between allocations slows by that 5 us times its allocation "
+        "rate.  `heap stop` removes the hooks and the data.  jemalloc samples (on average one "
+        "allocation per 512 KiB, lg_prof_sample 19): prof.active on added about 0.03 us per op "
+        "(the same loop at 0.5x); armed but inactive (prof:true,prof_active:false) cost nothing "
+        "measurable.  Each start/dump/stop stops one idle thread for about a millisecond; "
+        "GetHeapProfile holds the profiler's lock while it writes, so allocating threads wait "
+        "that long.")
 GROWTH = ("A gperftools profile started here sees only what is allocated after the start: "
           "the growth since attach.  Allocations made before are never seen.")
 FILES = ("Files the target must write go to /tmp/allocdiag-heap-PID-START inside the target's "
@@ -59,16 +62,17 @@ def add_parser(sub):
     hs = p.add_subparsers(dest="heap_command", metavar="ACTION")
     p.set_defaults(heap_command=None)
 
-    def action(name, help_text):
-        return hs.add_parser(name, help=help_text, description=help_text,
+    def action(name, help_text, more=""):
+        return hs.add_parser(name, help=help_text, description=help_text + more,
+                             epilog=EXIT_CODES_HELP,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
 
     s = action("status", "what heap profiling the process can do, and why (exit 5: none)")
     s.add_argument("pid", type=pid_arg)
     s.add_argument("--json", action="store_true", help="print one JSON document")
 
-    s = action("start", "start (gperftools) or activate (jemalloc prof.active) the profiler. "
-                        + GROWTH + " " + COST)
+    s = action("start", "start (gperftools) or activate (jemalloc prof.active) the profiler",
+               ".\n\n" + GROWTH + "\n\n" + COST + "\n\n" + FILES)
     s.add_argument("pid", type=pid_arg)
     s.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     s.add_argument("--json", action="store_true", help="print one JSON document")
