@@ -321,7 +321,7 @@ class WorkDir:
             return self
         try:
             os.mkdir(self.local, 0o700)
-            os.chown(self.local, self.uid, self.gid)
+            os.chown(self.local, self.uid, self.gid, follow_symlinks=False)
         except FileExistsError:
             self.exists()
         except OSError as exc:
@@ -330,9 +330,40 @@ class WorkDir:
         return self
 
     def remove(self):
-        """Remove the directory and what the target wrote in it."""
-        if self.exists():
-            shutil.rmtree(self.local)
+        """Remove the directory and what the target wrote in it.  rmtree
+        works on file descriptors and refuses a symlink at the top, so a
+        target that swaps entries cannot redirect it."""
+        try:
+            if self.exists():
+                shutil.rmtree(self.local)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise AccessDenied(None, msg=f"cannot remove {self.local} ({exc})",
+                               remediation=None) from None
+
+
+def read_target_file(local, uid, limit=PROFILE_MAX):
+    """The bytes of LOCAL, a file the target (file-system uid UID) wrote.
+    allocdiag runs as root and the target may be anyone: the file must be
+    a regular file of that uid with one link, opened without following a
+    symlink, so a target cannot make allocdiag copy out a file it could not
+    read itself."""
+    try:
+        fd = os.open(local, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise AccessDenied(None, msg=f"{local}: {exc.strerror} (not opened: symlinks are not "
+                                     f"followed)", remediation=None) from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != uid:
+            raise AccessDenied(None, msg=f"{local}: not a plain file written by the target "
+                                         f"(uid {st.st_uid}, links {st.st_nlink}); not copied",
+                               remediation=None)
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise MalformedData(f"{local}: larger than {limit} bytes; not copied")
+    return data
 
 
 def work_dir(t, create=True):
@@ -491,13 +522,7 @@ def dump(pid, procfs=None):
             raise Unsupported(f"mallctl(\"prof.dump\") failed with error {rc}"
                               + (" (EFAULT: the target could not write the file)" if rc == 14
                                  else ""), pid=pid)
-        local = os.path.join(wd.local, JE_DUMP_NAME)
-        try:
-            with open(local, "rb") as f:
-                data = f.read(PROFILE_MAX + 1)
-        except OSError as exc:
-            raise MalformedData(f"prof.dump returned 0 but {local} cannot be read "
-                                f"({exc.strerror})", pid=pid) from None
+        data = read_target_file(os.path.join(wd.local, JE_DUMP_NAME), wd.uid)
     finally:
         wd.remove()
     notes = [] if doc["running"] else ["prof.active is off: the profile holds only what was "
@@ -539,6 +564,19 @@ def drop_remote_frames(text):
     totals = [int(v) - r for v, r in zip(h.groups()[1:5], removed)]
     keep[0] = b"heap profile: %6d: %8d [%6d: %8d] @ " % tuple(totals) + h.group(6)
     return b"\n".join(keep)
+
+
+def latest(pid, procfs=None):
+    """(bytes, file dict, status doc) of the newest profile the program
+    wrote itself (existing_files); Unsupported when there is none."""
+    t = Target(pid, procfs)
+    doc = _status(t)
+    if not doc["files"]:
+        raise Unsupported("the program has written no heap profile (no HEAPPROFILE, "
+                          "prof_prefix or interval files found)", pid=pid,
+                          remediation=f"allocdiag heap status {pid}")
+    newest = doc["files"][-1]
+    return read_target_file(newest["local"], _fs_ids(t)[0]), newest, doc
 
 
 def read_cstring(c, addr, limit):

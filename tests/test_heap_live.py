@@ -62,9 +62,14 @@ def grow_target(allocator, env=None, source="heap_grow.c", **popen):
     return start([build_c(source)], allocator=allocator, env=env, **popen)
 
 
+def tmp_entries():
+    return set(os.listdir("/tmp"))
+
+
 def test_gperftools_start_dump_diff_stop(capsys, tmp_path):
     # 10 MB between interval dumps, so the running profile also writes files
     # into allocdiag's directory -- as the target's (nobody's) own files.
+    before = tmp_entries()
     with grow_target("tcmalloc", env={"HEAP_PROFILE_ALLOCATION_INTERVAL": "10000000"},
                      **AS_NOBODY) as t:
         pid = str(t.pid)
@@ -113,6 +118,10 @@ def test_gperftools_start_dump_diff_stop(capsys, tmp_path):
         assert leftovers(t.pid) == []
         assert jdoc(capsys, "heap", "status", pid)["running"] is False
         command(t, "grow 1 1000")                     # the target is unharmed
+        # nothing else was created in the target's /tmp (other tests may add
+        # their own entries meanwhile: only ours would name the pid or heap)
+        new = tmp_entries() - before
+        assert not [n for n in new if str(t.pid) in n or "heap" in n], new
 
 
 def test_gperftools_cxx_frames_demangled(capsys, tmp_path):
@@ -213,3 +222,36 @@ def _program_own_heapprofile(capsys, tmp_path, own):
         code, out, err = allocdiag(capsys, "heap", "stop", pid)
         assert code == ExitCode.UNSUPPORTED and "not started by allocdiag" in err
         assert jdoc(capsys, "heap", "status", pid)["running"] is True
+
+        # A target that plants a symlink to a file it cannot read does not
+        # get allocdiag (root) to copy that file out.
+        secret = tmp_path / "root-only"
+        secret.write_text("heap profile: root's secret\n")
+        os.chmod(secret, 0o600)
+        os.symlink(secret, own + ".9999.heap")
+        code, out, err = allocdiag(capsys, "heap", "dump", pid, "--latest", "-o",
+                                   str(tmp_path / "stolen.heap"))
+        assert code == ExitCode.DENIED and "symlinks are not followed" in err
+        assert not os.path.exists(tmp_path / "stolen.heap")
+
+
+def test_jemalloc_prof_prefix_files_listed(capsys, tmp_path):
+    """jemalloc started with prof:true and an interval writes
+    PREFIX.PID.SEQ.iN.heap itself; status finds them through opt.prof_prefix."""
+    mine = tempfile.mkdtemp(prefix="allocdiag-test-jeprof-")
+    os.chown(mine, NOBODY, NOBODY)
+    prefix = os.path.join(mine, "je")
+    conf = f"prof:true,lg_prof_sample:15,lg_prof_interval:22,prof_prefix:{prefix}"
+    try:
+        with grow_target("jemalloc", env={"MALLOC_CONF": conf}, **AS_NOBODY) as t:
+            pid = str(t.pid)
+            command(t, "grow 160 65536")                 # 10 MiB: interval dumps every 4 MiB
+            st = jdoc(capsys, "heap", "status", pid)
+            assert st["running"] is True and st["values"]["opt.prof_prefix"] == prefix
+            files = [f for f in st["files"] if f["source"] == "opt.prof_prefix"]
+            assert files and all(f["path"].startswith(f"{prefix}.{pid}.") for f in files)
+            doc = jdoc(capsys, "heap", "dump", pid, "--latest", "-o", str(tmp_path / "i.heap"))
+            assert doc["sites"][0]["function"] == GROW_SITE
+            assert doc["snapshot"] is None
+    finally:
+        shutil.rmtree(mine)

@@ -5,7 +5,6 @@ of two dumps (diff) from diag.heapview."""
 
 import argparse
 import os
-import shutil
 import sys
 import time
 
@@ -234,13 +233,8 @@ def _dump(args):
     procfs = _procfs(args)
     out = args.output or DEFAULT_OUT.format(pid=args.pid, stamp=time.strftime("%Y%m%d-%H%M%S"))
     if args.latest:
-        doc = heapcontrol.status(args.pid, procfs)
-        if not doc["files"]:
-            raise Unsupported("the program has written no heap profile (no HEAPPROFILE / "
-                              "prof_prefix files found)", pid=args.pid,
-                              remediation=f"allocdiag heap status {args.pid}")
-        newest = doc["files"][-1]
-        shutil.copyfile(newest["local"], out)
+        data, newest, doc = heapcontrol.latest(args.pid, procfs)
+        _write(out, data)
         info = {"call": None, "source": newest["path"], "notes": [
             f"copied {newest['path']} ({newest['source']}); no snapshot sidecar: the file was "
             f"written at {time.strftime('%H:%M:%S', time.localtime(newest['mtime']))}, not now"],
