@@ -14,8 +14,12 @@ gperftools (full ``libtcmalloc.so.4``; src/gperftools/heap-profiler.h):
 jemalloc (built with ``config.prof``; src/ctl.c): ``opt.prof`` is fixed at
   start; with it, ``prof.active`` (bool) switches sampling on and off and
   ``prof.dump`` (a ``const char *`` path) writes the sampled profile.
-  Without ``prof:true`` these names do not exist (ENOENT) and the only way
-  is a restart with the recipe ``restart_recipe`` prints.
+  Without ``prof:true`` the only way is a restart with the recipe
+  ``restart_recipe`` prints.  Measured on Debian's 5.3.0: without
+  ``opt.prof``, reading and writing ``prof.active`` return 0 and do nothing,
+  ``prof.dump`` returns ENOENT (2); with it, ``prof.dump`` to a path the
+  target cannot create returns EFAULT (14).  So ``opt.prof`` decides, never
+  the return value of ``prof.active``.
 
 Files the target must write (the ``HeapProfilerStart`` prefix, interval
 dumps, ``prof.dump``) go to one directory per process that allocdiag
@@ -52,6 +56,11 @@ from collectors.remote import RemoteProcess
 CALL_TIMEOUT_S = 10.0
 DEADLINE_S = 2.0                  # to find a safe thread
 PROFILE_MAX = 256 << 20           # refuse to copy a bigger profile text
+# gperftools 2.10 GetHeapProfile writes into malloc(kProfileBufferSize = 1 MiB)
+# and leaves out the smallest buckets when they do not fit (the maps are kept);
+# later versions strdup a text of any size.
+GPERF_2_10_BUFFER = 1 << 20
+BUCKET_LINE_MAX = 4096            # a bucket line with a full stack fits in this
 PAGE = 4096
 READ_CHUNK = 64 * 1024            # process_vm_readv per call, page-aligned ends
 PATH_MAX = 4096                   # linux/limits.h
@@ -504,8 +513,12 @@ def dump(pid, procfs=None):
         if not data:
             raise MalformedData("GetHeapProfile returned an empty profile (profiler stopped?)",
                                 pid=pid)
+        notes = [GROWTH_NOTE]
+        if len(data) > GPERF_2_10_BUFFER - BUCKET_LINE_MAX:
+            notes.append("the profile filled GetHeapProfile's 1 MiB buffer (gperftools 2.10): "
+                         "the smallest sites may be left out; the biggest are all there")
         data = drop_remote_frames(data)
-        return data, {"call": "GetHeapProfile() + free()", "notes": [GROWTH_NOTE],
+        return data, {"call": "GetHeapProfile() + free()", "notes": notes,
                       "pause_us": list(rp.pause_us)}
     mallctl = t.mallctl()
     wd = work_dir(t)
