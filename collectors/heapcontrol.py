@@ -63,8 +63,6 @@ GPERF_2_10_BUFFER = 1 << 20
 BUCKET_LINE_MAX = 4096            # a bucket line with a full stack fits in this
 PAGE = 4096
 READ_CHUNK = 64 * 1024            # process_vm_readv per call, page-aligned ends
-PATH_MAX = 4096                   # linux/limits.h
-ENOENT = 2
 
 GPERF_CALLS = ("HeapProfilerStart", "IsHeapProfilerRunning", "GetHeapProfile",
                "HeapProfilerStop")

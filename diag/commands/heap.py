@@ -8,7 +8,6 @@ import os
 import sys
 import time
 
-from collectors.errors import Unsupported
 from diag.commands.common import (EXIT_CODES_HELP, UsageError, add_command, confirm,
                                   dump_json, pid_arg, print_error)
 from diag.exitcodes import ExitCode
