@@ -112,6 +112,9 @@ def test_gperftools_start_dump_diff_stop(capsys, tmp_path):
         assert [(e["function"], e["delta"]["inuse_bytes"]) for e in d["sites"]] == \
             [(GROW_SITE, 100 * 50000)]
         assert {row["layer"] for row in d["layers"]} >= {"allocated", "rss", "lazyfree"}
+        code, out, err = allocdiag(capsys, "heap", "diff", a, b)
+        assert code == ExitCode.OK and "+100" in out and "verdict: growth is live objects" in out
+        _views_of_a_dump(capsys, a, tmp_path)
 
         code, out, err = allocdiag(capsys, "heap", "stop", pid)
         assert code == ExitCode.OK, err
@@ -122,6 +125,20 @@ def test_gperftools_start_dump_diff_stop(capsys, tmp_path):
         # their own entries meanwhile: only ours would name the pid or heap)
         new = tmp_entries() - before
         assert not [n for n in new if str(t.pid) in n or "heap" in n], new
+
+
+def _views_of_a_dump(capsys, path, tmp_path):
+    """show's text views and the legacy copy of a real dump."""
+    code, out, err = allocdiag(capsys, "heap", "show", path, "--tree")
+    assert code == ExitCode.OK and f"{GROW_SITE} (self 19.1 MiB)" in out
+    code, out, err = allocdiag(capsys, "heap", "show", path, "--collapsed")
+    assert out.splitlines() == [f"_start;__libc_start_main;__libc_start_call_main;main;"
+                                f"{GROW_SITE} 20000000"]
+    legacy = str(tmp_path / "legacy.heap")
+    code, out, err = allocdiag(capsys, "heap", "show", path, "--legacy", legacy, "--top", "1")
+    assert code == ExitCode.OK and f"wrote {legacy}" in out and GROW_SITE in out
+    assert jdoc(capsys, "heap", "show", legacy)["sites"] == \
+        jdoc(capsys, "heap", "show", path)["sites"]
 
 
 def test_gperftools_cxx_frames_demangled(capsys, tmp_path):
