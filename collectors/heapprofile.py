@@ -340,7 +340,7 @@ def _parse_jemalloc(body, i, warnings):
             elif totals is None:
                 raise MalformedData(f"jemalloc heap profile line {j + 1}: thread row before t*")
             else:
-                thread_totals[int(tid)] = (vals, name)
+                thread_totals[_int64(tid, j + 1)] = (vals, name)
             continue
         if name is not None:
             raise MalformedData(f"jemalloc heap profile line {j + 1}: junk after a stack row")
@@ -353,7 +353,7 @@ def _parse_jemalloc(body, i, warnings):
         elif not have_total:
             raise MalformedData(f"jemalloc heap profile line {j + 1}: thread row before t*")
         else:
-            cur.threads[int(tid)] = vals
+            cur.threads[_int64(tid, j + 1)] = vals
     if totals is None:
         raise MalformedData("jemalloc heap profile: no t* totals line")
     if cur is not None and not have_total:

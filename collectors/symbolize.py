@@ -39,6 +39,7 @@ from __future__ import annotations
 import bisect
 import os
 import re
+import stat
 import struct
 import threading
 from dataclasses import dataclass
@@ -196,9 +197,19 @@ def clear_cache():
         _CACHE.clear()
 
 
+def _open_regular(path):
+    """PATH opened for reading when it is a regular file.  A profile names
+    the paths we open: a FIFO or a device there must not block or stream."""
+    f = open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK))
+    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        f.close()
+        raise IsADirectoryError(f"{path}: not a regular file")
+    return f
+
+
 def _build_id_of(path):
     try:
-        with open(path, "rb") as f:
+        with _open_regular(path) as f:
             return _elf_facts(f)[0]
     except _ELF_ERRORS:
         return None
@@ -208,7 +219,7 @@ def load_table(path, display, debug_root=DEBUG_ROOT, root=None):
     """The SymbolTable of the ELF file at PATH (shown as DISPLAY), or None
     when it is not a readable ELF file.  Cached per (DISPLAY, build-id)."""
     try:
-        with open(path, "rb") as f:
+        with _open_regular(path) as f:
             build_id, loads, elf = _elf_facts(f)
             key = (display, build_id, debug_root)
             with _CACHE_LOCK:
@@ -247,7 +258,7 @@ def _find_debug(display, build_id, link, debug_root, root):
             cands.append(_rooted(c, root) if not c.startswith(debug_root) else c)
     for cand in cands:
         try:
-            with open(cand, "rb") as f:
+            with _open_regular(cand) as f:
                 dbg_id, _loads, elf = _elf_facts(f)
                 # a debug file for another build would name the wrong functions
                 if build_id and dbg_id and dbg_id != build_id:

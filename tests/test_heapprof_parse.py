@@ -5,6 +5,7 @@ named threads with prof_accum).  The scaling is checked against google/pprof
 itself (`go tool pprof -raw`) and the writer against the captured bytes.
 A bounded fuzz mutates the captures: only MalformedData or a profile that
 round-trips through the writer is allowed."""
+import json
 import math
 import random
 import re
@@ -16,6 +17,7 @@ import pytest
 
 from collectors.errors import MalformedData
 from collectors.heapprofile import JEMALLOC, parse, unparse
+from diag import heapview
 
 import deps
 
@@ -120,6 +122,7 @@ def test_scaling_matches_pprof(tmp_path):
     ("heap_v2/1\n  t*: 1: 2 [0: 0]\n@ 0x1\n  t*: 1: 2 [0: 0]\n  t*: 1: 2 [0: 0]\n", "two t*"),
     ("heap_v2/1\n  t*: 1: 2 [0: 0]\n@ 0x1\n", "no t* row"),
     (b"heap_v2/1\0", "NUL"),
+    ("heap_v2/1\n  t*: 1: 2 [0: 0]\n  t" + "1" * 5000 + ": 1: 2 [0: 0]\n", "int64"),
 ])
 def test_malformed_named(text, what):
     with pytest.raises(MalformedData, match=re.escape(what)):
@@ -134,6 +137,7 @@ JUNK = [b"garbage", b"@", b"  t*: 1: 1 [0: 0]", b"%warn x", b"MAPPED_LIBRARIES:"
         b"heap profile: 1: 1 [1: 1] @ heap_v2/1", b"  t7: 5: 10 [0: 0] name",
         b"\xff\xfe", b"# comment", b"@ 0x1 0x2", b"   1: 1 [ 1: 1] @ 0x10"]
 CASES_PER_FILE = 1200
+VIEW_EVERY = 10            # every tenth profile that parses is symbolized and rendered
 FUZZ_BODY_LINES = 60       # bigger captures are cut to this many lines + their maps
 
 
@@ -155,6 +159,8 @@ def _mutate(rng, data):
         return bytes(b)
     if op == 2:                                   # a number replaced by a huge one
         nums = list(re.finditer(rb"-?\d+", data[:20000]))
+        if not nums:
+            return data + rng.choice(HUGE)
         m = rng.choice(nums)
         return data[:m.start()] + rng.choice(HUGE) + data[m.end():]
     lines = data.split(b"\n")
@@ -171,7 +177,8 @@ def _mutate(rng, data):
 @pytest.mark.parametrize("name", FILES)
 def test_fuzz(name):
     """Thousands of mutations of each capture: MalformedData, or a profile the
-    writer turns back into an equal profile.  Never another exception."""
+    writer turns back into an equal profile and the views render.  Never
+    another exception."""
     base = _fuzz_base(load(name))
     rng = random.Random(f"heap-fuzz-{name}")
     outcomes = {"ok": 0, "malformed": 0}
@@ -186,5 +193,10 @@ def test_fuzz(name):
             continue
         outcomes["ok"] += 1
         assert parse(unparse(p)) == p
+        if outcomes["ok"] % VIEW_EVERY == 0:       # and the views take it too
+            view = heapview.view_of(p)
+            for render in (heapview.render_top, heapview.render_tree, heapview.render_collapsed):
+                assert isinstance(render(view), str)
+            json.dumps(view.to_json())
     # both paths were exercised
     assert outcomes["ok"] > 50 and outcomes["malformed"] > 50, outcomes
