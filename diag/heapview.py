@@ -257,22 +257,30 @@ def render_tree(view, by="inuse_bytes", node_fraction=NODE_FRACTION):
         print(ln, file=out)
     print(f"call tree by {by} (cumulative; nodes under {node_fraction:.1%} hidden):", file=out)
 
-    def walk(node, depth):
-        hidden = hidden_n = 0
-        for name, child in sorted(node["children"].items(), key=lambda kv: (-kv[1]["value"], kv[0])):
+    def line(depth, value, text):
+        print(f"{'  ' * depth}{_fmt(value, by):>10} {_pct(value, total):>6}  {text}", file=out)
+
+    # depth-first without recursion: a stack can be deeper than Python's limit
+    todo = [(root, 0, None)]
+    while todo:
+        node, depth, name = todo.pop()
+        if node is None:                      # the "[N smaller]" line of a parent
+            line(depth, *name)
+            continue
+        if name is not None:
+            line(depth - 1, node["value"], name + (
+                f" (self {_fmt(node['self'], by)})" if node["self"] else ""))
+        shown, hidden, hidden_n = [], 0, 0
+        for child_name, child in sorted(node["children"].items(),
+                                        key=lambda kv: (-kv[1]["value"], kv[0])):
             if total and child["value"] < node_fraction * total:
                 hidden += child["value"]
                 hidden_n += 1
-                continue
-            self_part = f" (self {_fmt(child['self'], by)})" if child["self"] else ""
-            print(f"{'  ' * depth}{_fmt(child['value'], by):>10} {_pct(child['value'], total):>6}  "
-                  f"{name}{self_part}", file=out)
-            walk(child, depth + 1)
+            else:
+                shown.append((child, depth + 1, child_name))
         if hidden_n:
-            print(f"{'  ' * depth}{_fmt(hidden, by):>10} {_pct(hidden, total):>6}  "
-                  f"[{hidden_n} smaller]", file=out)
-
-    walk(root, 0)
+            todo.append((None, depth, (hidden, f"[{hidden_n} smaller]")))
+        todo.extend(reversed(shown))
     return out.getvalue()
 
 

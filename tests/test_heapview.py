@@ -223,3 +223,12 @@ def test_diff_without_sidecars(two_sites):
     assert doc["layers"] == [] and doc["delta"]["inuse_objects"] == (
         b.totals()["inuse_objects"] - a.totals()["inuse_objects"])
     assert "no snapshot sidecars" in heapview.render_diff(d)
+
+
+def test_views_take_a_stack_deeper_than_the_recursion_limit(two_sites, tmp_path):
+    prof = parse(Path(two_sites["tcmalloc"]).read_bytes())
+    deep = 5000
+    prof.samples[0].stack = [0x1000 + 16 * i for i in range(deep)]   # no mapping: kept as 0x...
+    view = heapview.view_of(prof)
+    assert len(heapview.render_tree(view, node_fraction=0).splitlines()) > deep
+    assert heapview.render_collapsed(view).count(";") >= deep - 1
