@@ -75,8 +75,10 @@ ALLOCATOR_NAMES = frozenset({
 ALLOCATOR_PREFIXES = (
     "je_", "tc_", "prof_", "imalloc", "ialloc", "HeapProfiler", "HeapProfileTable",
     "MallocHook", "MallocExtension", "tcmalloc::", "operator new", "operator delete",
-    "mi_", "_mi_",
+    "mi_malloc", "mi_calloc", "mi_realloc", "mi_zalloc", "mi_new", "mi_heap_", "_mi_",
 )
+# GCC's clone suffixes: tcache_init.part.0, _int_malloc.constprop.0, foo.cold
+GCC_CLONE_RE = re.compile(r"\.(?:part|constprop|isra|cold|lto_priv|localalias)(?:\.\d+)*")
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,10 @@ def is_allocator_frame(frame):
     if frame.object and ALLOCATOR_OBJECT_RE.search(frame.object):
         return True
     fn = frame.function
-    return bool(fn) and (fn.split("(", 1)[0] in ALLOCATOR_NAMES or fn.startswith(ALLOCATOR_PREFIXES))
+    if not fn:
+        return False
+    base = GCC_CLONE_RE.sub("", fn.split("(", 1)[0])
+    return base in ALLOCATOR_NAMES or base.startswith(ALLOCATOR_PREFIXES)
 
 
 def drop_allocator_frames(frames):
