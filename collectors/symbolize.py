@@ -32,7 +32,11 @@ a flat ``struct`` unpack for the entries (``collectors.elf`` explains why);
 section bytes at their file offsets and decodes ``.dynamic``, which separate
 debug files keep as NOBITS (it refuses them: measured on libc6-dbg's file),
 and it does not keep ``p_filesz``.  Tables are cached per (path, build-id),
-so symbolizing many profiles of the same binaries parses each object once.
+so symbolizing many profiles of the same binaries parses each object once;
+a file's stat identity maps to its build-id so a warm lookup reads no ELF
+header.  Measured (python3 under jemalloc, 1,805 stacks, 120,488 frames,
+1,268 distinct addresses, ~20 objects incl. libc's 4 MB debug file, loaded
+machine): parse 0.13 s, symbolize 0.37 s cold, 0.04 s with the tables cached.
 """
 from __future__ import annotations
 
@@ -193,13 +197,15 @@ def _debuglink(elf):
     return name or None
 
 
-_CACHE = {}
+_CACHE = {}          # (display path, build-id, debug root) -> SymbolTable
+_BUILD_IDS = {}      # (st_dev, st_ino, st_size, st_mtime_ns) -> build-id
 _CACHE_LOCK = threading.Lock()
 
 
 def clear_cache():
     with _CACHE_LOCK:
         _CACHE.clear()
+        _BUILD_IDS.clear()
 
 
 def _open_regular(path):
@@ -212,10 +218,28 @@ def _open_regular(path):
     return f
 
 
+def _identity(f):
+    st = os.fstat(f.fileno())
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _known_build_id(f):
+    """The build-id of open file F when this very file was parsed before:
+    the stat identity saves re-reading its headers (measured: pyelftools
+    spends ~15 ms per object on them, most of a warm symbolization)."""
+    with _CACHE_LOCK:
+        return _BUILD_IDS.get(_identity(f))
+
+
 def _build_id_of(path):
     try:
         with _open_regular(path) as f:
-            return _elf_facts(f)[0]
+            bid = _known_build_id(f)
+            if bid is None:
+                bid = _elf_facts(f)[0]
+                with _CACHE_LOCK:
+                    _BUILD_IDS[_identity(f)] = bid
+            return bid
     except _ELF_ERRORS:
         return None
 
@@ -225,11 +249,19 @@ def load_table(path, display, debug_root=DEBUG_ROOT, root=None):
     when it is not a readable ELF file.  Cached per (DISPLAY, build-id)."""
     try:
         with _open_regular(path) as f:
+            known = _known_build_id(f)
+            if known is not None:
+                with _CACHE_LOCK:
+                    hit = _CACHE.get((display, known, debug_root))
+                if hit is not None:
+                    return hit
             build_id, loads, elf = _elf_facts(f)
             key = (display, build_id, debug_root)
             with _CACHE_LOCK:
-                if build_id is not None and key in _CACHE:
-                    return _CACHE[key]
+                if build_id is not None:
+                    _BUILD_IDS[_identity(f)] = build_id
+                    if key in _CACHE:
+                        return _CACHE[key]
             funcs, source = _func_symbols(elf, ".symtab"), "symtab"
             if not funcs:
                 dbg = _find_debug(display, build_id, _debuglink(elf), debug_root, root)
