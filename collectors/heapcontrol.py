@@ -169,6 +169,10 @@ def restart_recipe(t, lg_sample=JE_LG_SAMPLE_DEFAULT):
     """The exact way to make heap profiling possible, for the allocator T has."""
     kind = t.kind
     exe = t.image.exe_path or "PROGRAM"
+    comm = getattr(t.image, "comm", None)
+    if comm and t.image.exe_path and not os.path.basename(exe).startswith(comm[:15]):
+        # Debian's redis-server is a symlink to redis-check-rdb: name both
+        exe = f"{exe} (the program started as {comm})"
     arm = f"prof:true,prof_active:false,lg_prof_sample:{lg_sample}"
     if kind == "jemalloc":
         var = conf_var(t.alloc)

@@ -272,3 +272,16 @@ def test_jemalloc_prof_prefix_files_listed(capsys, tmp_path):
             assert doc["snapshot"] is None
     finally:
         shutil.rmtree(mine)
+
+
+def test_real_redis_gets_the_recipe_naming_the_program(capsys):
+    """Debian's redis-server (its jemalloc, no prof:true): exit 5 with a recipe
+    that names the program as started (its executable is redis-check-rdb)."""
+    import servers
+    with servers.redis() as s:
+        code, out, err = allocdiag(capsys, "heap", "status", str(s.pid))
+        assert code == ExitCode.UNSUPPORTED
+        how = [ln for ln in out.splitlines() if ln.startswith("how: ")]
+        assert how and "MALLOC_CONF=prof:true,prof_active:false" in how[0]
+        assert "redis-server" in how[0]
+        assert servers.untraced(s.pid)
