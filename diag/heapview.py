@@ -82,14 +82,17 @@ class ProfileView:
     profile: heapprofile.HeapProfile
     stacks: list              # [(frames after the allocator's, Sample)]
     warnings: list = field(default_factory=list)
+    _sites: list | None = field(default=None, repr=False, compare=False)
 
     @property
     def format(self):
         return self.profile.format
 
     def totals(self):
-        """Scaled sums over all samples (integers)."""
-        return {k: int(round(sum(getattr(s, k) for _f, s in self.stacks))) for k in VALUE_KEYS}
+        """Scaled sums (integers): the sum of the sites, so a JSON reader
+        adding up ``sites`` gets exactly ``totals``."""
+        rows = sites(self)
+        return {k: sum(e[k] for e in rows) for k in VALUE_KEYS}
 
     def to_json(self):
         p = self.profile
@@ -148,7 +151,14 @@ def _site_key(frames):
 
 def sites(view):
     """One dict per distinct stack (allocator frames dropped), biggest in-use
-    bytes first: function, object, the four values, stack (top first)."""
+    bytes first: function, object, the four values, stack (top first).
+    Computed once per view; each call returns fresh dicts."""
+    if view._sites is None:
+        view._sites = _sites(view)
+    return [dict(e, stack=list(e["stack"])) for e in view._sites]
+
+
+def _sites(view):
     acc = {}
     for frames, s in view.stacks:
         key = _site_key(frames)
