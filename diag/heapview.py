@@ -22,6 +22,7 @@ JSON (``ProfileView.to_json``, what ``heap show --json`` prints)::
      "totals": {inuse_bytes, inuse_objects, alloc_bytes, alloc_objects},   scaled sums
      "header_totals": {same keys},      the header as written (unscaled)
      "warnings": [str],                 %warn lines, then symbolizer warnings
+     "threads": [{"thread": int, "name": str|null, the four values}]   jemalloc tN rows
      "sites": [{"function": str, "object": path|null, "inuse_bytes": int,
                 "inuse_objects": int, "alloc_bytes": int, "alloc_objects": int,
                 "stack": [str, ...] (top first, allocator frames dropped)}, ...]}
@@ -105,6 +106,7 @@ class ProfileView:
             "totals": self.totals(),
             "header_totals": dict(p.totals._asdict()),
             "warnings": list(p.warnings) + list(self.warnings),
+            "threads": threads(self),
             "sites": sites(self),
         }
 
@@ -178,6 +180,18 @@ def _sites(view):
     return out
 
 
+def threads(view):
+    """jemalloc's per-thread totals (the header's ``tN:`` rows), scaled like
+    jeprof's per-thread profiles: [{thread, name, the four values}]; [] for
+    the other formats."""
+    out = []
+    for tid, (raw, name) in sorted(view.profile.thread_totals.items()):
+        scaled = view.profile.scale(raw)
+        out.append({"thread": tid, "name": name,
+                    **{k: int(round(getattr(scaled, k))) for k in VALUE_KEYS}})
+    return out
+
+
 def _fmt(v, by):
     return human_bytes(v) if by.endswith("_bytes") else str(v)
 
@@ -194,6 +208,11 @@ def _summary(view):
              f"in use: {human_bytes(t['inuse_bytes'])} in {t['inuse_objects']} objects"
              + (f"; allocated since start: {human_bytes(t['alloc_bytes'])} in "
                 f"{t['alloc_objects']} objects" if p.has_alloc else "")]
+    per_thread = threads(view)
+    if len(per_thread) > 1:
+        lines.append("threads (in use): " + ", ".join(
+            f"t{t['thread']}{' ' + t['name'] if t['name'] else ''} {human_bytes(t['inuse_bytes'])}"
+            for t in sorted(per_thread, key=lambda t: -t["inuse_bytes"])))
     lines += [f"warning: {w}" for w in list(p.warnings) + list(view.warnings)]
     return lines
 

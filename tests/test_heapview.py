@@ -232,3 +232,16 @@ def test_views_take_a_stack_deeper_than_the_recursion_limit(two_sites, tmp_path)
     view = heapview.view_of(prof)
     assert len(heapview.render_tree(view, node_fraction=0).splitlines()) > deep
     assert heapview.render_collapsed(view).count(";") >= deep - 1
+
+
+def test_jemalloc_threads_in_json_and_summary():
+    fixture = Path(__file__).parent / "fixtures" / "heap-jemalloc-threads-accum-python.heap"
+    prof = parse(fixture.read_bytes())
+    view = heapview.view_of(prof)
+    rows = {t["name"]: t for t in view.to_json()["threads"]}
+    assert set(rows) == {None, "worker0", "worker1", "worker2"}
+    # the header row scaled the jeprof way: 19 sampled bytearrays of ~242 KiB
+    # at 1-in-64 KiB are scaled by 1/(1-exp(-avg/65536)) (~1.03)
+    raw = prof.thread_totals[1][0]
+    assert raw.inuse_bytes < rows["worker0"]["inuse_bytes"] < raw.inuse_bytes * 1.05
+    assert "t1 worker0" in heapview.render_top(view)
