@@ -108,6 +108,37 @@ def test_scaling_matches_pprof(tmp_path):
     assert _pprof_raw_values(out) == theirs
 
 
+@pytest.mark.parametrize("label, rate", [("heap/1048576", 524288), ("heapz_v2/65536", 65536),
+                                         ("heapprofile", 1)])
+def test_other_labels_scale_like_pprof(label, rate, tmp_path):
+    """The sampled capture relabelled: old ``heap`` (period/2), ``heapz_v2``
+    and ``heapprofile`` (no scaling), each checked against pprof itself."""
+    text = load(TC_SAMPLED).decode().replace("@ heap_v2/524288", f"@ {label}", 1)
+    path = tmp_path / "relabelled.heap"
+    path.write_text(text)
+    p = parse(text)
+    assert p.rate == rate
+    ours = sorted((s.inuse_objects, s.inuse_bytes) for s in p.samples)
+    assert ours == _pprof_raw_values(path)
+    assert (ours[0] == (1, 8192)) == (rate == 1)
+
+
+@pytest.mark.parametrize("name, index", [(JE_ONE, "--inuse_space"), (JE_THREADS, "--inuse_space"),
+                                         (JE_THREADS, "--alloc_space")])
+def test_jemalloc_scaling_matches_jeprof(name, index):
+    """jeprof's own total (AdjustSamples, Perl floats) against ours; we
+    keep floats too, so only jeprof's printing (%d) separates them."""
+    jeprof = deps.need("jeprof")
+    prog = shutil.which("python3") or deps.need("python3")
+    out = subprocess.run([jeprof, "--text", "--show_bytes", index, prog, str(FIX / name)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    total = int(re.search(r"^Total: (\d+) B$", out.stdout, re.M).group(1))
+    p = parse(load(name))
+    key = "inuse_bytes" if index == "--inuse_space" else "alloc_bytes"
+    assert abs(sum(getattr(s, key) for s in p.samples) - total) < 1
+
+
 @pytest.mark.parametrize("text, what", [
     ("", "no header"),
     ("heap profile: 1: 2 [3: 4] @ growthz\n", "unknown header"),
