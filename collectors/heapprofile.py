@@ -80,7 +80,6 @@ INT64_DIGITS = len(str(INT64_MAX))
 # format names (HeapProfile.format)
 HEAPPROFILE = "heapprofile"
 JEMALLOC = "jemalloc_heap_v2"
-GPERF_KINDS = ("heapprofile", "heap_v2", "heapz_v2", "heap")
 PPROF, JEPROF = "pprof", "jeprof"      # scaling modes
 
 Counts = namedtuple("Counts", "inuse_objects inuse_bytes alloc_objects alloc_bytes")
@@ -114,7 +113,7 @@ class Sample:
 class HeapProfile:
     format: str            # heapprofile | heap_v2 | heapz_v2 | heap | jemalloc_heap_v2
     period: int            # as written in the header (0 when absent)
-    rate: int              # the sampling rate scaling uses (1 = none)
+    rate: int              # the rate the formula uses (pprof: <= 1 means no scaling)
     samples: list
     mappings: list
     warnings: list
