@@ -162,6 +162,17 @@ def test_objects_read_under_root(sym_alloc, tmp_path):
     assert _site(heapview.load(dump, root=str(fake_root)), GROW)["object"] == exe
 
 
+def test_live_process_root_and_pid(sym_alloc, tmp_path):
+    """What `heap dump` does: objects under /proc/PID/root, checked against
+    /proc/PID/map_files; nothing was replaced, so no warning."""
+    with symtarget.running(sym_alloc, "jemalloc", tmp_path) as s:
+        s.cmd(f"grow {BLOCKS} {SIZE}")
+        dump = s.dump(tmp_path / "d.heap")
+        view = heapview.load(dump, root=f"/proc/{s.pid}/root", pid=s.pid)
+    assert _site(view, GROW)["inuse_objects"] == BLOCKS
+    assert not any("build-id" in w for w in view.warnings)
+
+
 def test_replaced_binary_read_through_map_files(sym_alloc, sym_cpp, tmp_path):
     """The binary was replaced on disk after the dump (a deploy): with the
     pid, /proc/PID/map_files gives the file really mapped, its build-id
@@ -179,9 +190,10 @@ def test_replaced_binary_read_through_map_files(sym_alloc, sym_cpp, tmp_path):
 
         wrong = heapview.load(dump)
         assert not any(s["function"] == GROW for s in heapview.sites(wrong))
-        right = heapview.load(dump, pid=s.pid)
-        assert _site(right, GROW)["object"] == exe
-        assert any("build-id" in w and exe in w for w in right.warnings)
+        for root in (None, f"/proc/{s.pid}/root"):
+            right = heapview.load(dump, root=root, pid=s.pid)
+            assert _site(right, GROW)["object"] == exe
+            assert any("build-id" in w and exe in w for w in right.warnings)
 
 
 def test_address_outside_every_mapping_is_kept(sym_alloc, tmp_path):
