@@ -45,6 +45,12 @@ github:jemalloc/jemalloc, github:gperftools/gperftools, read with git show):
 - gperftools ``UnparseBucket``: ``"%6d: %8d [%6d: %8d] @"`` then
   ``" 0x%08x"`` per frame; ``kProcSelfMapsHeader`` is ``"\\nMAPPED_LIBRARIES:\\n"``.
 
+Checked by running the references (tests/test_heapprof_parse.py): every
+sample of a real gperftools ``heap_v2/524288`` capture equals ``go tool
+pprof -raw`` (also relabelled ``heap/…``, ``heapz_v2/…``, ``heapprofile``),
+and ``jeprof --text --show_bytes`` totals (in use and alloc) equal ours on
+real jemalloc captures to the byte.
+
 Malformed input raises ``MalformedData`` (exit 5) naming the line, never any
 other exception.  ``unparse`` writes a profile back out in its own format from
 the numbers as written (unscaled), so pprof/jeprof read it exactly as the
