@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+import deps
 import symtarget
 import targets
 from collectors import demangle as dm
@@ -89,13 +90,13 @@ def test_cpp_method_demangled(sym_cpp, allocator, tmp_path):
 
 def _strip_copy(src, dest):
     shutil.copy(src, dest)
-    subprocess.run(["strip", "--strip-all", dest], check=True)
+    subprocess.run([deps.need("strip"), "--strip-all", dest], check=True)
     out = subprocess.run(["readelf", "-S", dest], capture_output=True, text=True).stdout
     assert ".symtab" not in out
 
 
 def _debug_copy(src, dest):
-    subprocess.run(["objcopy", "--only-keep-debug", src, dest], check=True)
+    subprocess.run([deps.need("objcopy"), "--only-keep-debug", src, dest], check=True)
 
 
 def _build_id(path):
