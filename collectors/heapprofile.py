@@ -78,6 +78,7 @@ MAPS_RE = re.compile(
     r"([0-9a-fA-F]+)-([0-9a-fA-F]+) +([-rwxps]{4}) +([0-9a-fA-F]+) +\S+ +\d+ *(.*)")
 MAP_SENTINELS = ("MAPPED_LIBRARIES:", "--- Memory map: ---")
 WARN_PREFIX = "%warn"
+TEXT_ENCODING = {"encoding": "utf-8", "errors": "surrogateescape"}
 
 INT64_MAX = (1 << 63) - 1
 UINT64_MAX = (1 << 64) - 1
@@ -218,15 +219,20 @@ def _parse_maps(text):
     return maps
 
 
+def printable(text):
+    """TEXT for a terminal or JSON: undecodable bytes (kept as surrogates)
+    shown as backslash escapes."""
+    return text.encode(**TEXT_ENCODING).decode("utf-8", "backslashreplace")
+
+
 def _decode(data):
     if isinstance(data, (bytes, bytearray, memoryview)):
         data = bytes(data)
         if b"\0" in data:
             raise MalformedData("heap profile: binary data (NUL byte)")
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError:
-            return data.decode("latin-1")     # paths in the maps may be any bytes
+        # paths in the maps may be any bytes: surrogateescape keeps them as
+        # the OS spells them (open() takes them back) and the text byte-exact
+        return data.decode("utf-8", "surrogateescape")
     if not isinstance(data, str):
         raise MalformedData("heap profile: not text")
     if "\0" in data:
@@ -387,7 +393,8 @@ def _warn_lines(warnings):
 
 def unparse(prof: HeapProfile) -> str:
     """The profile as text in its own format, numbers as written (unscaled),
-    so pprof and jeprof scale it again exactly as they did the original."""
+    so pprof and jeprof scale it again exactly as they did the original.
+    Encode with ``TEXT_ENCODING`` to get the original bytes back."""
     out = []
     if prof.format == JEMALLOC:
         out.append("heap_v2/%d\n" % prof.period)

@@ -53,6 +53,7 @@ from elftools.elf.elffile import ELFFile
 
 from collectors.demangle import demangle
 from collectors.elf import STB_GLOBAL, STB_WEAK, STT_FUNC
+from collectors.heapprofile import printable
 
 DEBUG_ROOT = "/usr/lib/debug"
 PROCFS = "/proc"
@@ -351,11 +352,12 @@ class Symbolizer:
                 if table is None or (want and table.build_id and want != table.build_id):
                     if table is not None:
                         self.warnings.append(
-                            f"{clean}: the file on disk (build-id {table.build_id}) is not "
+                            f"{printable(clean)}: the file on disk (build-id {table.build_id}) is not "
                             f"the one mapped (build-id {want}); symbolized from the mapped file")
                     table = load_table(exact, clean, self.debug_root, self.root)
             if table is None:
-                self.warnings.append(f"{clean}: not readable as ELF; its frames stay addresses")
+                self.warnings.append(f"{printable(clean)}: not readable as ELF; its frames "
+                                     "stay addresses")
         self._tables[path] = table
         return table
 
@@ -389,7 +391,8 @@ class Symbolizer:
         name = table.function(vaddr) if vaddr is not None else None
         where = vaddr if vaddr is not None else off
         if name is None:
-            return Frame(addr, m.path, None, where, f"{os.path.basename(m.path) or m.path}+0x{where:x}")
+            shown = printable(os.path.basename(m.path) or m.path)
+            return Frame(addr, m.path, None, where, f"{shown}+0x{where:x}")
         name = demangle(name)
         return Frame(addr, m.path, name, where, name)
 

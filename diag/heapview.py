@@ -105,7 +105,7 @@ class ProfileView:
             "has_alloc": p.has_alloc,
             "totals": self.totals(),
             "header_totals": dict(p.totals._asdict()),
-            "warnings": list(p.warnings) + list(self.warnings),
+            "warnings": [heapprofile.printable(w) for w in list(p.warnings) + list(self.warnings)],
             "threads": threads(self),
             "sites": sites(self),
         }
@@ -168,7 +168,8 @@ def _sites(view):
         if e is None:
             top = frames[0] if frames else None
             e = acc[key] = {"function": key[0] if key else "?",
-                            "object": top.object if top else None,
+                            "object": heapprofile.printable(top.object) if top and top.object
+                            else None,
                             **{k: 0.0 for k in VALUE_KEYS}, "stack": list(key)}
         for k in VALUE_KEYS:
             e[k] += getattr(s, k)
@@ -187,7 +188,7 @@ def threads(view):
     out = []
     for tid, (raw, name) in sorted(view.profile.thread_totals.items()):
         scaled = view.profile.scale(raw)
-        out.append({"thread": tid, "name": name,
+        out.append({"thread": tid, "name": heapprofile.printable(name) if name else name,
                     **{k: int(round(getattr(scaled, k))) for k in VALUE_KEYS}})
     return out
 
@@ -213,7 +214,7 @@ def _summary(view):
         lines.append("threads (in use): " + ", ".join(
             f"t{t['thread']}{' ' + t['name'] if t['name'] else ''} {human_bytes(t['inuse_bytes'])}"
             for t in sorted(per_thread, key=lambda t: -t["inuse_bytes"])))
-    lines += [f"warning: {w}" for w in list(p.warnings) + list(view.warnings)]
+    lines += [f"warning: {heapprofile.printable(w)}" for w in list(p.warnings) + list(view.warnings)]
     return lines
 
 
@@ -332,7 +333,7 @@ def write_legacy(view, path):
     text = heapprofile.unparse(view.profile)
     tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
+        with open(tmp, "w", **heapprofile.TEXT_ENCODING) as f:
             f.write(text)
         os.replace(tmp, path)
     except OSError as exc:

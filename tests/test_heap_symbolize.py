@@ -4,6 +4,7 @@ profile; the dump's MAPPED_LIBRARIES drive the lookup.  Separate debug files
 (build-id directory, .gnu_debuglink), a binary moved under another root, a
 binary replaced on disk (map_files wins), unknown addresses, C++ demangling,
 allocator frames dropped."""
+import json
 import os
 import re
 import shutil
@@ -250,3 +251,22 @@ def test_drop_keeps_the_first_outside_frame_and_never_empties():
     app = _frame("load_config", "/srv/app")
     assert drop_allocator_frames([inside, inside, app, inside]) == [app, inside]
     assert drop_allocator_frames([inside, inside]) == [inside]
+
+
+def test_binary_under_a_non_utf8_path(sym_alloc, tmp_path):
+    """Paths are bytes: a binary under b"\\xff\\xfe" is found, named, written
+    back byte for byte, and shown with escapes (no encoding error)."""
+    odd = tmp_path / os.fsdecode(b"dir-\xff\xfe")
+    odd.mkdir()
+    exe = str(odd / "sym_alloc")
+    shutil.copy(sym_alloc, exe)
+    dump = _dump(exe, "jemalloc", tmp_path)
+    raw = open(dump, "rb").read()
+    assert b"dir-\xff\xfe/sym_alloc" in raw
+    view = heapview.load(dump)
+    site = _site(view, GROW)
+    assert site["object"].endswith("dir-\\xff\\xfe/sym_alloc")
+    (heapview.render_top(view) + json.dumps(view.to_json(), ensure_ascii=False)).encode("utf-8")
+    out = tmp_path / "written.heap"
+    heapview.write_legacy(view, str(out))
+    assert out.read_bytes() == raw
