@@ -116,7 +116,10 @@ class ElfObject:
         for sec in elf.iter_sections():
             if sec["sh_type"] == "SHT_NOTE":
                 for note in sec.iter_notes():
-                    if note["n_type"] == "NT_GNU_BUILD_ID":
+                    # SystemTap's .note.stapsdt reuses n_type 3 under the name
+                    # "stapsdt": only the "GNU" owner's note is the build-id.
+                    if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU" \
+                            and self.build_id is None:
                         self.build_id = note["n_desc"]
         self.is_go = ".go.buildinfo" in self.sections or ".gopclntab" in self.sections
         self.go_version = self._go_version(f) if self.is_go else None

@@ -1,6 +1,8 @@
 """The ELF collector: real objects, odd and broken files, the cache."""
 
 import os
+import re
+import subprocess
 import shutil
 
 import pytest
@@ -15,6 +17,16 @@ LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 def parse(path):
     with open(path, "rb") as f:
         return ElfObject(path, f)
+
+
+def test_build_id_is_the_gnu_note_not_a_stapsdt_probe():
+    """libstdc++ carries SystemTap probe notes whose n_type equals
+    NT_GNU_BUILD_ID; the build-id is the "GNU" owner's note (readelf -n)."""
+    path = require_file(f"{LIBDIR}/libstdc++.so.6")
+    readelf = subprocess.run([require_file("readelf"), "-n", path], capture_output=True, text=True,
+                             check=True).stdout
+    want = re.search(r"Build ID: ([0-9a-f]+)", readelf).group(1)
+    assert parse(path).build_id == want
 
 
 def test_libc_facts():
