@@ -10,6 +10,7 @@ because a captured stats file does not carry them.
 """
 
 import dataclasses
+import json
 import os
 from types import SimpleNamespace
 
@@ -209,6 +210,43 @@ def purged(snap):
     return dataclasses.replace(snap, stats=stats, process=process)
 
 
+# -- heap profiles: one real session (tests/targets/capture_heap_session.py) ----------
+
+HEAP_SESSION = os.path.join(FIXTURES, "heap-tui-session.json")
+
+
+def heap_session():
+    """The captured heapcontrol results: {"tcmalloc": {status_before, start,
+    status_running, dump_a, dump_b, stop}, "tcmalloc_minimal": {status_before},
+    "glibc": {status_before}, "build_ids": {object: build-id at capture}}."""
+    with open(HEAP_SESSION) as f:
+        return json.load(f)
+
+
+def heap_dump_result(dump):
+    """ProcessSource.heap_dump's shape from one captured dump: the profile
+    loaded through diag.heapview.load (path dropped, as a live dump has none),
+    the snapshot taken right after it, and heapcontrol's info."""
+    from diag import heapview
+    from diag.recording import snapshot_from_json
+    view = dataclasses.replace(heapview.load(os.path.join(FIXTURES, dump["file"])), path=None)
+    return dict(dump["info"], view=view, snapshot=snapshot_from_json(dump["snapshot"]))
+
+
+def heap_context_snapshot():
+    """The captured tcmalloc python3 process as the Heap tab's screen shows it
+    (its inspect snapshot right after the first dump)."""
+    from diag.recording import snapshot_from_json
+    return snapshot_from_json(heap_session()["tcmalloc"]["dump_a"]["snapshot"])
+
+
+def heap_symbols_as_captured():
+    """Whether this machine symbolizes the captured dumps as the capture did
+    (the same builds of the objects their frames are in)."""
+    from collectors.symbolize import _build_id_of
+    return all(_build_id_of(path) == bid for path, bid in heap_session()["build_ids"].items())
+
+
 # -- fake sources: the interfaces of tui/source.py (HostSource, ProcessSource,
 # ReplaySource) -------------------------------------------------------------------
 
@@ -230,7 +268,7 @@ class FakeProcess:
     live = True
     no_attach = False
 
-    def __init__(self, snaps=None, backlog=(), fail=None, pid=4242):
+    def __init__(self, snaps=None, backlog=(), fail=None, pid=4242, heap="tcmalloc"):
         self.snaps = list(snaps or [jemalloc_snapshot(pid=pid)])
         self._backlog = list(backlog)
         self.fail = fail
@@ -240,6 +278,10 @@ class FakeProcess:
         self.knobs = []
         self.releases = 0
         self.closed = False
+        self.heap = heap_session()[heap]     # the captured session of this allocator
+        self.heap_calls = []
+        self.heap_running = False
+        self.heap_dumps = 0
 
     def sample(self):
         if self.fail is not None:
@@ -264,6 +306,26 @@ class FakeProcess:
         self.knobs.append((name, value))
         return ("-1", value)
 
+    # heap profiles: what collectors.heapcontrol answered in the captured session
+    def heap_status(self):
+        self.heap_calls.append("status")
+        return self.heap["status_running" if self.heap_running else "status_before"]
+
+    def heap_start(self):
+        self.heap_calls.append("start")
+        self.heap_running = True
+        return self.heap["start"]
+
+    def heap_dump(self):
+        self.heap_calls.append("dump")
+        self.heap_dumps += 1
+        return heap_dump_result(self.heap["dump_a" if self.heap_dumps == 1 else "dump_b"])
+
+    def heap_stop(self):
+        self.heap_calls.append("stop")
+        self.heap_running = False
+        return self.heap["stop"]
+
     def close(self):
         self.closed = True
 
@@ -275,3 +337,9 @@ class FakeReplay(FakeProcess):
     def __init__(self, snaps):
         super().__init__(snaps, backlog=snaps, pid=snaps[0].pid)
         self.label = "replay test"
+
+    def _no_heap(self):
+        from tui.source import NEEDS_LIVE_PROCESS, ActionUnavailable
+        raise ActionUnavailable(NEEDS_LIVE_PROCESS)
+
+    heap_status = heap_start = heap_dump = heap_stop = _no_heap

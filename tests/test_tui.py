@@ -450,6 +450,11 @@ def test_source_actions_need_attach():
     noattach = source_mod.ProcessSource(os.getpid(), no_attach=True)
     with pytest.raises(source_mod.ActionUnavailable, match="--no-attach"):
         noattach.release()
+    with pytest.raises(source_mod.ActionUnavailable, match="--no-attach"):
+        noattach.heap_status()
+    replay = source_mod.ReplaySource(snapshots=staircase(2))
+    with pytest.raises(source_mod.ActionUnavailable, match="need a live process"):
+        replay.heap_dump()
 
 
 def test_real_process_source_samples_this_process():
@@ -733,3 +738,196 @@ def test_plain_host_source_fills_allocator_resident_in_the_background():
                 _time.sleep(0.2)
     assert row["allocator_read"] == "ok", row
     assert row["resident"] and row["resident"] > 0
+
+
+# -- Heap tab ------------------------------------------------------------------------
+# The fake answers with one real session (tests/targets/capture_heap_session.py): a
+# python3 under libtcmalloc.so.4 that, after the start, kept 200 bytearray(100000)
+# (100,001 bytes each) and 300 bytes(50000); before the second dump it dropped the
+# bytes objects and kept 400 more bytearrays.
+
+BYTEARRAY = 100_001
+
+
+def heap_app(heap="tcmalloc", src=None):
+    from fakes import heap_context_snapshot
+    snap = heap_context_snapshot()
+    src = src or FakeProcess([snap], pid=snap.pid, heap=heap)
+    return src, make_app(process_source=src, interval=1000)
+
+
+def heap_text(app, selector="#heap-state"):
+    return str(app.screen.query_one(selector, Static).render())
+
+
+def test_heap_tab_start_dump_diff_stop():
+    from tui.dialogs import ConfirmDialog
+    src, app = heap_app()
+
+    async def go():
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot, app)
+            screen = app.screen
+            assert not screen.check_action("heap", ())       # only on the Heap tab
+            await pilot.press("5")
+            await pilot.pause()
+            assert screen.check_action("heap", ())
+            assert src.heap_calls == []                       # nothing called on opening
+            # WHEN s  THEN the status, and the start is asked first (and can be refused)
+            await pilot.press("s")
+            await settle(pilot, app)
+            assert isinstance(app.screen, ConfirmDialog)
+            question = str(app.screen.query_one("#question", Static).render())
+            assert "sees only allocations after start" in question
+            assert "HeapProfilerStart" in question and "slower" in question
+            await pilot.press("n")
+            await settle(pilot, app)
+            assert src.heap_calls == ["status"] and not src.heap_running
+            assert "running now: no" in heap_text(app)
+            # WHEN s, Start  THEN started, and the status says it runs
+            await pilot.press("s")
+            await settle(pilot, app)
+            await pilot.click("#yes")
+            await settle(pilot, app)
+            assert src.heap_calls == ["status", "status", "start", "status"]
+            assert "running now: yes" in heap_text(app)
+            # D before two dumps: told, nothing called
+            await pilot.press("D")
+            await settle(pilot, app)
+            assert any("dump twice" in n.message for n in app._notifications)
+            # WHEN d  THEN the top sites: the 200 bytearrays first
+            await pilot.press("d")
+            await settle(pilot, app)
+            top = screen.query_one("#heap-sites", DataTable).get_row_at(0)
+            assert [str(c) for c in top[:3]] == [human_bytes(200 * BYTEARRAY), "200",
+                                                 human_bytes(200 * BYTEARRAY)]
+            assert str(top[4]) == "PyByteArray_Resize"
+            assert heap_text(app, "#heap-sites-title").startswith("dump 1 ")
+            # WHEN d, D  THEN what grew and shrank per site, and the layers beside
+            await pilot.press("d")
+            await settle(pilot, app)
+            await pilot.press("D")
+            await settle(pilot, app)
+            rows = [[str(c) for c in r] for r in
+                    (screen.query_one("#heap-diff", DataTable).get_row_at(i) for i in
+                     range(screen.query_one("#heap-diff", DataTable).row_count))]
+            assert rows[0][:3] == ["grew", "+" + human_bytes(400 * BYTEARRAY), "+400"]
+            assert rows[-1][0] == "shrank" and rows[-1][2] == "-300"
+            a, b = (src.heap[k]["snapshot"]["stats"]["allocated"]["value"]
+                    for k in ("dump_a", "dump_b"))
+            layers = {str(r[0]): str(r[3]) for r in (
+                screen.query_one("#heap-layers", DataTable).get_row_at(i) for i in range(
+                    screen.query_one("#heap-layers", DataTable).row_count))}
+            assert layers["allocated"] == "+" + human_bytes(b - a)
+            assert "verdict: growth is live objects" in heap_text(app, "#heap-verdict")
+            # WHEN x  THEN stopped, and the status says so
+            await pilot.press("x")
+            await settle(pilot, app)
+            assert src.heap_calls[-2:] == ["stop", "status"]
+            assert "running now: no" in heap_text(app)
+            assert any("drops the recorded data" in n.message for n in app._notifications)
+    run(go())
+
+
+def test_heap_tab_without_a_profiler_says_how():
+    src, app = heap_app(heap="glibc")
+
+    async def go():
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot, app)
+            await pilot.press("5", "s")
+            await settle(pilot, app)
+            text = heap_text(app)
+            assert "heap profiling NOT possible" in text
+            assert "how: restart it under an allocator with a heap profiler" in text
+            assert "LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2" in text
+            assert app.screen.id.startswith("process-")       # nothing to confirm
+            assert src.heap_calls == ["status"]
+    run(go())
+
+
+def test_heap_tab_in_a_replay_needs_a_live_process():
+    from tui.heap_tab import HeapTab
+    from tui.source import NEEDS_LIVE_PROCESS
+    src = FakeReplay(staircase(3))
+
+    async def go():
+        app = make_app(process_source=src)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot, app)
+            await pilot.press("5")
+            await pilot.pause()
+            assert heap_text(app) == NEEDS_LIVE_PROCESS
+            assert not app.screen.check_action("heap", ())
+            app.screen.query_one(HeapTab).request("dump")
+            await settle(pilot, app)
+            assert src.heap_calls == []
+    run(go())
+
+
+def test_heap_call_runs_in_a_worker_not_the_ui():
+    """A slow dump (GetHeapProfile walks every bucket) leaves the UI working."""
+    import threading
+    gate = threading.Event()
+
+    class SlowDump(FakeProcess):
+        def heap_dump(self):
+            assert threading.current_thread() is not threading.main_thread()
+            gate.wait(10)
+            return super().heap_dump()
+
+    from fakes import heap_context_snapshot
+    snap = heap_context_snapshot()
+    src, app = heap_app(src=SlowDump([snap], pid=snap.pid))
+
+    async def go():
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot, app)
+            await pilot.press("5", "d")
+            await pilot.pause()
+            assert "taking a profile" in heap_text(app)
+            await pilot.press("1")                 # the UI answers while the dump waits
+            await pilot.pause()
+            assert app.screen.query_one("#tabs").active == "overview"
+            gate.set()
+            await settle(pilot, app)
+            assert app.screen.query_one("#heap-sites", DataTable).row_count
+    run(go())
+
+
+def test_heap_tab_on_a_real_tcmalloc_process():
+    """The Heap tab over the real source: gperftools' profiler started in a
+    running process (libtcmalloc.so.4), 50 blocks allocated after the start
+    from a uniquely named function, dumped: that function is the top site;
+    stopped: nothing left in the target's /tmp."""
+    import glob
+    from targets import build_c, start
+    from tui.source import ProcessSource
+    site, n, size = "allocdiag_heapctl_grow_site", 50, 100_000
+
+    with start([build_c("heap_grow.c")], allocator="tcmalloc") as t:
+        app = make_app(process_source=ProcessSource(t.pid), interval=1000)
+
+        async def go():
+            async with app.run_test(size=(120, 40)) as pilot:
+                await settle(pilot, app)
+                await pilot.press("5", "s")
+                await settle(pilot, app)
+                await pilot.click("#yes")
+                await settle(pilot, app)
+                assert "running now: yes" in heap_text(app)
+                t.proc.stdin.write(f"grow {n} {size}\n".encode())
+                t.proc.stdin.flush()
+                assert t.proc.stdout.readline().startswith(b"OK")
+                await pilot.press("d")
+                await settle(pilot, app)
+                top = [str(c) for c in
+                       app.screen.query_one("#heap-sites", DataTable).get_row_at(0)]
+                assert top[3] == site and top[1] == str(n)
+                assert top[0] == human_bytes(n * size)
+                await pilot.press("x")
+                await settle(pilot, app)
+                assert "running now: no" in heap_text(app)
+        run(go())
+        assert t.alive()
+        assert not glob.glob(f"/proc/{t.pid}/root/tmp/allocdiag-heap-{t.pid}-*")

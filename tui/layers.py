@@ -415,7 +415,7 @@ def release_rows(result):
                 a = a.get("value")
             lab = BY_NAME[k].label if k in BY_NAME else str(k)
             if isinstance(b, int) and isinstance(a, int):
-                rows.append((lab, human_bytes(b), human_bytes(a), _signed(a - b)))
+                rows.append((lab, human_bytes(b), human_bytes(a), signed_bytes(a - b)))
             elif b is None and a is None:
                 continue
             else:
@@ -432,9 +432,10 @@ def release_rows(result):
     return [(str(k), cell(k, v), "", "") for k, v in result.items()]
 
 
-def _signed(n):
+def signed_bytes(n):
+    """A change in bytes: +1.0 MiB, −1.0 MiB, 0 B."""
     if n == 0:
-        return "0"
+        return human_bytes(0)
     return ("+" if n > 0 else "−") + human_bytes(abs(n))
 
 

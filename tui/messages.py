@@ -57,4 +57,14 @@ class ActionFinished(Message):
         self.action, self.result, self.error = action, result, error
 
 
+class HeapFinished(Message):
+    """One Heap tab call (status/start/dump/diff/stop) ended; for the tab only."""
+
+    bubble = False
+
+    def __init__(self, action, result=None, error=None):
+        super().__init__()
+        self.action, self.result, self.error = action, result, error
+
+
 # -- dialogs -------------------------------------------------------------------------

@@ -10,7 +10,8 @@ import time
 from collections import deque
 
 from rich.text import Text
-from textual import work
+from textual import on, work
+from textual.css.query import NoMatches
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.reactive import reactive
@@ -20,6 +21,7 @@ from textual.widgets import Footer, Header, Label, Static, TabbedContent, TabPan
 from collectors.errors import AccessDenied, NoSuchProcess
 from tui import layers
 from tui import process_tabs as tabs
+from tui.heap_tab import HeapTab
 from tui.process_tabs import FindingsPane
 from tui.widgets import HistoryLegend, LayerHistory, NativeTables, StackPanel, ViewStatic, ViewTable
 
@@ -50,6 +52,12 @@ class ProcessScreen(Screen):
         Binding("2", "tab('allocator')", "Allocator", show=False),
         Binding("3", "tab('findings')", "Findings", show=False),
         Binding("4", "tab('process')", "Process", show=False),
+        Binding("5", "tab('heap')", "Heap", show=False),
+        # the Heap tab's keys, offered while it is the active tab
+        Binding("s", "heap('status')", "Heap status/start"),
+        Binding("d", "heap('dump')", "Dump"),
+        Binding("D", "heap('diff')", "Diff"),
+        Binding("x", "heap('stop')", "Stop profiler"),
     ]
 
     # The sample on screen and its history (layers.ProcessView); every widget
@@ -114,6 +122,8 @@ class ProcessScreen(Screen):
                     yield ViewTable(tabs.COLLECTORS_COLUMNS, tabs.collector_rows,
                                     tabs.COLLECTORS_RIGHT, id="collectors",
                                     cursor_type="none").data_bind(bound)
+            with TabPane("Heap", id="heap"):
+                yield HeapTab(self.source, self._source_lock, id="heap-tab")
         yield Static("", id="proc-status", classes="status")
         yield Footer()
 
@@ -291,7 +301,22 @@ class ProcessScreen(Screen):
             return self.live and self.recorder is not None
         if action in ("step", "jump"):
             return not self.live
+        if action == "heap":
+            return live_ok and self._active_tab() == "heap"
         return True
+
+    def _active_tab(self):
+        try:
+            return self.query_one("#tabs", TabbedContent).active
+        except NoMatches:          # not composed yet
+            return None
+
+    @on(TabbedContent.TabActivated, "#tabs")
+    def _tab_activated(self, event):
+        self.refresh_bindings()     # the Heap tab's keys come and go with it
+
+    def action_heap(self, what):
+        self.query_one(HeapTab).request(what)
 
     def action_back(self):
         self.app.pop_screen()

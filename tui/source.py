@@ -14,11 +14,18 @@ from constructed Snapshots):
     (samples taken before the view opened; empty for a live process);
     ``close()`` (detach).  Attributes: ``pid``, ``live`` (True: poll it;
     False: a fixed series to navigate), ``no_attach``, ``label``.
+    Heap profiles (the Heap tab; ``collectors.heapcontrol``):
+    ``heap_status() -> dict`` (what is possible and why, or how),
+    ``heap_start() -> dict``, ``heap_stop() -> dict``, ``heap_dump() ->
+    dict`` with ``view`` (a ``diag.heapview.ProfileView``), ``snapshot``
+    (the process right after the dump: the diff's allocator and kernel
+    layers; None when it could not be read), ``call``, ``notes``,
+    ``pause_us``.
 
 ``ReplaySource``
     A ProcessSource over a recording: ``live`` is False, ``backlog()`` is
     the whole recording, ``sample()`` returns its last snapshot, actions
-    raise ActionUnavailable.
+    raise ActionUnavailable (heap profiles need a live process).
 
 Sources are called from worker threads; they must not touch the UI.
 """
@@ -27,6 +34,9 @@ import importlib
 import inspect
 
 from collectors.errors import AllocdiagError
+
+
+NEEDS_LIVE_PROCESS = "heap profiles need a live process: a recording has none"
 
 
 class ActionUnavailable(AllocdiagError):
@@ -111,6 +121,39 @@ class ProcessSource:
             return result.get("old"), result.get("new")
         return tuple(result)
 
+    # heap profiles: the allocator's own profiler, on an explicit user action
+    def _heapcontrol(self, what):
+        if self.no_attach:
+            raise ActionUnavailable(f"heap {what} needs to call into the process; "
+                                    "started with --no-attach", pid=self.pid)
+        return importlib.import_module("collectors.heapcontrol")
+
+    def heap_status(self):
+        return self._heapcontrol("status").status(self.pid)
+
+    def heap_start(self):
+        return self._heapcontrol("start").start(self.pid)
+
+    def heap_stop(self):
+        return self._heapcontrol("stop").stop(self.pid)
+
+    def heap_dump(self):
+        """The profile now, parsed and symbolized through the process's own
+        root (containers), and the process right after it."""
+        from collectors import heapprofile
+        from collectors.procfs import ProcFS
+        from diag import heapview
+        data, info = self._heapcontrol("dump").dump(self.pid)
+        view = heapview.view_of(heapprofile.parse(data), root=ProcFS().path(self.pid, "root"),
+                                pid=self.pid)
+        try:
+            snap = self.sample()
+        except AllocdiagError as exc:
+            snap = None
+            info = dict(info, notes=list(info.get("notes") or ())
+                        + [f"no snapshot after the dump: {exc}"])
+        return dict(info, view=view, snapshot=snap)
+
     def close(self):
         """Leave nothing attached: every snapshot detaches after its calls, but a
         thread that did not stop in time is held as an orphan until it does
@@ -149,6 +192,11 @@ class ReplaySource:
 
     def set_knob(self, name, value):
         raise ActionUnavailable("a recording has no knobs to set")
+
+    def _no_heap(self):
+        raise ActionUnavailable(NEEDS_LIVE_PROCESS)
+
+    heap_status = heap_start = heap_dump = heap_stop = _no_heap
 
     def close(self):
         pass
