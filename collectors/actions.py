@@ -148,12 +148,7 @@ def _set_jemalloc(rp, mallctl, name, value):
             raise Unsupported("background_thread takes true or false")
         new = v in ("true", "1")
         with rp.borrow() as c:
-            n, old, oldlen, newp = c.scratch(32), c.scratch(16), c.scratch(16), c.scratch(16)
-            c.write(n, b"background_thread\0")
-            c.write(oldlen, struct.pack("<Q", 1))
-            c.write(newp, struct.pack("<?", new))
-            rc = c.call(mallctl, n, old, oldlen, newp, 1) & 0xFFFFFFFF
-            was = struct.unpack("<?", c.read(old, 1))[0]
+            rc, was = jemalloc.mallctl_write_bool(c, mallctl, "background_thread", new)
         if rc:
             raise Unsupported(f"mallctl(background_thread) failed with error {rc}")
         return _b(was), _b(new), "mallctl background_thread (starts/stops jemalloc's purging threads)"

@@ -42,7 +42,7 @@ import stat
 import struct
 
 from collectors import livestats, memory, remote
-from collectors.allocators import common
+from collectors.allocators import common, jemalloc
 from collectors.config import parse_conf
 from collectors.detect import detect
 from collectors.errors import AccessDenied, MalformedData, RemoteCallError, Unsupported
@@ -445,12 +445,7 @@ def _je_set_active(t, on):
     mallctl = t.mallctl()
     rp = t.session()
     with rp.borrow() as c:
-        name, old, oldlen, new = c.scratch(32), c.scratch(16), c.scratch(16), c.scratch(16)
-        c.write(name, b"prof.active\0")
-        c.write(oldlen, struct.pack("<Q", 1))
-        c.write(new, struct.pack("<?", on))
-        rc = c.call(mallctl, name, old, oldlen, new, 1) & 0xFFFFFFFF
-        was = struct.unpack("<?", c.read(old, 1))[0]
+        rc, was = jemalloc.mallctl_write_bool(c, mallctl, "prof.active", on)
     if rc:
         raise Unsupported(f"mallctl(\"prof.active\") failed with error {rc}", pid=t.pid)
     return was, list(rp.pause_us)

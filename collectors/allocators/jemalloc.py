@@ -226,6 +226,17 @@ def mallctl_read(c, mallctl, name, ctype, scratch):
     return value
 
 
+def mallctl_write_bool(c, mallctl, name, value):
+    """mallctl(NAME, &old, &len, &VALUE, 1) for a bool mallctl such as
+    ``background_thread`` or ``prof.active``: (return code, old value)."""
+    name_at, old, oldlen, new = c.scratch(64), c.scratch(16), c.scratch(16), c.scratch(16)
+    c.write(name_at, name.encode() + b"\0")
+    c.write(oldlen, struct.pack("<Q", 1))
+    c.write(new, struct.pack("<?", bool(value)))
+    rc = c.call(mallctl, name_at, old, oldlen, new, 1) & 0xFFFFFFFF
+    return rc, struct.unpack("<?", c.read(old, 1))[0]
+
+
 def mallctl_scratch(c):
     return (c.scratch(256), c.scratch(16), c.scratch(16))
 
