@@ -324,3 +324,26 @@ def test_help_teaches_with_examples_and_exit_codes():
                   "--max-pause-ms-per-minute", "in this command:",
                   "pip install 'allocdiag[exporter]'", "allocdiag_memory_bytes"):
         assert words in r.stdout, words
+
+
+def test_http_mode_reads_targets_before_the_first_scrape():
+    """The targets are selected when the exporter starts, so the very first
+    scrape (a couple of seconds later, as Prometheus's would be) finds the
+    target read, not "pending"."""
+    with contextlib.ExitStack() as stack:
+        t = stack.enter_context(burst())
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "diag", "exporter", "--listen",
+                                 f"127.0.0.1:{port}", "--target", str(t.pid)], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_port(port, proc)
+            time.sleep(2.0)
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+                fams = families(resp.read().decode())
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(10)
+    (info,) = samples(fams, "allocdiag_target_info", pid=str(t.pid))
+    assert info.labels["state"] == "ok"
+    assert samples(fams, "allocdiag_allocator_resident_bytes")[0].value > 0

@@ -185,6 +185,9 @@ def run(args):
             exporter.write_textfile(path, reg)
             return _one_shot_code(collector)
         return _loop(collector, lambda: exporter.write_textfile(path, reg), args.interval)
+    # One scan now selects the live targets, so the reader starts on them at
+    # once and the first scrape finds them read rather than "pending".
+    collector.collect()
     return _serve(collector, reg, *args.listen)
 
 
