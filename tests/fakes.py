@@ -218,7 +218,9 @@ HEAP_SESSION = os.path.join(FIXTURES, "heap-tui-session.json")
 def heap_session():
     """The captured heapcontrol results: {"tcmalloc": {status_before, start,
     status_running, dump_a, dump_b, stop}, "tcmalloc_minimal": {status_before},
-    "glibc": {status_before}, "build_ids": {object: build-id at capture}}."""
+    "glibc": {status_before}, "tcmalloc_own" (the program's own HEAPPROFILE):
+    {status_before, stop_refused, stop (forced), status_stopped},
+    "build_ids": {object: build-id at capture}}."""
     with open(HEAP_SESSION) as f:
         return json.load(f)
 
@@ -280,7 +282,7 @@ class FakeProcess:
         self.closed = False
         self.heap = heap_session()[heap]     # the captured session of this allocator
         self.heap_calls = []
-        self.heap_running = False
+        self.heap_state = "status_before"    # the captured status the process is in now
         self.heap_dumps = 0
 
     def sample(self):
@@ -309,21 +311,39 @@ class FakeProcess:
     # heap profiles: what collectors.heapcontrol answered in the captured session
     def heap_status(self):
         self.heap_calls.append("status")
-        return self.heap["status_running" if self.heap_running else "status_before"]
+        return self.heap[self.heap_state]
+
+    def _heap_possible(self):
+        """What heapcontrol raises for an allocator without a heap profiler
+        (its _unsupported, from the captured status)."""
+        from collectors.errors import Unsupported
+        doc = self.heap["status_before"]
+        if not doc["possible"]:
+            raise Unsupported(f"heap profiling is not possible: {doc['reason']}", pid=self.pid,
+                              remediation=doc["remedy"])
 
     def heap_start(self):
         self.heap_calls.append("start")
-        self.heap_running = True
+        self._heap_possible()
+        self.heap_state = "status_running"
         return self.heap["start"]
 
     def heap_dump(self):
         self.heap_calls.append("dump")
+        self._heap_possible()
         self.heap_dumps += 1
         return heap_dump_result(self.heap["dump_a" if self.heap_dumps == 1 else "dump_b"])
 
-    def heap_stop(self):
-        self.heap_calls.append("stop")
-        self.heap_running = False
+    def heap_stop(self, force=False):
+        """The program's own profile (tcmalloc_own) is refused without FORCE,
+        with heapcontrol's captured message."""
+        from collectors.errors import Unsupported
+        self.heap_calls.append("stop(force)" if force else "stop")
+        self._heap_possible()
+        refused = self.heap.get("stop_refused")
+        if refused and not force:
+            raise Unsupported(refused["msg"], pid=self.pid, remediation=refused["remediation"])
+        self.heap_state = "status_stopped" if "status_stopped" in self.heap else "status_before"
         return self.heap["stop"]
 
     def close(self):
@@ -338,7 +358,7 @@ class FakeReplay(FakeProcess):
         super().__init__(snaps, backlog=snaps, pid=snaps[0].pid)
         self.label = "replay test"
 
-    def _no_heap(self):
+    def _no_heap(self, *args, **kwargs):
         from tui.source import NEEDS_LIVE_PROCESS, ActionUnavailable
         raise ActionUnavailable(NEEDS_LIVE_PROCESS)
 

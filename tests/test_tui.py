@@ -756,6 +756,12 @@ def heap_app(heap="tcmalloc", src=None):
     return src, make_app(process_source=src, interval=1000)
 
 
+async def keys(pilot, app, *names):
+    """Press NAMES and let the workers they start finish."""
+    await pilot.press(*names)
+    await settle(pilot, app)
+
+
 def heap_text(app, selector="#heap-state"):
     return str(app.screen.query_one(selector, Static).render())
 
@@ -774,40 +780,33 @@ def test_heap_tab_start_dump_diff_stop():
             assert screen.check_action("heap", ())
             assert src.heap_calls == []                       # nothing called on opening
             # WHEN s  THEN the status, and the start is asked first (and can be refused)
-            await pilot.press("s")
-            await settle(pilot, app)
+            await keys(pilot, app, "s")
             assert isinstance(app.screen, ConfirmDialog)
             question = str(app.screen.query_one("#question", Static).render())
             assert "sees only allocations after start" in question
             assert "HeapProfilerStart" in question and "slower" in question
-            await pilot.press("n")
-            await settle(pilot, app)
-            assert src.heap_calls == ["status"] and not src.heap_running
+            await keys(pilot, app, "n")
+            assert src.heap_calls == ["status"] and src.heap_state == "status_before"
             assert "running now: no" in heap_text(app)
             # WHEN s, Start  THEN started, and the status says it runs
-            await pilot.press("s")
-            await settle(pilot, app)
+            await keys(pilot, app, "s")
             await pilot.click("#yes")
             await settle(pilot, app)
             assert src.heap_calls == ["status", "status", "start", "status"]
             assert "running now: yes" in heap_text(app)
             # D before two dumps: told, nothing called
-            await pilot.press("D")
-            await settle(pilot, app)
+            await keys(pilot, app, "D")
             assert any("dump twice" in n.message for n in app._notifications)
             # WHEN d  THEN the top sites: the 200 bytearrays first
-            await pilot.press("d")
-            await settle(pilot, app)
+            await keys(pilot, app, "d")
             top = screen.query_one("#heap-sites", DataTable).get_row_at(0)
             assert [str(c) for c in top[:3]] == [human_bytes(200 * BYTEARRAY), "200",
                                                  human_bytes(200 * BYTEARRAY)]
             assert str(top[4]) == "PyByteArray_Resize"
             assert heap_text(app, "#heap-sites-title").startswith("dump 1 ")
             # WHEN d, D  THEN what grew and shrank per site, and the layers beside
-            await pilot.press("d")
-            await settle(pilot, app)
-            await pilot.press("D")
-            await settle(pilot, app)
+            await keys(pilot, app, "d")
+            await keys(pilot, app, "D")
             rows = [[str(c) for c in r] for r in
                     (screen.query_one("#heap-diff", DataTable).get_row_at(i) for i in
                      range(screen.query_one("#heap-diff", DataTable).row_count))]
@@ -821,8 +820,7 @@ def test_heap_tab_start_dump_diff_stop():
             assert layers["allocated"] == "+" + human_bytes(b - a)
             assert "verdict: growth is live objects" in heap_text(app, "#heap-verdict")
             # WHEN x  THEN stopped, and the status says so
-            await pilot.press("x")
-            await settle(pilot, app)
+            await keys(pilot, app, "x")
             assert src.heap_calls[-2:] == ["stop", "status"]
             assert "running now: no" in heap_text(app)
             assert any("drops the recorded data" in n.message for n in app._notifications)
@@ -830,19 +828,29 @@ def test_heap_tab_start_dump_diff_stop():
 
 
 def test_heap_tab_without_a_profiler_says_how():
+    """glibc: s shows heapcontrol's "not possible" and its recipe, nothing to
+    confirm; d anyway: the refusal, its reason and recipe, in the tab and as a
+    notification."""
     src, app = heap_app(heap="glibc")
 
     async def go():
         async with app.run_test(size=(100, 30)) as pilot:
             await settle(pilot, app)
-            await pilot.press("5", "s")
-            await settle(pilot, app)
+            await keys(pilot, app, "5", "s")
             text = heap_text(app)
             assert "heap profiling NOT possible" in text
             assert "how: restart it under an allocator with a heap profiler" in text
             assert "LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2" in text
             assert app.screen.id.startswith("process-")       # nothing to confirm
             assert src.heap_calls == ["status"]
+            await keys(pilot, app, "d")
+            text = heap_text(app)
+            doc = src.heap["status_before"]
+            assert text.startswith(f"heap dump failed: pid {src.pid}: heap profiling is not "
+                                   f"possible: {doc['reason']}")
+            assert "how: " + doc["remedy"] in text
+            assert any(n.title == "heap dump failed" for n in app._notifications)
+            assert src.heap_calls == ["status", "dump"]
     run(go())
 
 
@@ -911,23 +919,46 @@ def test_heap_tab_on_a_real_tcmalloc_process():
         async def go():
             async with app.run_test(size=(120, 40)) as pilot:
                 await settle(pilot, app)
-                await pilot.press("5", "s")
-                await settle(pilot, app)
+                await keys(pilot, app, "5", "s")
                 await pilot.click("#yes")
                 await settle(pilot, app)
                 assert "running now: yes" in heap_text(app)
                 t.proc.stdin.write(f"grow {n} {size}\n".encode())
                 t.proc.stdin.flush()
                 assert t.proc.stdout.readline().startswith(b"OK")
-                await pilot.press("d")
-                await settle(pilot, app)
+                await keys(pilot, app, "d")
                 top = [str(c) for c in
                        app.screen.query_one("#heap-sites", DataTable).get_row_at(0)]
                 assert top[3] == site and top[1] == str(n)
                 assert top[0] == human_bytes(n * size)
-                await pilot.press("x")
-                await settle(pilot, app)
+                await keys(pilot, app, "x")
                 assert "running now: no" in heap_text(app)
         run(go())
         assert t.alive()
         assert not glob.glob(f"/proc/{t.pid}/root/tmp/allocdiag-heap-{t.pid}-*")
+
+
+def test_heap_tab_stops_the_programs_own_profile_only_when_confirmed():
+    """A python3 started with HEAPPROFILE (captured): x asks the process
+    first, and since heapcontrol leaves a profile it did not start alone, asks
+    the user; No leaves it running, Stop it forces the stop."""
+    from tui.dialogs import ConfirmDialog
+    src, app = heap_app(heap="tcmalloc_own")
+
+    async def go():
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot, app)
+            await keys(pilot, app, "5", "x")
+            assert isinstance(app.screen, ConfirmDialog)
+            assert "not started by allocdiag" in str(app.screen.query_one("#question",
+                                                                          Static).render())
+            await keys(pilot, app, "n")
+            assert src.heap_calls == ["status"]
+            assert "running now: yes" in heap_text(app)
+            assert "runs its own profile (HEAPPROFILE)" in heap_text(app)
+            await keys(pilot, app, "x")
+            await pilot.click("#yes")
+            await settle(pilot, app)
+            assert src.heap_calls == ["status", "status", "stop(force)", "status"]
+            assert "running now: no" in heap_text(app)
+    run(go())

@@ -192,7 +192,7 @@ class HeapTab(VerticalScroll):
         self.dumps = deque(maxlen=2)        # the last two Dumps, for the diff
         self.dumped = 0
         self.busy = False
-        self.start_after_status = False
+        self.after_status = None            # 'start' or 'stop': what a status leads to
         self.state = Static(id="heap-state")
         self.sites_title = Static(id="heap-sites-title", classes="heap-title")
         self.sites = DataTable(id="heap-sites", cursor_type="row", zebra_stripes=True)
@@ -247,8 +247,29 @@ class HeapTab(VerticalScroll):
         if action == "diff" and len(self.dumps) < 2:
             self.tell("dump twice (d) to see what grew between the two", severity="warning")
             return
-        self.start_after_status = action == "status"
+        if action == "status":
+            self.after_status = "start"
+        elif action == "stop":
+            # whose profiler it is decides how to stop it: ask the process first
+            self.after_status, action = "stop", "status"
         self._run(action)
+
+    @staticmethod
+    def _not_ours(doc):
+        """The last status shows a gperftools profile running that allocdiag
+        did not start (the program's own HEAPPROFILE): heapcontrol leaves it
+        alone unless forced."""
+        return bool(doc and doc["running"] and doc["allocator"]["kind"] == "tcmalloc"
+                    and not doc["work_dir"])
+
+    def _force_question(self):
+        return (f"The heap profiler in process {self.source.pid} was not started by allocdiag "
+                f"(the program's own HEAPPROFILE or HeapProfilerStart).\n\nStop it anyway? "
+                f"HeapProfilerStop drops its data and the program writes no more profiles.")
+
+    def _force_confirmed(self, yes):
+        if yes:
+            self._run("stop", force=True)
 
     @on(Button.Pressed, "#heap-buttons Button")
     def _button(self, event):
@@ -256,20 +277,20 @@ class HeapTab(VerticalScroll):
         self.request({"heap-status": "status", "heap-dump": "dump",
                       "heap-diff-button": "diff", "heap-stop": "stop"}[event.button.id])
 
-    def _run(self, action):
+    def _run(self, action, **kwargs):
         self.busy = True
         self.state.update(Text(f"{WORKING[action]}…", style="italic"))
-        self._call(action, tuple(self.dumps))
+        self._call(action, tuple(self.dumps), kwargs)
 
     @work(thread=True, group="heap", exit_on_error=False)
-    def _call(self, action, dumps):
+    def _call(self, action, dumps, kwargs):
         try:
             if action == "diff":
                 a, b = dumps[-2:]
                 result = (a, b, compare(a, b))
             else:
                 with self.lock:
-                    result = getattr(self.source, f"heap_{action}")()
+                    result = getattr(self.source, f"heap_{action}")(**kwargs)
                 if action == "dump":
                     result = dict(result, sites=heapview.sites(result["view"]))
             self.post_message(HeapFinished(action, result=result))
@@ -285,6 +306,7 @@ class HeapTab(VerticalScroll):
         getattr(self, f"_{msg.action}_done")(msg.result)
 
     def _failed(self, action, exc):
+        self.after_status = None
         text = Text(f"heap {action} failed: {error_text(exc)}", style="bold red")
         remedy = getattr(exc, "remediation", None) if isinstance(exc, AllocdiagError) else None
         if remedy:
@@ -295,10 +317,15 @@ class HeapTab(VerticalScroll):
     def _status_done(self, doc):
         self.status = doc
         self.state.update(status_text(doc))
-        start, self.start_after_status = self.start_after_status, False
-        if start and doc["possible"] and not doc["running"]:
+        then, self.after_status = self.after_status, None
+        if then == "start" and doc["possible"] and not doc["running"]:
             self.app.push_screen(ConfirmDialog(self._start_question(doc), yes="Start"),
                                  self._confirmed)
+        elif then == "stop" and self._not_ours(doc):
+            self.app.push_screen(ConfirmDialog(self._force_question(), yes="Stop it"),
+                                 self._force_confirmed)
+        elif then == "stop" and doc["possible"]:
+            self._run("stop")
 
     def _start_question(self, doc):
         kind = doc["allocator"]["kind"]

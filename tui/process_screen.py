@@ -54,10 +54,10 @@ class ProcessScreen(Screen):
         Binding("4", "tab('process')", "Process", show=False),
         Binding("5", "tab('heap')", "Heap", show=False),
         # the Heap tab's keys, offered while it is the active tab
-        Binding("s", "heap('status')", "Heap status/start"),
+        Binding("s", "heap('status')", "Heap start"),
         Binding("d", "heap('dump')", "Dump"),
         Binding("D", "heap('diff')", "Diff"),
-        Binding("x", "heap('stop')", "Stop profiler"),
+        Binding("x", "heap('stop')", "Heap stop"),
     ]
 
     # The sample on screen and its history (layers.ProcessView); every widget

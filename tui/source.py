@@ -16,7 +16,7 @@ from constructed Snapshots):
     False: a fixed series to navigate), ``no_attach``, ``label``.
     Heap profiles (the Heap tab; ``collectors.heapcontrol``):
     ``heap_status() -> dict`` (what is possible and why, or how),
-    ``heap_start() -> dict``, ``heap_stop() -> dict``, ``heap_dump() ->
+    ``heap_start() -> dict``, ``heap_stop(force=False) -> dict``, ``heap_dump() ->
     dict`` with ``view`` (a ``diag.heapview.ProfileView``), ``snapshot``
     (the process right after the dump: the diff's allocator and kernel
     layers; None when it could not be read), ``call``, ``notes``,
@@ -134,8 +134,9 @@ class ProcessSource:
     def heap_start(self):
         return self._heapcontrol("start").start(self.pid)
 
-    def heap_stop(self):
-        return self._heapcontrol("stop").stop(self.pid)
+    def heap_stop(self, force=False):
+        """FORCE: also a gperftools profile the program started itself."""
+        return self._heapcontrol("stop").stop(self.pid, force=force)
 
     def heap_dump(self):
         """The profile now, parsed and symbolized through the process's own
@@ -193,7 +194,7 @@ class ReplaySource:
     def set_knob(self, name, value):
         raise ActionUnavailable("a recording has no knobs to set")
 
-    def _no_heap(self):
+    def _no_heap(self, *args, **kwargs):
         raise ActionUnavailable(NEEDS_LIVE_PROCESS)
 
     heap_status = heap_start = heap_dump = heap_stop = _no_heap

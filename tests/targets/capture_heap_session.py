@@ -7,7 +7,9 @@ status -> start -> [keep 300 bytes objects of 50,000 and 200 bytearrays of
 100,000 bytes] -> dump A (+ the inspect snapshot right after) -> [drop the
 bytes objects, add 400 bytearrays] -> dump B (+ snapshot) -> stop.  The
 status of a libtcmalloc_minimal and of a glibc python3 (heap profiling not
-possible: the reason and the recipe) is captured too.
+possible: the reason and the recipe) is captured too, and a python3 that
+runs its own profile (HEAPPROFILE): its status, the refused plain stop and
+the forced one.
 
 Writes tests/fixtures/heap-tui-tcmalloc-a.heap, heap-tui-tcmalloc-b.heap and
 heap-tui-session.json, with the build-ids of the objects the dumps'
@@ -18,13 +20,16 @@ when another build of python3.11 would give other ones).  Run as root from the r
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
 sys.path[:0] = [TESTS, os.path.dirname(TESTS)]
 
 from collectors import heapcontrol  # noqa: E402
+from collectors.errors import Unsupported  # noqa: E402
 from collectors.symbolize import _build_id_of  # noqa: E402  (what the symbolizer keys on)
 from diag import heapview, snapshot  # noqa: E402
 from targets import python_argv, start  # noqa: E402
@@ -81,6 +86,20 @@ def main():
     for allocator in ("tcmalloc_minimal", "glibc"):
         with start(python_argv(PROGRAM), allocator=allocator) as t:
             session[allocator] = {"status_before": heapcontrol.status(t.pid)}
+    own = tempfile.mkdtemp(prefix="allocdiag-capture-")
+    try:
+        with start(python_argv(PROGRAM), allocator="tcmalloc",
+                   env={"HEAPPROFILE": os.path.join(own, "own")}) as t:
+            s = session["tcmalloc_own"] = {"status_before": heapcontrol.status(t.pid)}
+            try:
+                heapcontrol.stop(t.pid)
+                raise AssertionError("heapcontrol.stop stopped the program's own profile")
+            except Unsupported as exc:
+                s["stop_refused"] = {"msg": exc.msg, "remediation": exc.remediation}
+            s["stop"] = heapcontrol.stop(t.pid, force=True)
+            s["status_stopped"] = heapcontrol.status(t.pid)
+    finally:
+        shutil.rmtree(own)
     with open(os.path.join(FIXTURES, "heap-tui-session.json"), "w") as f:
         json.dump(session, f, indent=1, sort_keys=True)
         f.write("\n")
