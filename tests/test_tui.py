@@ -827,6 +827,34 @@ def test_heap_tab_start_dump_diff_stop():
     run(go())
 
 
+def test_leaving_the_view_stops_the_profiler_it_started():
+    """gperftools records every allocation while on: quitting the view stops
+    the profiler it started (and only that one)."""
+    src, app = heap_app()
+
+    async def go():
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot, app)
+            await keys(pilot, app, "5", "s")
+            await pilot.click("#yes")
+            await settle(pilot, app)
+            assert src.heap_state == "status_running"
+            await pilot.press("q")
+            await pilot.pause()
+    run(go())
+    assert src.heap_calls[-1] == "stop" and src.heap_state == "status_before"
+    own, app = heap_app(heap="tcmalloc_own")
+
+    async def leave_alone():
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot, app)
+            await keys(pilot, app, "5", "s")
+            await pilot.press("q")
+            await pilot.pause()
+    run(leave_alone())
+    assert own.heap_calls == ["status"]
+
+
 def test_heap_tab_without_a_profiler_says_how():
     """glibc: s shows heapcontrol's "not possible" and its recipe, nothing to
     confirm; d anyway: the refusal, its reason and recipe, in the tab and as a
@@ -907,8 +935,10 @@ def test_heap_tab_on_a_real_tcmalloc_process():
     """The Heap tab over the real source: gperftools' profiler started in a
     running process (libtcmalloc.so.4), 50 blocks allocated after the start
     from a uniquely named function, dumped: that function is the top site;
-    stopped: nothing left in the target's /tmp."""
+    the view closed: the profiler is off and nothing is left in the target's
+    /tmp."""
     import glob
+    from collectors import heapcontrol
     from targets import build_c, start
     from tui.source import ProcessSource
     site, n, size = "allocdiag_heapctl_grow_site", 50, 100_000
@@ -931,10 +961,11 @@ def test_heap_tab_on_a_real_tcmalloc_process():
                        app.screen.query_one("#heap-sites", DataTable).get_row_at(0)]
                 assert top[3] == site and top[1] == str(n)
                 assert top[0] == human_bytes(n * size)
-                await keys(pilot, app, "x")
-                assert "running now: no" in heap_text(app)
+                await pilot.press("q")          # leaving the view stops the profiler
+                await pilot.pause()
         run(go())
         assert t.alive()
+        assert not heapcontrol.status(t.pid)["running"]
         assert not glob.glob(f"/proc/{t.pid}/root/tmp/allocdiag-heap-{t.pid}-*")
 
 

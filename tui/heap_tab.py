@@ -193,6 +193,10 @@ class HeapTab(VerticalScroll):
         self.dumped = 0
         self.busy = False
         self.after_status = None            # 'start' or 'stop': what a status leads to
+        # A profiler this view started (and not stopped): it costs the target
+        # time, so leaving the view stops it.  Set when the start is confirmed,
+        # before the call: a view closed during the start still stops it.
+        self.started_here = False
         self.state = Static(id="heap-state")
         self.sites_title = Static(id="heap-sites-title", classes="heap-title")
         self.sites = DataTable(id="heap-sites", cursor_type="row", zebra_stripes=True)
@@ -222,6 +226,19 @@ class HeapTab(VerticalScroll):
             w.display = False
         if self.unavailable():
             self.query_one("#heap-buttons").display = False
+
+    def on_unmount(self):
+        """Stop the profiler this view started: leaving it on would keep
+        slowing the target down after the view is gone.  Waits for a call in
+        flight (the lock), then one short stop of the target."""
+        if not self.started_here:
+            return
+        self.started_here = False
+        try:
+            with self.lock:
+                self.source.heap_stop()
+        except Exception:       # the process may be gone; nothing to show any more
+            pass
 
     def unavailable(self):
         """Why this source cannot profile (a recording; --no-attach), or None."""
@@ -331,17 +348,20 @@ class HeapTab(VerticalScroll):
         kind = doc["allocator"]["kind"]
         return (f"Start the heap profiler in process {self.source.pid}?\n\n"
                 f"{doc['how']}.\n{GROWTH}\n{COST.get(kind, '')}\n"
-                f"It stays on until x stops it (or the process exits).")
+                f"It stays on until x stops it or you leave this view.")
 
     def _confirmed(self, yes):
         if yes:
+            self.started_here = True
             self._run("start")
 
     def _start_done(self, result):
+        self.started_here = not result["was_running"]       # someone else's: left alone
         self.tell(f"{result['call']}{_pause(result)}", title="heap profiler started")
         self._run("status")
 
     def _stop_done(self, result):
+        self.started_here = False
         self.tell(f"{result['call'] or 'not running'}; "
                   + "; ".join(result.get("notes") or ()), title="heap profiler stopped")
         self._run("status")
