@@ -960,7 +960,8 @@ def test_heap_tab_on_a_real_tcmalloc_process():
                 top = [str(c) for c in
                        app.screen.query_one("#heap-sites", DataTable).get_row_at(0)]
                 assert top[3] == site and top[1] == str(n)
-                assert top[0] == human_bytes(n * size)
+                # nothing freed since the start: allocated equals in use, and is shown
+                assert top[0] == top[2] == human_bytes(n * size)
                 await pilot.press("q")          # leaving the view stops the profiler
                 await pilot.pause()
         run(go())
@@ -993,3 +994,16 @@ def test_heap_tab_stops_the_programs_own_profile_only_when_confirmed():
             assert src.heap_calls == ["status", "status", "stop(force)", "status"]
             assert "running now: no" in heap_text(app)
     run(go())
+
+
+def test_heap_sites_show_allocations_only_when_counted():
+    """jemalloc without prof_accum writes zero allocation counts: '-', never
+    0 B; a gperftools profile always counts them."""
+    from diag import heapview
+    from fakes import FIXTURES
+    from tui.heap_tab import site_rows
+    for name, counted in (("heap-jemalloc-python.heap", False),
+                          ("heap-tcmalloc-python.heap", True)):
+        view = heapview.load(os.path.join(FIXTURES, name))
+        rows = site_rows(view, heapview.sites(view))
+        assert all((r[2] != "-") == counted for r in rows), name

@@ -66,10 +66,19 @@ def _object(path):
     return os.path.basename(path) if path else ""
 
 
+def alloc_known(view):
+    """Whether the profile counts allocations since the start.  jemalloc
+    writes zeros without prof_accum.  (pprof's has_alloc also says no when
+    the counts equal the in-use ones, which a gperftools profile of a program
+    that freed nothing since the start legitimately has.)"""
+    t = view.totals()
+    return bool(t["alloc_objects"] or t["alloc_bytes"])
+
+
 def site_rows(view, sites, n=TOP_SITES):
     """Rows of the sites table; allocation totals '-' when the profile has
     none (jemalloc without prof_accum)."""
-    has_alloc = view.profile.has_alloc
+    has_alloc = alloc_known(view)
     return [(human_bytes(e["inuse_bytes"]), f"{e['inuse_objects']:,}",
              human_bytes(e["alloc_bytes"]) if has_alloc else "-",
              e["function"], _caller(e["stack"]), _object(e["object"])) for e in sites[:n]]
@@ -134,7 +143,7 @@ def dump_title(d, shown=()):
     text = Text()
     text.append(f"dump {d.number} · {clock(ts)} · in use {human_bytes(t['inuse_bytes'])} in "
                 f"{t['inuse_objects']:,} objects", style="bold")
-    if p.has_alloc:
+    if alloc_known(d.view):
         text.append(f" · allocated since start {human_bytes(t['alloc_bytes'])} in "
                     f"{t['alloc_objects']:,}")
     text.append(f"\n{p.format} ({sampling}) · {len(d.sites)} sites"
