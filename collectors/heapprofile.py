@@ -293,8 +293,13 @@ def _parse_gperf(body, i, warnings):
     else:
         raise MalformedData(f"heap profile: unknown kind {kind!r}")
     totals = Counts(*(_int64(m.group(k), i + 1) for k in range(1, 5)))
-    has_alloc = ((totals.alloc_objects != totals.inuse_objects and totals.alloc_objects != 0)
-                 or (totals.alloc_bytes != totals.inuse_bytes and totals.alloc_bytes != 0))
+    # pprof's hasAlloc guesses from the totals (gperftools 2.10's sampled
+    # heap_v2 writes the in-use pair twice).  The unsampled heapprofile always
+    # counts allocations since the start: equal pairs there mean nothing was
+    # freed, not "no data".
+    has_alloc = kind == "heapprofile" or (
+        (totals.alloc_objects != totals.inuse_objects and totals.alloc_objects != 0)
+        or (totals.alloc_bytes != totals.inuse_bytes and totals.alloc_bytes != 0))
     mode = _mode(kind)
     samples = []
     for j in range(i + 1, len(body)):

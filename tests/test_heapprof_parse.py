@@ -53,6 +53,19 @@ def test_unsampled_heapprofile_is_not_scaled():
     assert all(s.scaled == s.raw for s in p.samples)
 
 
+def test_unsampled_profile_with_nothing_freed_still_counts_allocations():
+    """A gperftools heapprofile of a program that freed nothing since the
+    start has equal in-use and allocated pairs: still allocation data (pprof's
+    hasAlloc heuristic is for the sampled format)."""
+    head, rest = load(TC_UNSAMPLED).split(b"\n", 1)
+    m = re.match(rb"heap profile: *(\d+): *(\d+) *\[", head)
+    equal = b"heap profile: %s: %s [%s: %s] @ heapprofile" % (m.group(1), m.group(2),
+                                                               m.group(1), m.group(2))
+    p = parse(equal + b"\n" + rest)
+    assert p.has_alloc
+    assert "allocated since start" in heapview.render_top(heapview.view_of(p))
+
+
 def test_jemalloc_threaded_rows():
     p = parse(load(JE_THREADS))
     assert (p.format, p.period, p.has_alloc) == (JEMALLOC, 65536, True)
