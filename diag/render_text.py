@@ -126,6 +126,9 @@ def print_explain(snap, out=None):
     for i, f in enumerate(snap.findings, 1):
         stake = f" [{hb(f.expected_effect_bytes)} at stake]" if f.expected_effect_bytes else ""
         print(f"  {i}. {f.severity}: {f.title}{stake}", file=out)
+        if f.evidence:
+            print("     evidence: " + "; ".join(f"{k} {render.evidence_text(k, v, p.rss)}"
+                                            for k, v in f.evidence.items()), file=out)
         if f.knob is not None:
             k = f.knob
             line = f"     knob {k.name}"

@@ -36,9 +36,9 @@ import zlib
 from collectors.errors import MalformedData
 from diag import findings as findings_mod
 from diag import report_charts as charts
-from diag.fields import BY_NAME, RUNTIME_BY_NAME
+from diag.fields import BY_NAME
 from diag.recording import read_recording_events
-from diag.render import human_bytes
+from diag.render import evidence_text, evidence_unit, human_bytes
 
 SETTLED_FRACTION = 0.2     # settled = median of the last 20% of the samples
 
@@ -49,17 +49,6 @@ RELEASE_FIELDS = KERNEL_FIELDS + ALLOCATOR_FIELDS + ("dirty", "muzzy", "retained
 COMPARE_PANELS = (("rss", "RSS"), ("rss_anon", "anon"), ("lazyfree", "LazyFree"),
                   ("resident", "allocator resident"))
 COMPARE_BARS = ("rss", "rss_anon", "lazyfree", "working_set", "allocated", "resident")
-
-# Evidence keys that are byte counts but not a diag.fields name (the names
-# the rules in diag.findings use for derived quantities).
-EVIDENCE_BYTES = frozenset((
-    "free_in_arenas", "held_free", "keepcost", "committed", "non_main_system",
-    "non_main_free", "pageheap_free", "thread_cache_free", "max_total_thread_cache_bytes",
-    "resident_free_upper_bound", "outside", "free_in_pools"))
-# prefixes/suffixes the rules put around a field name (allocator_resident, allocated_peak)
-_EVIDENCE_AFFIXES = (("", ""), ("allocator_", ""), ("cgroup_", ""), ("pymalloc_", ""),
-                     ("", "_first"), ("", "_last"), ("", "_peak"))
-
 
 # -- numbers ------------------------------------------------------------------------
 
@@ -80,49 +69,6 @@ def peak_settled(values, fraction=SETTLED_FRACTION):
         return None, None
     tail = known[-max(1, round(len(known) * fraction)):]
     return max(known), int(statistics.median(tail))
-
-
-def evidence_unit(key):
-    """The unit of an evidence KEY: a diag.fields unit ("bytes", "count"),
-    "percent", "ratio", "seconds", or None (shown as it is)."""
-    for prefix, suffix in _EVIDENCE_AFFIXES:
-        if key.startswith(prefix) and key.endswith(suffix):
-            base = key[len(prefix):len(key) - len(suffix)]
-            f = BY_NAME.get(base) or RUNTIME_BY_NAME.get(base)
-            if f is not None:
-                return f.unit
-    if key in EVIDENCE_BYTES:
-        return "bytes"
-    if "_pct" in key:
-        return "percent"
-    if key == "ratio":
-        return "ratio"
-    if key == "seconds":
-        return "seconds"
-    if key in ("samples", "steps_up", "narenas", "threads", "arenas"):
-        return "count"
-    return None
-
-
-def evidence_text(key, value, rss=None):
-    """One evidence value as the page shows it."""
-    unit = evidence_unit(key)
-    if value is None:
-        return "unknown"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
-    if unit == "bytes":
-        text = f"{value:,} B ({human_bytes(value)})"
-        if rss:
-            text += f" = {100.0 * value / rss:.1f}% of RSS"
-        return text
-    if unit == "percent":
-        return f"{value:g}%"
-    if unit == "ratio":
-        return f"{value:g}×"
-    if unit == "seconds":
-        return f"{value:.1f} s"
-    return f"{value:,}" if isinstance(value, int) else f"{value:g}"
 
 
 # -- input ----------------------------------------------------------------------------

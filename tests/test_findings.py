@@ -3,6 +3,7 @@ and silence on healthy or tiny ones."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -60,6 +61,13 @@ def test_glibc_held_memory_and_release():
         f = finding(snap, "glibc-free-held")
         assert f.expected_effect_bytes >= 100 * MiB
         assert f.knob.name == "trim_threshold" and f.knob.source == "compiled default"
+        ex = subprocess.run([sys.executable, "-m", "diag", "explain", str(p.pid)],
+                            capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+        assert ex.returncode == 0, ex.stderr
+        # the finding with its evidence in units: exact bytes, binary units, share of RSS
+        assert "glibc holds" in ex.stdout and "knob trim_threshold" in ex.stdout
+        assert re.search(r"evidence: free_in_arenas [\d,]+ B \([\d.]+ MiB\) = [\d.]+% of RSS",
+                         ex.stdout), ex.stdout
         r = subprocess.run([sys.executable, "-m", "diag", "release", "--yes", "--json", str(p.pid)],
                            capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
         assert r.returncode == 0, r.stderr

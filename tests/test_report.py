@@ -172,7 +172,7 @@ def test_findings_show_knob_and_evidence_with_units(page, recorded):
 
 
 def test_evidence_units_come_from_fields():
-    from diag.report import evidence_text, evidence_unit
+    from diag.render import evidence_text, evidence_unit
     assert evidence_unit("rss_anon") == "bytes" and evidence_unit("allocator_resident") == "bytes"
     assert evidence_unit("arenas") == "count"            # diag.fields runtime layer
     assert evidence_unit("lazyfree_pct_of_rss") == "percent"

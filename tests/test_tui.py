@@ -8,6 +8,7 @@ exercised through key presses and clicks, the way a user would.
 
 import asyncio
 import os
+import re
 import types
 
 import pytest
@@ -164,7 +165,10 @@ def test_findings_tab_shows_knob_current_and_source():
             # the first real finding on the captured jemalloc stats (diag.findings)
             assert [str(c) for c in row[2:6]] == ["dirty_decay_ms", "10000", "compiled default",
                                                   "1000"]
-            assert "press k" in status_text(app, "#finding-detail")
+            detail = status_text(app, "#finding-detail")
+            assert "press k" in detail
+            # evidence with its unit from the one formatter: bytes, binary units, share of RSS
+            assert re.search(r"dirty: [\d,]+ B \([\d.]+ MiB\) = [\d.]+% of RSS", detail), detail
     run(go())
 
 

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual import on
 from textual.widgets import DataTable, Static, TabPane
 
-from diag.render import human_bytes
+from diag.render import evidence_text, human_bytes
 from tui import layers
 from tui.widgets import Bound, fill_table
 
@@ -48,8 +48,9 @@ def finding_rows(snap):
     return rows
 
 
-def finding_text(f):
-    """The detail of finding F: evidence, knob and how to set it."""
+def finding_text(f, rss=None):
+    """The detail of finding F: evidence (units from diag.render.evidence_text,
+    bytes also as a share of RSS), knob and how to set it."""
     text = Text()
     text.append(f"{f.title}\n", style="bold")
     text.append(f"confidence {f.confidence}")
@@ -57,7 +58,7 @@ def finding_text(f):
         text.append(f" · expected effect {human_bytes(f.expected_effect_bytes)}")
     text.append("\n")
     for k, v in f.evidence.items():
-        text.append(f"  {k}: {v}\n", style="dim")
+        text.append(f"  {k}: {evidence_text(k, v, rss)}\n", style="dim")
     if f.knob is not None:
         text.append(f"knob {f.knob.name} = {f.knob.current or 'unset'}"
                     f" (from {f.knob.source or 'default'})")
@@ -133,7 +134,7 @@ class FindingsPane(Bound, TabPane):
         if f is None:
             self.detail.update("no findings" if self.view is not None else "")
         else:
-            self.detail.update(finding_text(f))
+            self.detail.update(finding_text(f, self.view.snapshot.process.rss))
 
     @on(DataTable.RowHighlighted, "#findings-table")
     def _highlighted(self, event):
