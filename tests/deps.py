@@ -136,6 +136,16 @@ def need(what, packages=None):
     _fail(msg)
 
 
+def go():
+    """The Go toolchain of the Debian package (golang-go), never another one
+    on PATH (a /usr/local/go on a development box is not what a fresh
+    machine has: its pprof, for one, prints merged samples differently)."""
+    return need(GO)
+
+
+GO = "/usr/bin/go"
+
+
 def _present(what):
     if what.startswith("/"):
         return os.path.exists(what)

@@ -178,9 +178,7 @@ def static_jemalloc_flags(full_static=False):
 def build_go(package_dir):
     """`go build` a stdlib-only main package under tests/targets/; skips
     when there is no Go toolchain."""
-    go = shutil.which("go") or ("/usr/local/go/bin/go" if os.path.exists("/usr/local/go/bin/go") else None)
-    if go is None:
-        go = deps.need("go")
+    go = deps.go()
     src = os.path.join(SOURCES, package_dir, "main.go")
     with open(src, "rb") as f:
         key = hashlib.sha1(f.read()).hexdigest()[:12]

@@ -369,9 +369,8 @@ def test_preload_prefixed_rjem_symbols_only():
 
 @pytest.mark.needs_go
 def test_preload_go_binary_ignores_preload():
-    if not os.path.exists("/usr/local/go/bin/go"):
-        import deps
-        deps.need("go")
+    import deps
+    deps.go()
     with preload("go", timeout=120) as (proc, f):
         exe = exe_of(proc.pid)
         with open(exe, "rb") as fh:

@@ -19,6 +19,7 @@ import pytest
 
 from diag.cli import main
 from diag.exitcodes import ExitCode
+import unpriv
 from targets import build_c, start
 
 NOBODY = 65534
@@ -59,7 +60,10 @@ def leftovers(pid):
 
 
 def grow_target(allocator, env=None, source="heap_grow.c", **popen):
-    return start([build_c(source)], allocator=allocator, env=env, **popen)
+    exe = build_c(source)
+    if popen.get("user") == NOBODY:
+        exe = unpriv.executable(exe)     # a checkout under /root is not nobody's to run
+    return start([exe], allocator=allocator, env=env, **popen)
 
 
 def tmp_entries():

@@ -20,7 +20,6 @@ from collectors.heapprofile import parse
 from diag import heapview
 
 GROW, CHURN = "allocdiag_sym_grow_site", "allocdiag_sym_churn_site"
-GO = "/usr/local/go/bin/go"
 # jemalloc settings under which freed pages become LazyFree quickly (DESIGN.md)
 LAZYFREE_CONF = ("prof:true,lg_prof_sample:0,background_thread:true,"
                  "dirty_decay_ms:500,muzzy_decay_ms:-1")
@@ -128,7 +127,7 @@ def test_jeprof_reads_the_written_jemalloc_profile(two_sites, sym_alloc, tmp_pat
 
 
 def test_pprof_reads_the_written_gperftools_profile(two_sites, tmp_path):
-    go = shutil.which("go") or (GO if Path(GO).exists() else None) or deps.need("go")
+    go = deps.go()
     out = tmp_path / "written.heap"
     heapview.write_legacy(heapview.load(two_sites["tcmalloc"]), str(out))
     res = subprocess.run([go, "tool", "pprof", "-top", "-sample_index=inuse_space", str(out)],

@@ -294,12 +294,39 @@ def cell(key, v, units=_BARE, path=None):
             return str(v["text"])
         if "value" in v and _is_scalar(v["value"]):
             return cell(key, v["value"], units, path + ("value",))
+        if _is_chunk_range(v):
+            return (f"{_chunks(v['count'])}, {units.text(path + ('total',), v['total'])}"
+                    f" ({v['from']:,}–{v['to']:,} B)")
+        if set(v) == {"count", "size"} and all(_is_int(x) for x in v.values()):
+            # malloc_info <total type="fast|rest|mmap" count= size=>
+            return f"{_chunks(v['count'])}, {units.text(path + ('size',), v['size'])}"
+        if v and all(_is_scalar(x) for x in v.values()):
+            # a small record (malloc_info <system type=current|max>): each in its unit
+            return " · ".join(f"{k} {cell(k, x, units, path + (k,))}" for k, x in v.items())
         return _compact(v)
     if isinstance(v, list):
         if all(_is_scalar(x) for x in v):
             return ", ".join(cell(key, x, units, path + (i,)) for i, x in enumerate(v)) or "[]"
+        if v and all(_is_chunk_range(x) for x in v):
+            total = sum(x["total"] for x in v)
+            return (f"{len(v)} size ranges: {_chunks(sum(x['count'] for x in v))}, "
+                    f"{units.text(path + (0, 'total'), total)}")
         return _compact(v)
     return units.text(path, v)
+
+
+def _is_int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _chunks(n):
+    return f"{n:,} chunk" + ("" if n == 1 else "s")
+
+
+def _is_chunk_range(v):
+    """glibc malloc_info's <size from= to= total= count=>: free chunks of one
+    size range (total in bytes).  A cell shows their sum, not the raw list."""
+    return isinstance(v, dict) and all(_is_int(v.get(k)) for k in ("from", "to", "total", "count"))
 
 
 def _compact(v, limit=60):
