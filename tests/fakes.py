@@ -220,7 +220,8 @@ def heap_session():
     status_running, dump_a, dump_b, stop}, "tcmalloc_minimal": {status_before},
     "glibc": {status_before}, "tcmalloc_own" (the program's own HEAPPROFILE):
     {status_before, stop_refused, stop (forced), status_stopped},
-    "build_ids": {object: build-id at capture}}."""
+    "build_ids": {object: build-id at capture}, "frames": {hex address: [object,
+    function, vaddr, text] as the capture machine resolved it}}."""
     with open(HEAP_SESSION) as f:
         return json.load(f)
 
@@ -229,10 +230,24 @@ def heap_dump_result(dump):
     """ProcessSource.heap_dump's shape from one captured dump: the profile
     loaded through diag.heapview.load (path dropped, as a live dump has none),
     the snapshot taken right after it, and heapcontrol's info."""
-    from diag import heapview
     from diag.recording import snapshot_from_json
-    view = dataclasses.replace(heapview.load(os.path.join(FIXTURES, dump["file"])), path=None)
+    view = captured_view(dump["file"])
     return dict(dump["info"], view=view, snapshot=snapshot_from_json(dump["snapshot"]))
+
+
+def captured_view(name):
+    """The dump NAME as diag.heapview shows it, with the frames the capture
+    machine resolved (heap-tui-session.json "frames"): the same on any
+    machine, whatever build of python3.11 and libc it has."""
+    from collectors import heapprofile
+    from collectors.symbolize import Frame, drop_allocator_frames
+    from diag.heapview import ProfileView
+    with open(os.path.join(FIXTURES, name), "rb") as f:
+        prof = heapprofile.parse(f.read())
+    frames = heap_session()["frames"]
+    stacks = [(drop_allocator_frames([Frame(a, *frames[f"{a:#x}"]) for a in s.stack]), s)
+              for s in prof.samples]
+    return ProfileView(None, prof, stacks, [])
 
 
 def heap_context_snapshot():
@@ -240,13 +255,6 @@ def heap_context_snapshot():
     (its inspect snapshot right after the first dump)."""
     from diag.recording import snapshot_from_json
     return snapshot_from_json(heap_session()["tcmalloc"]["dump_a"]["snapshot"])
-
-
-def heap_symbols_as_captured():
-    """Whether this machine symbolizes the captured dumps as the capture did
-    (the same builds of the objects their frames are in)."""
-    from collectors.symbolize import _build_id_of
-    return all(_build_id_of(path) == bid for path, bid in heap_session()["build_ids"].items())
 
 
 # -- fake sources: the interfaces of tui/source.py (HostSource, ProcessSource,

@@ -12,7 +12,7 @@ runs its own profile (HEAPPROFILE): its status, the refused plain stop and
 the forced one.
 
 Writes tests/fixtures/heap-tui-tcmalloc-a.heap, heap-tui-tcmalloc-b.heap and
-heap-tui-session.json, with the build-ids of the objects the dumps'
+heap-tui-session.json, with every frame of the dumps as this machine resolved it and the build-ids of the objects the dumps
 frames symbolize against on this machine (a test that shows names can tell
 when another build of python3.11 would give other ones).  Run as root from the repository root:
     .venv/bin/python tests/targets/capture_heap_session.py
@@ -28,13 +28,28 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
 sys.path[:0] = [TESTS, os.path.dirname(TESTS)]
 
-from collectors import heapcontrol  # noqa: E402
+from collectors import heapcontrol, heapprofile  # noqa: E402
 from collectors.errors import Unsupported  # noqa: E402
-from collectors.symbolize import _build_id_of  # noqa: E402  (what the symbolizer keys on)
+from collectors.symbolize import Symbolizer, _build_id_of  # noqa: E402  (what it keys on)
 from diag import heapview, snapshot  # noqa: E402
 from targets import python_argv, start  # noqa: E402
 
 FIXTURES = os.path.join(TESTS, "fixtures")
+
+
+def captured_frames(names):
+    """Every frame of the dumps NAMES as this machine's symbolizer resolved it
+    ({hex address: [object, function, vaddr, text]}): the fakes show these, so
+    the Heap tab's tests and baseline do not depend on this machine's builds."""
+    frames = {}
+    for name in names:
+        with open(os.path.join(FIXTURES, name), "rb") as f:
+            prof = heapprofile.parse(f.read())
+        sym = Symbolizer(prof.mappings)
+        for sample in prof.samples:
+            for fr in sym.stack(sample.stack):
+                frames[f"{fr.addr:#x}"] = [fr.object, fr.function, fr.vaddr, fr.text]
+    return frames
 PROGRAM = r"""
 import sys
 kept_bytes, kept_arrays = [], []
@@ -83,6 +98,7 @@ def main():
                for frames, _ in heapview.load(os.path.join(FIXTURES, name)).stacks
                for f in frames if f.object}
     session["build_ids"] = {path: _build_id_of(path) for path in sorted(objects)}
+    session["frames"] = captured_frames(("heap-tui-tcmalloc-a.heap", "heap-tui-tcmalloc-b.heap"))
     for allocator in ("tcmalloc_minimal", "glibc"):
         with start(python_argv(PROGRAM), allocator=allocator) as t:
             session[allocator] = {"status_before": heapcontrol.status(t.pid)}
