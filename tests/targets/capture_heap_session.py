@@ -12,9 +12,10 @@ runs its own profile (HEAPPROFILE): its status, the refused plain stop and
 the forced one.
 
 Writes tests/fixtures/heap-tui-tcmalloc-a.heap, heap-tui-tcmalloc-b.heap and
-heap-tui-session.json, with every frame of the dumps as this machine resolved it and the build-ids of the objects the dumps
-frames symbolize against on this machine (a test that shows names can tell
-when another build of python3.11 would give other ones).  Run as root from the repository root:
+heap-tui-session.json, with every frame of the dumps as this machine resolved
+it (the fakes show those, so the tests do not depend on the machine's builds)
+and the build-ids of the objects they are in.  Run as root from the
+repository root:
     .venv/bin/python tests/targets/capture_heap_session.py
 """
 
