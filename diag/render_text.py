@@ -127,8 +127,10 @@ def print_explain(snap, out=None):
         stake = f" [{hb(f.expected_effect_bytes)} at stake]" if f.expected_effect_bytes else ""
         print(f"  {i}. {f.severity}: {f.title}{stake}", file=out)
         if f.evidence:
-            print("     evidence: " + "; ".join(f"{k} {render.evidence_text(k, v, p.rss)}"
-                                            for k, v in f.evidence.items()), file=out)
+            width = max(len(k) for k in f.evidence)
+            print("     evidence:", file=out)
+            for k, v in f.evidence.items():
+                print(f"       {k:<{width}}  {render.evidence_text(k, v, p.rss)}", file=out)
         if f.knob is not None:
             k = f.knob
             line = f"     knob {k.name}"

@@ -66,7 +66,8 @@ def test_glibc_held_memory_and_release():
         assert ex.returncode == 0, ex.stderr
         # the finding with its evidence in units: exact bytes, binary units, share of RSS
         assert "glibc holds" in ex.stdout and "knob trim_threshold" in ex.stdout
-        assert re.search(r"evidence: free_in_arenas [\d,]+ B \([\d.]+ MiB\) = [\d.]+% of RSS",
+        assert "     evidence:\n" in ex.stdout
+        assert re.search(r"\n {7}free_in_arenas +[\d,]+ B \([\d.]+ MiB\) = [\d.]+% of RSS\n",
                          ex.stdout), ex.stdout
         r = subprocess.run([sys.executable, "-m", "diag", "release", "--yes", "--json", str(p.pid)],
                            capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
