@@ -64,6 +64,19 @@ class Unsupported(AllocdiagError):
     exit_code = ExitCode.UNSUPPORTED
 
 
+class BadPath(AllocdiagError):
+    """A file or directory named on the command line cannot be used: it does
+    not exist, is a directory where a file is wanted, or cannot be written.
+    The user's to fix, like any other usage error."""
+
+    exit_code = ExitCode.USAGE
+
+    @classmethod
+    def from_oserror(cls, exc, path=None):
+        path = path if path is not None else exc.filename
+        return cls(f"{path}: {exc.strerror or exc}")
+
+
 class MalformedData(Unsupported):
     """Bytes that claim to be a known format but do not parse (a truncated ELF,
     broken malloc_info XML, a cut-off stats JSON).  Raised per object: the

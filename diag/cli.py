@@ -9,7 +9,7 @@ Each command lives in its own module under ``diag.commands`` (parser and
 import argparse
 import sys
 
-from collectors.errors import AllocdiagError
+from collectors.errors import AccessDenied, AllocdiagError, BadPath
 from diag import __version__, commands
 from diag.commands.common import EXIT_CODES_HELP, print_error
 from diag.exitcodes import ExitCode
@@ -50,10 +50,26 @@ def main(argv=None):
     except AllocdiagError as exc:
         print_error(exc)
         return int(exc.exit_code)
+    except OSError as exc:
+        # A path the user named (recording, output file, directory) that a
+        # command opened without translating: say which, not "internal error".
+        # Errors about /proc are the collectors' to translate; those stay bugs.
+        if exc.filename is None or str(exc.filename).startswith("/proc/") or args.debug:
+            if args.debug:
+                raise
+            return _internal_error()
+        err = AccessDenied(None, msg=f"{exc.filename}: {exc.strerror}", remediation=None) \
+            if isinstance(exc, PermissionError) else BadPath.from_oserror(exc)
+        print_error(err)
+        return int(err.exit_code)
     except Exception:
         if args.debug:
             raise
-        import traceback
-        print("allocdiag: internal error (re-run with --debug for the traceback):", file=sys.stderr)
-        print("  " + traceback.format_exc().strip().splitlines()[-1], file=sys.stderr)
-        return ExitCode.INTERNAL
+        return _internal_error()
+
+
+def _internal_error():
+    import traceback
+    print("allocdiag: internal error (re-run with --debug for the traceback):", file=sys.stderr)
+    print("  " + traceback.format_exc().strip().splitlines()[-1], file=sys.stderr)
+    return ExitCode.INTERNAL

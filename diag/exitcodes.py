@@ -20,7 +20,7 @@ class ExitCode(enum.IntEnum):
 MEANINGS = {
     ExitCode.OK: "ok",
     ExitCode.INTERNAL: "internal error (a bug: please report it with the traceback from --debug)",
-    ExitCode.USAGE: "usage error",
+    ExitCode.USAGE: "usage error (also a named file that does not exist or is a directory)",
     ExitCode.NO_PROCESS: "no such process (or it exited while being read)",
     ExitCode.DENIED: "permission denied (run as root, or grant CAP_SYS_PTRACE; see the message)",
     ExitCode.UNSUPPORTED: "allocator not detected, or unsupported for what was asked",

@@ -12,7 +12,7 @@ import json
 import os
 
 from collectors import allocators
-from collectors.errors import AllocdiagError, MalformedData, Unsupported
+from collectors.errors import AccessDenied, AllocdiagError, BadPath, MalformedData, Unsupported
 from diag.fields import STATS_FIELDS
 from diag.model import Allocator, CollectorStatus, Snapshot, Value
 
@@ -39,12 +39,10 @@ def snapshot_from_file(path):
             raise Unsupported(f"{path}: {size} bytes is larger than any stats file ({MAX_BYTES})")
         with open(path, "rb") as f:
             data = f.read()
-    except FileNotFoundError:
-        raise Unsupported(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise Unsupported(f"{path}: is a directory") from None
     except PermissionError:
-        raise Unsupported(f"{path}: permission denied") from None
+        raise AccessDenied(None, msg=f"{path}: permission denied", remediation=None) from None
+    except OSError as exc:          # missing, a directory, a path through a file
+        raise BadPath.from_oserror(exc, path) from None
     kind = detect_format(data)
     if kind is None:
         raise Unsupported(f"{path}: not a recognised stats file (expected malloc_info XML, "

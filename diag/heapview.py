@@ -50,7 +50,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from collectors import heapprofile
-from collectors.errors import AccessDenied, MalformedData, Unsupported
+from collectors.errors import AccessDenied, BadPath, MalformedData, Unsupported
 from collectors.symbolize import DEBUG_ROOT, Symbolizer, drop_allocator_frames
 from diag.render import human_bytes, table
 
@@ -117,7 +117,7 @@ def _os_error(exc, path):
     what = f"{path}: {exc.strerror or exc}"
     if isinstance(exc, PermissionError):
         return AccessDenied(None, msg=what, remediation=None)
-    return Unsupported(what)
+    return BadPath.from_oserror(exc, path)
 
 
 def load(path, root=None, pid=None, debug_root=DEBUG_ROOT):

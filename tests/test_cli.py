@@ -61,6 +61,22 @@ def test_usage_exit_2():
     assert r.returncode == 2 and "not a process id" in r.stderr
 
 
+@pytest.mark.parametrize("argv", [
+    ["inspect", "--from", "{missing}"], ["inspect", "--from", "{dir}"], ["replay", "{missing}"],
+    ["serve", "replay", "{missing}"], ["heap", "show", "{missing}"], ["heap", "show", "{dir}"],
+    ["heap", "diff", "{missing}", "{missing}"], ["report", "{missing}", "-o", "{dir}/r.html"],
+    ["record", "1", "-o", "{missing}/x.jsonl", "--duration", "1"]])
+def test_unusable_paths_are_usage_errors_naming_the_path(argv, tmp_path):
+    """A file the user named that does not exist (or is a directory) exits 2
+    with the path and the reason, from every command that takes one."""
+    missing, d = str(tmp_path / "nope"), str(tmp_path)
+    r = allocdiag(*[a.format(missing=missing, dir=d) for a in argv])
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr
+    assert (missing in r.stderr and "No such file" in r.stderr) or \
+        (d in r.stderr and "directory" in r.stderr), r.stderr
+
+
 def test_help_teaches_exit_codes():
     r = allocdiag("inspect", "--help")
     assert r.returncode == 0

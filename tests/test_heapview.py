@@ -15,7 +15,7 @@ import pytest
 import deps
 import symtarget
 import targets
-from collectors.errors import MalformedData, Unsupported
+from collectors.errors import BadPath, MalformedData, Unsupported
 from collectors.heapprofile import parse
 from diag import heapview
 
@@ -137,7 +137,7 @@ def test_pprof_reads_the_written_gperftools_profile(two_sites, tmp_path):
 
 
 def test_load_errors_are_allocdiag_errors(tmp_path):
-    with pytest.raises(Unsupported, match="No such file"):
+    with pytest.raises(BadPath, match="No such file"):
         heapview.load(str(tmp_path / "missing.heap"))
     bad = tmp_path / "bad.heap"
     bad.write_text("heap profile: 1: 2 [1: 2] @ heapprofile\n 1: x [1: 2] @ 0x1\n")
