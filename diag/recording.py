@@ -325,7 +325,12 @@ def read_recording_events(path):
                 try:
                     doc = json.loads(line)
                 except ValueError as exc:
-                    what = "truncated (the recording was cut off?)" if truncated else str(exc)
+                    what = "truncated (the recording was cut off?)" if truncated else \
+                        f"not JSON ({exc})"
+                    if lineno == 1 and not truncated:
+                        raise MalformedData(f"{path}: not a recording (allocdiag record writes "
+                                            "one JSON document per line; line 1 is not JSON)") \
+                            from None
                     raise MalformedData(f"{path}: line {lineno}: {what}") from None
                 if isinstance(doc, dict) and EVENT_KEY in doc:
                     events.append(_event(doc, f"{path}: line {lineno}"))

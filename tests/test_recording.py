@@ -71,6 +71,8 @@ def test_malformed_and_truncated(tmp_path):
         assert name in str(info.value)
     with pytest.raises(MalformedData, match="line 2: truncated"):
         read_recording(tmp_path / "truncated.jsonl")
+    with pytest.raises(MalformedData, match="garbage.jsonl: not a recording .*line 1 is not JSON"):
+        read_recording(tmp_path / "garbage.jsonl")
     with pytest.raises(MalformedData, match="rss is not an integer"):
         read_recording(tmp_path / "badnumber.jsonl")
     # a gzip file cut off mid-stream
