@@ -220,8 +220,9 @@ def test_inspect_from_unknown_or_missing_file(tmp_path):
     p.write_text("hello\n")
     r = run_cli("inspect", "--from", str(p))
     assert r.returncode == 5 and "not a recognised stats file" in r.stderr
+    # a missing file is the user's to fix: a usage error naming it
     r = run_cli("inspect", "--from", str(tmp_path / "nope"))
-    assert r.returncode == 5 and "no such file" in r.stderr
+    assert r.returncode == 2 and f"{tmp_path / 'nope'}: No such file" in r.stderr
 
 
 def test_many_arenas_xml_via_mmap_leaves_no_mapping():

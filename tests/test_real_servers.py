@@ -21,6 +21,7 @@ import servers
 from collectors import livestats
 from collectors.detect import detect
 from collectors.image import ProcessImage
+from collectors.remote import RemoteProcess
 from servers import traced_tasks, untraced
 from targets import build_c, start
 from test_cli import allocdiag
@@ -215,11 +216,48 @@ def ask(t, line):
     return t.proc.stdout.readline().decode().split()
 
 
+INFINITE = (0, 2, 4)  # the threads whose wait never times out: every signal lands in it
+
+
 def counts(t):
+    """(eintr, handled, in_wait, restarted) per wait thread: EINTRs the waits
+    returned, SIGUSR1 deliveries, deliveries that interrupted a wait (one
+    EINTR owed each), deliveries at a restarted syscall (none owed, none
+    expected).  A timed wait's thread can take a signal between two waits:
+    then no EINTR is owed, with or without allocdiag."""
     words = ask(t, "counts")
     assert words[0] == "COUNTS", words
     vals = [int(x) for x in words[1:]]
-    return vals[:N], vals[N:]
+    return tuple(vals[i * N:(i + 1) * N] for i in range(4))
+
+
+def assert_one_eintr_per_interrupted_wait(t, signals_each):
+    eintr, handled, in_wait, restarted = counts(t)
+    assert handled == [signals_each] * N, f"lost signals: handled {handled}"
+    assert eintr == in_wait, f"EINTRs {eintr} for waits interrupted {in_wait}"
+    assert restarted == [0] * N, restarted
+    assert [in_wait[i] for i in INFINITE] == [signals_each] * len(INFINITE), in_wait
+
+
+def wait_tids(t):
+    """The wait threads' tids, from sp_eintr's READY line ("tids=a,b,...")."""
+    words = " ".join(t.ready) if isinstance(t.ready, (list, tuple)) else str(t.ready)
+    tids = [int(x) for x in words.split("tids=", 1)[1].split()[0].split(",")]
+    assert len(tids) == N, words
+    return tids
+
+
+def borrow_each(rp, tids, rounds):
+    """Stop every wait thread in turn (the engine alone would always take the
+    main thread, parked in read): epoll_wait, epoll_pwait and sigtimedwait
+    return -EINTR at the stop, which the release must make invisible."""
+    rewritten = 0
+    for _ in range(rounds):
+        for tid in tids:
+            with rp.borrow(tid=tid):
+                pass
+            rewritten += rp.last["restarted_eintr"]
+    return rewritten
 
 
 def test_no_eintr_during_snapshots_one_per_signal():
@@ -227,25 +265,27 @@ def test_no_eintr_during_snapshots_one_per_signal():
     with start([exe]) as t:
         image = ProcessImage(t.pid)
         det = detect(image)
-        for i in range(200):
+        tids = wait_tids(t)
+        rp = RemoteProcess(t.pid)
+        for i in range(100):
             livestats.collect(image, det)
+        rewritten = borrow_each(rp, tids, 20)
+        assert rewritten >= 60, rewritten        # the stops really made waits EINTR
         time.sleep(0.2)
-        eintr, handled = counts(t)
-        assert eintr == [0] * N, f"EINTRs after 200 snapshots: {eintr}"
+        eintr, handled, _, _ = counts(t)
+        assert eintr == [0] * N and handled == [0] * N, f"EINTRs after the snapshots and stops: {eintr}"
         # 3 real signals per wait thread, one at a time
         for rnd in range(3):
             for i in range(N):
                 assert ask(t, f"kill {i}") == ["SENT", str(i)]
                 time.sleep(0.12)
-        eintr, handled = counts(t)
-        assert handled == [3] * N, handled
-        assert eintr == [3] * N, f"EINTR per thread after 3 signals each: {eintr}"
-        # signals during snapshots: still exactly one each
+        assert_one_eintr_per_interrupted_wait(t, 3)
+        # signals during stops of the very thread: held, re-delivered, still
+        # exactly one EINTR per interrupted wait
         for i in range(N):
             ask(t, f"kill {i}")
-            for _ in range(10):
-                livestats.collect(image, det)
+            borrow_each(rp, [tids[i]], 10)
+            livestats.collect(image, det)
         time.sleep(0.2)
-        eintr, handled = counts(t)
-        assert handled == [4] * N and eintr == [4] * N, (eintr, handled)
+        assert_one_eintr_per_interrupted_wait(t, 4)
         assert t.alive() and untraced(t.pid), traced_tasks(t.pid)

@@ -1,9 +1,15 @@
 /* Counts every EINTR its waits return.  Wait threads:
  *   0 epoll_wait infinite   1 epoll_wait 50 ms   2 epoll_pwait infinite
  *   3 epoll_pwait 30 ms     4 sigtimedwait infinite   5 sigtimedwait 40 ms
- * A SIGUSR1 handler (no SA_RESTART) counts deliveries per thread.
- * stdin commands: "counts" -> "COUNTS e0..e5 h0..h5"; "kill I" -> tgkill
- * thread I with SIGUSR1, then "SENT I".  Prints "READY tids=..." first. */
+ * A SIGUSR1 handler (no SA_RESTART) counts deliveries per thread, and from
+ * the interrupted context says where each one landed: w = right after a
+ * syscall instruction with rax == -EINTR (it interrupted a wait, which
+ * returns EINTR: exactly one EINTR is owed), r = at a syscall instruction
+ * about to be restarted (never expected here: no SA_RESTART), else outside a
+ * wait (between two timed waits: no EINTR is owed, with or without allocdiag).
+ * stdin commands: "counts" -> "COUNTS e0..e5 h0..h5 w0..w5 r0..r5";
+ * "kill I" -> tgkill thread I with SIGUSR1, then "SENT I".  Prints
+ * "READY tids=..." first. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -13,14 +19,29 @@
 #include <sys/epoll.h>
 #include <sys/syscall.h>
 #include <time.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #define N 6
-static volatile long eintr[N], handled[N], loops[N];
+static volatile long eintr[N], handled[N], in_wait[N], restarted[N], loops[N];
 static volatile pid_t tids[N];
 static __thread int me = -1;
 
-static void on_usr1(int sig) { (void)sig; if (me >= 0) __atomic_add_fetch(&handled[me], 1, __ATOMIC_SEQ_CST); }
+static const unsigned char SYSCALL_INSN[2] = {0x0f, 0x05};
+
+static void on_usr1(int sig, siginfo_t *si, void *uc_) {
+    (void)sig; (void)si;
+    if (me < 0)
+        return;
+    const ucontext_t *uc = uc_;
+    const unsigned char *pc = (const unsigned char *)uc->uc_mcontext.gregs[REG_RIP];
+    long rax = (long)uc->uc_mcontext.gregs[REG_RAX];
+    __atomic_add_fetch(&handled[me], 1, __ATOMIC_SEQ_CST);
+    if (rax == -EINTR && !memcmp(pc - 2, SYSCALL_INSN, 2))
+        __atomic_add_fetch(&in_wait[me], 1, __ATOMIC_SEQ_CST);
+    else if (!memcmp(pc, SYSCALL_INSN, 2) && rax >= 0)
+        __atomic_add_fetch(&restarted[me], 1, __ATOMIC_SEQ_CST);
+}
 
 static void *waiter(void *arg) {
     me = (int)(long)arg;
@@ -47,7 +68,8 @@ static void *waiter(void *arg) {
 
 int main(void) {
     struct sigaction sa; memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_usr1;              /* no SA_RESTART */
+    sa.sa_sigaction = on_usr1;            /* no SA_RESTART */
+    sa.sa_flags = SA_SIGINFO;
     sigaction(SIGUSR1, &sa, NULL);
     sigset_t block; sigemptyset(&block); sigaddset(&block, SIGRTMIN);
     pthread_sigmask(SIG_BLOCK, &block, NULL);   /* for sigtimedwait, inherited */
@@ -69,6 +91,8 @@ int main(void) {
             printf("COUNTS");
             for (int j = 0; j < N; j++) printf(" %ld", eintr[j]);
             for (int j = 0; j < N; j++) printf(" %ld", handled[j]);
+            for (int j = 0; j < N; j++) printf(" %ld", in_wait[j]);
+            for (int j = 0; j < N; j++) printf(" %ld", restarted[j]);
             printf("\n");
         }
         fflush(stdout);
