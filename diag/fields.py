@@ -163,3 +163,36 @@ EXPORTER_FIELD_ROWS = (
 )
 
 EXPORTER_BY_NAME = {f.name: f for f in EXPORTER_FIELD_ROWS}
+
+
+# -- findings' evidence -------------------------------------------------------------------
+# Evidence keys are field names (units above) or the derived quantities below,
+# declared here once so every view shows them in their unit.  Keys whose values
+# are words (a cause, a path, a list of reasons) are listed as text.  A rule in
+# diag.findings that adds a key declares it here (tests/test_findings.py checks).
+_PCT = "percent"
+EVIDENCE_UNITS = {
+    # the allocator's or runtime's bytes under another name
+    "allocator_resident": _B, "pymalloc_resident": _B, "committed": _B,
+    "cgroup_usage": _B, "cgroup_working_set": _B, "cgroup_inactive_file": _B,
+    # a series' first, last and peak value (trend rules)
+    "allocated_first": _B, "allocated_last": _B, "allocated_peak": _B,
+    "resident_first": _B, "resident_last": _B, "resident_peak": _B,
+    # derived byte counts of the rules
+    "free_in_arenas": _B, "held_free": _B, "keepcost": _B, "non_main_system": _B,
+    "non_main_free": _B, "pageheap_free": _B, "thread_cache_free": _B,
+    "max_total_thread_cache_bytes": _B, "resident_free_upper_bound": _B, "outside": _B,
+    # shares, ratios, counts, durations
+    "dirty_pct_of_resident": _PCT, "idle_pct_of_resident": _PCT, "lazyfree_pct_of_rss": _PCT,
+    "outside_pct_of_anon": _PCT, "ratio": "ratio", "narenas": "count", "samples": "count",
+    "steps_up": "count", "seconds": "seconds",
+}
+EVIDENCE_TEXT = frozenset(("background_thread", "cause", "kind", "linkage", "others", "path",
+                           "prefix", "reasons", "requested", "serving"))
+
+
+def evidence_unit(key):
+    """The unit of an evidence KEY ("bytes", "count", "percent", "ratio",
+    "seconds"), or None for the text keys."""
+    f = BY_NAME.get(key) or RUNTIME_BY_NAME.get(key)
+    return f.unit if f is not None else EVIDENCE_UNITS.get(key)

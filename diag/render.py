@@ -4,7 +4,7 @@ import os
 import shutil
 import sys
 
-from diag.fields import BY_NAME, RUNTIME_BY_NAME
+from diag.fields import BY_NAME, evidence_unit
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
@@ -148,39 +148,6 @@ def native_rows(kind, native):
 
 
 # -- findings' evidence: one formatter for the TUI, explain and the report ----------
-
-# Evidence keys that are byte counts but not a diag.fields name (the names
-# the rules in diag.findings use for derived quantities).
-EVIDENCE_BYTES = frozenset((
-    "free_in_arenas", "held_free", "keepcost", "committed", "non_main_system",
-    "non_main_free", "pageheap_free", "thread_cache_free", "max_total_thread_cache_bytes",
-    "resident_free_upper_bound", "outside", "free_in_pools"))
-# prefixes/suffixes the rules put around a field name (allocator_resident, allocated_peak)
-_EVIDENCE_AFFIXES = (("", ""), ("allocator_", ""), ("cgroup_", ""), ("pymalloc_", ""),
-                     ("", "_first"), ("", "_last"), ("", "_peak"))
-
-
-def evidence_unit(key):
-    """The unit of an evidence KEY: a diag.fields unit ("bytes", "count"),
-    "percent", "ratio", "seconds", or None (shown as it is)."""
-    for prefix, suffix in _EVIDENCE_AFFIXES:
-        if key.startswith(prefix) and key.endswith(suffix):
-            base = key[len(prefix):len(key) - len(suffix)]
-            f = BY_NAME.get(base) or RUNTIME_BY_NAME.get(base)
-            if f is not None:
-                return f.unit
-    if key in EVIDENCE_BYTES:
-        return "bytes"
-    if "_pct" in key:
-        return "percent"
-    if key == "ratio":
-        return "ratio"
-    if key == "seconds":
-        return "seconds"
-    if key in ("samples", "steps_up", "narenas", "threads", "arenas"):
-        return "count"
-    return None
-
 
 def evidence_text(key, value, rss=None):
     """One evidence value as the page shows it."""

@@ -314,3 +314,37 @@ def test_mimalloc_idle_after_burst_and_release():
         r = actions.release(t.pid)
     assert r["call"] == "mi_collect(true)"
     assert r["before"].process.rss - r["after"].process.rss >= 100 * MiB
+
+
+def test_every_evidence_key_is_declared_with_its_unit():
+    """Each key the rules put in a finding's evidence is a field (diag.fields)
+    or declared in EVIDENCE_UNITS / EVIDENCE_TEXT, so views never guess a unit.
+    Read from the rules' source (string keys and keyword updates), and checked
+    on the findings the rules give for the real captures."""
+    import ast
+    import inspect
+    from diag import fields, findings as rules
+    from fakes import SNAPSHOTS
+    tree = ast.parse(inspect.getsource(rules))
+    keys = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "evidence" and \
+                isinstance(node.value, ast.Dict):
+            keys |= {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "ev"
+                                                for t in node.targets) \
+                and isinstance(node.value, ast.Dict):
+            keys |= {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "update" and \
+                getattr(node.func.value, "id", None) == "ev":
+            keys |= {k.arg for k in node.keywords}
+    assert len(keys) > 30, keys
+    undeclared = {k for k in keys if fields.evidence_unit(k) is None
+                  and k not in fields.EVIDENCE_TEXT}
+    assert not undeclared, undeclared
+    seen = [(k, v) for make in SNAPSHOTS.values() for f in make().findings
+            for k, v in f.evidence.items()]
+    assert seen
+    for k, v in seen:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            assert fields.evidence_unit(k) is not None, k
