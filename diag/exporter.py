@@ -74,8 +74,13 @@ def _exe_name(proc, pid):
         return None
 
 
-def preload_label(effective):
-    return {True: "true", False: "false"}.get(effective, UNKNOWN)
+def preload_label(preload):
+    """true | false | none (no preload requested) | unknown (the environment
+    could not be read): from the host row's preload verdict."""
+    effective = preload.get("effective")
+    if effective is not None:
+        return "true" if effective else "false"
+    return "none" if (preload.get("verdict") or "").startswith("none requested") else UNKNOWN
 
 
 class AllocdiagCollector:
@@ -181,7 +186,7 @@ class AllocdiagCollector:
         seen = defaultdict(set)         # which sums had at least one known value
         for r in scan.rows:
             key = (groups[r["pid"]], r["allocator"]["kind"] or UNKNOWN,
-                   preload_label(r["preload"]["effective"]))
+                   preload_label(r["preload"]))
             sums[key]["processes"] += 1
             for name, _ in M.PROC_ROW_FIELDS:
                 if r.get(name) is not None:

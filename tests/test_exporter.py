@@ -347,3 +347,16 @@ def test_http_mode_reads_targets_before_the_first_scrape():
     (info,) = samples(fams, "allocdiag_target_info", pid=str(t.pid))
     assert info.labels["state"] == "ok"
     assert samples(fams, "allocdiag_allocator_resident_bytes")[0].value > 0
+
+
+def test_preload_label_tells_none_requested_from_unknown():
+    """A glibc process started without LD_PRELOAD is preload_effective="none"
+    (not "unknown"); a preloaded one "true"."""
+    with burst(allocator="glibc") as plain, burst() as pre:
+        r = allocdiag("exporter", "--once", "--group", "^burst=b")
+    assert r.returncode in (ExitCode.OK, ExitCode.PARTIAL), r.stderr
+    got = {(s.labels["allocator"], s.labels["preload_effective"])
+           for s in samples(families(r.stdout), "allocdiag_processes", group="b")}
+    assert ("glibc", "none") in got and ("jemalloc", "true") in got, got
+    assert exporter.preload_label({"effective": None, "verdict": "unknown: environment not "
+                                   "readable"}) == "unknown"
