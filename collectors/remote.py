@@ -88,7 +88,6 @@ Safety rules implemented here
 """
 
 import atexit
-import bisect
 import contextlib
 import importlib
 import os
@@ -100,6 +99,7 @@ import time
 from collections import namedtuple
 
 from collectors import memory, ptrace, safepoints, unwind
+from collectors.ranges import Ranges
 from collectors.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,
                                RemoteCallError, Unsupported)
 
@@ -387,7 +387,7 @@ class RemoteProcess:
         self.stack_headroom = int(stack_headroom)
         rs = sorted((int(s), int(e), str(n)) for s, e, n in forbidden_ranges)
         self._forbidden = rs
-        self._fstarts = [r[0] for r in rs]
+        self._in_forbidden = Ranges(rs)     # addr -> the forbidden object's name, or None
         self._judge_stack = None  # safepoints.StackJudge, built when a futex wait is judged
         self._judge_maps = None   # the /proc/PID/maps text it was built from
         # Test-only switches that disable one protection, to show the tests
@@ -445,12 +445,6 @@ class RemoteProcess:
         if self._read_auxv() != self._auxv:
             raise RemoteCallError("the process executed a new program (exec) since "
                                   "it was opened; open it again", pid=self.pid)
-
-    def _in_forbidden(self, addr):
-        i = bisect.bisect_right(self._fstarts, addr) - 1
-        if i >= 0 and addr < self._forbidden[i][1]:
-            return self._forbidden[i][2]
-        return None
 
     def _task(self, tid, leaf):
         return f"{self.procfs}/{self.pid}/task/{tid}/{leaf}"

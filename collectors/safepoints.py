@@ -25,10 +25,10 @@ Also here: ``forbidden_ranges`` (what a running thread must not be in) and
 by ``collectors.livestats``.
 """
 
-import bisect
 import os
 
 from collectors import unwind
+from collectors.ranges import Ranges
 
 # ---- syscalls (x86-64 numbers, arch/x86/entry/syscalls/syscall_64.tbl) -----
 # Waits that restart transparently after a ptrace stop (rax at the stop, on
@@ -142,22 +142,6 @@ def classify_wait(nr, args):
 
 # ---- the stack-walk proof for futex waits -----------------------------------------
 
-class _Ranges:
-    """Sorted, non-overlapping [(start, end, name)] with point lookup."""
-
-    def __init__(self, ranges):
-        self._r = sorted(ranges)
-        self._starts = [r[0] for r in self._r]
-
-    def __call__(self, addr):
-        i = bisect.bisect_right(self._starts, addr) - 1
-        if i >= 0 and addr < self._r[i][1]:
-            return self._r[i][2]
-        return None
-
-    def __bool__(self):
-        return bool(self._r)
-
 
 JMP_REL32 = 0xE9
 
@@ -200,7 +184,7 @@ class StackJudge:
 
     def __init__(self, pid, maps_text, forbidden, read, procfs="/proc"):
         self.unwinder = unwind.Unwinder(pid, maps_text, read, procfs)
-        self.allocator = _Ranges([r for r in forbidden if not is_libc_name(r[2])])
+        self.allocator = Ranges([r for r in forbidden if not is_libc_name(r[2])])
         self._libc = None
         self._libc_done = False
 
@@ -229,7 +213,7 @@ class StackJudge:
                                  for a, b in _tail_call_targets(obj, m.opener, s))
                 elif s.name in GLIBC_MALLOC_FUNCTIONS:
                     malloc.append(rng)
-            self._libc = (m.path, _Ranges(waits), _Ranges(malloc))
+            self._libc = (m.path, Ranges(waits), Ranges(malloc))
             break
         return self._libc
 

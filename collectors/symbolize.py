@@ -54,6 +54,7 @@ from elftools.elf.elffile import ELFFile
 from collectors.demangle import demangle
 from collectors.elf import STB_GLOBAL, STB_WEAK, STT_FUNC
 from collectors.heapprofile import printable
+from collectors.ranges import Ranges
 
 DEBUG_ROOT = "/usr/lib/debug"
 PROCFS = "/proc"
@@ -325,16 +326,9 @@ class Symbolizer:
         self.debug_root = debug_root
         self.procfs = procfs
         self.warnings = []
-        self._maps = sorted((m for m in mappings if m.end > m.start), key=lambda m: m.start)
-        self._starts = [m.start for m in self._maps]
+        self._mapping = Ranges((m.start, m.end, m) for m in mappings if m.end > m.start)
         self._tables = {}      # mapping path -> SymbolTable | None
         self._frames = {}      # addr -> Frame
-
-    def _mapping(self, addr):
-        i = bisect.bisect_right(self._starts, addr) - 1
-        if i >= 0 and addr < self._maps[i].end:
-            return self._maps[i]
-        return None
 
     def _table(self, m):
         path = m.path

@@ -36,6 +36,7 @@ from elftools.dwarf.callframe import FDE, CallFrameInfo, RegisterRule
 from elftools.elf.elffile import ELFFile
 
 from collectors import elf
+from collectors.ranges import Ranges
 
 __all__ = ["UnwindError", "CfiTable", "Frame", "Unwinder", "cfi_table", "DWARF_REGS"]
 
@@ -304,13 +305,7 @@ class Unwinder:
                                  elf.ObjectFile(procfs, pid, start, end, path)))
         maps.sort(key=lambda m: m.start)
         self._maps = maps
-        self._starts = [m.start for m in maps]
-
-    def mapping(self, pc):
-        i = bisect.bisect_right(self._starts, pc) - 1
-        if i >= 0 and pc < self._maps[i].end:
-            return self._maps[i]
-        return None
+        self.mapping = Ranges((m.start, m.end, m) for m in maps)   # pc -> _Mapping or None
 
     def _bias(self, m):
         if m.bias is None:
