@@ -41,7 +41,7 @@ import shutil
 import stat
 import struct
 
-from collectors import livestats, memory, remote
+from collectors import livestats, remote
 from collectors.allocators import common, jemalloc
 from collectors.config import parse_conf
 from collectors.detect import detect
@@ -61,8 +61,6 @@ PROFILE_MAX = 256 << 20           # refuse to copy a bigger profile text
 # later versions strdup a text of any size.
 GPERF_2_10_BUFFER = 1 << 20
 BUCKET_LINE_MAX = 4096            # a bucket line with a full stack fits in this
-PAGE = 4096
-READ_CHUNK = 64 * 1024            # process_vm_readv per call, page-aligned ends
 
 GPERF_CALLS = ("HeapProfilerStart", "IsHeapProfilerRunning", "GetHeapProfile",
                "HeapProfilerStop")
@@ -504,9 +502,12 @@ def dump(pid, procfs=None):
             if not p:
                 raise RemoteCallError("GetHeapProfile returned NULL", pid=pid)
             try:
-                data = read_cstring(c, p, PROFILE_MAX)
+                data = c.cstring(p, PROFILE_MAX)
             finally:
                 c.call(free, p)
+        if len(data) >= PROFILE_MAX:
+            raise MalformedData(f"profile text longer than {PROFILE_MAX} bytes: not copied",
+                                pid=pid)
         if not data:
             raise MalformedData("GetHeapProfile returned an empty profile (profiler stopped?)",
                                 pid=pid)
@@ -589,24 +590,3 @@ def latest(pid, procfs=None):
     return read_target_file(newest["local"], _fs_ids(t)[0]), newest, doc
 
 
-def read_cstring(c, addr, limit):
-    """The NUL-terminated string at ADDR in the target, up to LIMIT bytes.
-    Reads READ_CHUNK bytes at a time, each ending on a page boundary, so a
-    chunk can only fault in a page past the string's end: that chunk is then
-    read again page by page."""
-    out = []
-    total = 0
-    while total < limit:
-        n = min(READ_CHUNK - (addr % PAGE), limit - total)
-        try:
-            data = c.read(addr, n)
-        except memory.MemoryFault:
-            data = c.read(addr, min(PAGE - addr % PAGE, n))
-        i = data.find(b"\0")
-        if i >= 0:
-            out.append(data[:i])
-            return b"".join(out)
-        out.append(data)
-        total += len(data)
-        addr += len(data)
-    raise MalformedData(f"profile text longer than {limit} bytes: not copied")

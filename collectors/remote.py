@@ -106,6 +106,9 @@ from collectors.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quar
 __all__ = ["RemoteProcess", "Call", "is_quarantined", "quarantine_reason",
            "text_ranges"]
 
+PAGE_SIZE = 4096
+CSTRING_CHUNK = 64 * 1024   # bytes per process_vm_readv in Call.cstring (page-aligned ends)
+
 # Architectures with an arch module.  (aarch64 is described in
 # arch_x86_64's docstring but not written yet.)
 _ARCH_MODULES = {"x86_64": "arch_x86_64", "amd64": "arch_x86_64"}
@@ -1290,16 +1293,25 @@ class Call:
         return low
 
     def cstring(self, addr, limit=1 << 20):
-        out = b""
-        while len(out) < limit:
-            chunk = min(4096 - (addr % 4096), limit - len(out))
-            data = memory.read(self._rp.pid, addr, chunk)
+        """The NUL-terminated string at ADDR, cut at LIMIT bytes.  Each read
+        (up to CSTRING_CHUNK) ends on a page boundary, so it can fault only on
+        a page past the string's end; such a read is retried up to its first
+        page boundary."""
+        out, total = [], 0
+        while total < limit:
+            n = min(CSTRING_CHUNK - addr % PAGE_SIZE, limit - total)
+            try:
+                data = memory.read(self._rp.pid, addr, n)
+            except memory.MemoryFault:
+                data = memory.read(self._rp.pid, addr, min(PAGE_SIZE - addr % PAGE_SIZE, n))
             i = data.find(b"\0")
             if i >= 0:
-                return out + data[:i]
-            out += data
-            addr += chunk
-        return out
+                out.append(data[:i])
+                break
+            out.append(data)
+            total += len(data)
+            addr += len(data)
+        return b"".join(out)
 
 
 Stop = namedtuple("Stop", "kind sig si regs")
