@@ -63,15 +63,13 @@ def _read(path, default=""):
         return default
 
 
+def _exe_name(row):
+    """The executable's file name, from the host scan's row."""
+    return os.path.basename(row["exe"]) if row.get("exe") else None
+
+
 def _cmdline(proc, pid):
     return _read(f"{proc}/{pid}/cmdline", b"").replace(b"\0", b" ").strip().decode(errors="replace")
-
-
-def _exe_name(proc, pid):
-    try:
-        return os.path.basename(os.readlink(f"{proc}/{pid}/exe")).removesuffix(" (deleted)")
-    except OSError:
-        return None
 
 
 def preload_label(preload):
@@ -118,13 +116,13 @@ class AllocdiagCollector:
     def group_of(self, row):
         comm = row.get("comm") or UNKNOWN
         if self.o.groups:
-            exe = _exe_name(self.o.proc, row["pid"]) or ""
+            exe = _exe_name(row) or ""
             cmd = _cmdline(self.o.proc, row["pid"])
             for rx, name in self.o.groups:
                 if rx.search(comm) or rx.search(exe) or rx.search(cmd):
                     return name
         if self.o.group_by == "exe":
-            return _exe_name(self.o.proc, row["pid"]) or comm
+            return _exe_name(row) or comm
         if self.o.group_by == "user":
             return row.get("user") or UNKNOWN
         return comm

@@ -98,7 +98,7 @@ def scan_one(pid, procfs, meter=None):
     top = findings.evaluate(Snapshot(pid=pid, allocator=a, preload=pre, process=mem))
     user, cpu, key = _ps_facts(pid, meter or CpuMeter()) if procfs.root == "/proc" else (None, None, None)
     return {
-        "pid": pid, "comm": image.comm, "user": user,
+        "pid": pid, "comm": image.comm, "exe": image.exe_path, "user": user,
         "cpu_percent": None if cpu is None else round(cpu, 1), "_key": key,
         "allocator": {"kind": a.kind, "linkage": a.linkage, "version": a.version,
                       "prefix": a.prefix, "others": [o.kind for o in a.others]},

@@ -360,3 +360,15 @@ def test_preload_label_tells_none_requested_from_unknown():
     assert ("glibc", "none") in got and ("jemalloc", "true") in got, got
     assert exporter.preload_label({"effective": None, "verdict": "unknown: environment not "
                                    "readable"}) == "unknown"
+
+
+def test_group_by_exe_uses_the_executable_name():
+    """--group-by exe: the executable's file name (the host scan's exe), also
+    what --group rules match besides comm and the command line."""
+    with burst() as t:
+        exe = os.path.basename(os.readlink(f"/proc/{t.pid}/exe"))
+        r = allocdiag("exporter", "--once", "--group-by", "exe")
+        r2 = allocdiag("exporter", "--once", "--group", f"^{re.escape(exe)}$=by_exe")
+    assert r.returncode in (ExitCode.OK, ExitCode.PARTIAL), r.stderr
+    assert samples(families(r.stdout), "allocdiag_processes", group=exe)
+    assert samples(families(r2.stdout), "allocdiag_processes", group="by_exe")
