@@ -44,7 +44,9 @@ __all__ = ["Recorder", "read_recording", "read_recording_events", "snapshot_from
 EVENT_KEY = "event"
 
 
-def _open(path, mode):
+def open_text(path, mode="r"):
+    """A recording (or any allocdiag text file) opened as text; gzip when the
+    name ends in .gz."""
     if str(path).endswith(".gz"):
         return gzip.open(path, mode + "t", encoding="utf-8")
     return open(path, mode, encoding="utf-8")
@@ -62,7 +64,7 @@ class Recorder:
         self.count = 0
         self.events = 0
         # gzip in append mode adds a member; readers see one stream.
-        self._f = _open(self.path, "a" if append else "w")
+        self._f = open_text(self.path, "a" if append else "w")
 
     def write(self, snapshot):
         self._line(snapshot.to_json())
@@ -317,7 +319,7 @@ def read_recording_events(path):
     events = []
     lineno = 0
     try:
-        with _open(path, "r") as f:
+        with open_text(path, "r") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue

@@ -37,7 +37,7 @@ from collectors.errors import MalformedData
 from diag import findings as findings_mod
 from diag import report_charts as charts
 from diag.fields import BY_NAME
-from diag.recording import read_recording_events
+from diag.recording import open_text, read_recording_events
 from diag.render import evidence_text, evidence_unit, human_bytes
 
 SETTLED_FRACTION = 0.2     # settled = median of the last 20% of the samples
@@ -73,18 +73,12 @@ def peak_settled(values, fraction=SETTLED_FRACTION):
 
 # -- input ----------------------------------------------------------------------------
 
-def _open_text(path):
-    if str(path).endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, "r", encoding="utf-8")
-
-
 def load(path):
     """("compare", document) for a ``compare --json`` file, else ("recording",
     (snapshots, events)).  MalformedData for anything else (OSError when it
     cannot be opened)."""
     try:
-        with _open_text(path) as f:
+        with open_text(path) as f:
             first = next((line for line in f if line.strip()), None)
             if first is not None:
                 try:
