@@ -362,14 +362,13 @@ def test_live_self_and_file_have_the_same_native_keys(allocator):
 def _stats_print_bytes(pid):
     """Length of the JSON one snapshot's malloc_stats_print wrote."""
     from collectors import allocators
-    from collectors.remote import RemoteProcess
     image = ProcessImage(pid)
     det = detect(image)
     mod = allocators.module("jemalloc")
     mod.forget_general()
     opts = {"per_arena": False}
     a = mod.plan(livestats.Resolver(image), det.serving, det.allocator, opts)
-    rp = RemoteProcess(pid, forbidden_ranges=livestats.forbidden_ranges(image, det))
+    rp = livestats.open_remote(image, det, stack_need=mod.STACK_NEED)
     with rp.borrow() as c:
         raw = mod.gather(c, a, opts)
     return len(raw["json"])
