@@ -11,23 +11,78 @@ recognisable in the address space, so the kernel can:
   new_heap), anonymous, the used part rw-p and the rest of the 64 MiB
   reserved ---p right after it.
 
-Chunks above the mmap threshold are separate anonymous mappings that cannot
-be told apart from other mmaps: they are left out, so the result is a lower
-bound of glibc's resident memory (and says so).
+Chunks above the mmap threshold are separate anonymous mappings
+(malloc.c sysmalloc_mmap): the chunk starts at the mapping's first byte
+(``prev_size`` = the alignment correction, 0 for malloc's own page-aligned
+mmaps) and its ``size`` field is the mapping's length with IS_MMAPPED set.
+``mmapped_chunks`` finds them by that header (read through /proc/PID/mem,
+ptrace read rights), also where the kernel merged adjacent ones into one
+mapping, and their present pages come from /proc/PID/pagemap.
 """
 
+import struct
+
+from collectors.errors import AccessDenied
+from collectors.memory import MemoryReader
+from collectors.pagemap import PAGE_SIZE, Pagemap
 from collectors.procfs import parse_maps
 
 HEAP_MAX_SIZE = 64 << 20
+# malloc/malloc.c: the low bits of a chunk's size field.
+PREV_INUSE, IS_MMAPPED, NON_MAIN_ARENA = 0x1, 0x2, 0x4
+SIZE_BITS = PREV_INUSE | IS_MMAPPED | NON_MAIN_ARENA
+CHUNK_HEADER = struct.Struct("<QQ")     # prev_size (mchunk_prev_size), size (mchunk_size)
+MAX_CHUNKS = 1 << 16                    # bound on the walk (a process has mp_.n_mmaps of them)
+
+
+def _chunks_in(read, start, end):
+    """[(start, end)] of mmapped chunks laid end to end from START in the
+    anonymous mapping [START, END): the kernel merges adjacent mmaps with the
+    same protections into one mapping."""
+    out = []
+    addr = start
+    while addr < end and len(out) < MAX_CHUNKS:
+        raw = read(addr, CHUNK_HEADER.size)
+        if raw is None:
+            break
+        prev_size, size = CHUNK_HEADER.unpack(raw)
+        length = prev_size + (size & ~SIZE_BITS)
+        # sysmalloc_mmap: size | IS_MMAPPED, never PREV_INUSE or NON_MAIN_ARENA;
+        # the mapping is whole pages and prev_size (the correction) is small.
+        if (size & SIZE_BITS) != IS_MMAPPED or prev_size >= PAGE_SIZE or prev_size % 16 \
+                or length % PAGE_SIZE or not length or addr + length > end:
+            break
+        out.append((addr, addr + length))
+        addr += length
+    return out
+
+
+def mmapped_chunks(pid, maps, procfs_root="/proc"):
+    """(count, bytes, resident bytes) of glibc's mmapped chunks among MAPS,
+    or None when process memory or pagemap cannot be read."""
+    try:
+        with MemoryReader(pid, procfs_root) as mem:
+            spans = []
+            for m in maps:
+                if m.path is None and not m.inode and m.perms.startswith("rw") \
+                        and m.start % HEAP_MAX_SIZE:
+                    spans += _chunks_in(mem.read, m.start, m.end)
+        with Pagemap(pid, procfs_root) as pm:
+            resident = pm.resident_bytes(spans)
+    except AccessDenied:
+        return None
+    if resident is None:
+        return None
+    return len(spans), sum(b - a for a, b in spans), resident
 
 
 def glibc_heap_resident(procfs, pid):
-    """(resident bytes of [heap] + arena heaps, number of arena heaps), or
-    (None, 0) when smaps cannot be read."""
+    """(resident bytes of [heap] + arena heaps, number of arena heaps,
+    maps), or (None, 0, None) when smaps cannot be read."""
     try:
         data = procfs.read(pid, "smaps")
     except Exception:        # noqa: BLE001 - any read failure: not attributable
-        return None, 0
+        return None, 0, None
     total, heaps = 0, 0
     maps = []
     rss_of = {}
@@ -59,4 +114,4 @@ def glibc_heap_resident(procfs, pid):
             if end - m.start == HEAP_MAX_SIZE or (end > m.end and end - m.start <= HEAP_MAX_SIZE):
                 total += rss_of.get(m.start, 0)
                 heaps += 1
-    return total, heaps
+    return total, heaps, maps

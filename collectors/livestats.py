@@ -202,10 +202,33 @@ def collect(image, detection, *, deadline_s=2.0, call_timeout_s=CALL_TIMEOUT_S, 
     native["collect_s"] = round(collect_s, 6)
     stats = mod.normalise(native)
     if kind == "glibc" and stats.get("resident") is not None and stats["resident"].value is None:
-        res, heaps = heapmaps.glibc_heap_resident(image.procfs, image.pid)
-        if res is not None:
-            native["heap_resident"] = {"bytes": res, "arena_heaps": heaps}
-            stats["resident"] = Value.derived(
-                res, "smaps Rss of [heap] + the 64 MiB-aligned arena heaps (mmapped chunks "
-                     "not attributed: a lower bound)")
+        glibc_resident(image, native, stats)
     return LiveStats(kind, native, stats, pauses, thread)
+
+
+def glibc_resident(image, native, stats):
+    """glibc's resident: smaps Rss of its heaps plus the present pages of
+    its mmapped chunks, found by their headers (collectors.heapmaps).  The
+    chunks found are checked against malloc_info's / mallinfo2's own count
+    and bytes (hblks, hblkhd): when they disagree the figure says so."""
+    res, heaps, maps = heapmaps.glibc_heap_resident(image.procfs, image.pid)
+    if res is None:
+        return
+    native["heap_resident"] = {"bytes": res, "arena_heaps": heaps}
+    formula = "smaps Rss of [heap] + the 64 MiB-aligned arena heaps"
+    chunks = heapmaps.mmapped_chunks(image.pid, maps, image.procfs.root)
+    mi = native.get("mallinfo2") or {}
+    if chunks is not None:
+        n, size, chunk_res = chunks
+        native["heap_resident"]["mmapped_chunks"] = {"count": n, "bytes": size,
+                                                     "resident": chunk_res}
+        res += chunk_res
+        formula += (f" + pagemap present pages of the {n} mmapped chunks found by their "
+                    f"headers ({size} bytes")
+        if mi.get("hblks") is not None and (mi["hblks"], mi["hblkhd"]) != (n, size):
+            formula += (f"; glibc counts {mi['hblks']} chunks, {mi['hblkhd']} bytes: the "
+                        "rest not found, a lower bound")
+        formula += ")"
+    else:
+        formula += " (mmapped chunks not readable: a lower bound)"
+    stats["resident"] = Value.derived(res, formula)

@@ -308,7 +308,7 @@ def tcmalloc_thread_caches(snap, table, floor):
 def mimalloc_held(snap, table, floor):
     if snap.allocator.kind != "mimalloc":
         return None
-    committed = _v(snap, "resident")
+    committed = _v(snap, "committed")
     anon = snap.process.rss_anon
     if not committed or not anon or committed < floor or committed < 0.5 * anon:
         return None
