@@ -156,6 +156,10 @@ from collectors.safepoints import (JEMALLOC_PUBLIC, forbidden_ranges,  # noqa: E
                                    static_allocator_ranges)
 
 
+GO_HEAP = ("the Go runtime manages this heap; allocdiag reads no Go runtime statistics yet "
+           "(the kernel's and the cgroup's figures above are complete)")
+
+
 def collect(image, detection, *, deadline_s=2.0, call_timeout_s=CALL_TIMEOUT_S, glibc_xml=True,
             per_arena=False, procfs=None, **options):
     """LiveStats for the allocator that serves malloc in IMAGE.
@@ -173,8 +177,8 @@ def collect(image, detection, *, deadline_s=2.0, call_timeout_s=CALL_TIMEOUT_S, 
     kind = detection.allocator.kind
     mod = allocators.module(kind)
     if mod is None:
-        raise Unsupported(f"no live stats for a {kind} allocator "
-                          f"({'its heap is not malloc' if kind == 'go' else 'no stats interface'})",
+        raise Unsupported(GO_HEAP if kind == "go" else
+                          f"no live stats for a {kind} allocator (no stats interface)",
                           pid=image.pid)
     opts = {"glibc_xml": glibc_xml, "per_arena": per_arena, **options}
     addrs = mod.plan(Resolver(image), detection.serving, detection.allocator, opts)

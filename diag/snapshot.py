@@ -27,6 +27,7 @@ class Collected:
     def __init__(self):
         self.status = {}
         self.first_denied = None
+        self.unsupported = None     # Unsupported: no stats interface for this allocator
 
     def run(self, name, fn, default=None):
         t0 = time.perf_counter()
@@ -51,15 +52,17 @@ class Collected:
 
 def _live(col, image, det, per_arena, deadline_s):
     """Run the remote stats collector; its pause goes into the collector
-    status.  An allocator without a stats interface (Go runtime, musl) is
-    not a failure: the collector is marked skipped."""
+    status.  An allocator without a stats interface (Go runtime, musl)
+    gives no stats: the collector is not ok, says why, and
+    ``col.unsupported`` holds the error (``inspect`` exits 5 on it)."""
     t0 = time.perf_counter()
     try:
         live = livestats.collect(image, det, per_arena=per_arena, deadline_s=deadline_s)
     except NoSuchProcess:
         raise
     except Unsupported as exc:
-        col.status["remote"] = CollectorStatus(True, f"skipped: {exc.msg}", time.perf_counter() - t0)
+        col.unsupported = exc
+        col.status["remote"] = CollectorStatus(False, exc.msg, time.perf_counter() - t0)
         return None
     except AccessDenied as exc:
         col.first_denied = col.first_denied or exc

@@ -162,16 +162,6 @@ def test_mimalloc_stats_match_target():
     assert opts["decommit_delay"] == 25 and opts["allow_decommit"] == 1   # 2.0.9 defaults
 
 
-def test_go_binary_has_no_live_stats_and_is_not_a_failure():
-    from targets import build_go
-    exe = build_go("goidle")
-    with start([exe]) as t:
-        snap, col = snapshot.take(t.pid)
-    assert snap.allocator.kind == "go"
-    assert col.status["remote"].ok and col.status["remote"].error.startswith("skipped")
-    assert all(v.value is None for v in snap.stats.values())
-
-
 def run_cli(*args, **kw):
     return subprocess.run([sys.executable, "-m", "diag", *args], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=ROOT), cwd="/", timeout=120, **kw)
@@ -266,7 +256,8 @@ def test_glibc_resident_attributed_from_smaps():
     finally:
         launch.stop(p)
     res = snap.stats["resident"]
-    assert res.provenance == "derived" and "lower bound" in res.source
+    assert res.provenance == "derived" and "mmapped chunks" in res.source
+    assert "lower bound" not in res.source          # every mmapped chunk glibc counts was found
     assert snap.native["heap_resident"]["arena_heaps"] >= 8
     # Nearly all of this process's anonymous memory is glibc heaps.
     assert 0.8 * snap.process.rss_anon <= res.value <= snap.process.rss_anon
