@@ -111,7 +111,10 @@ def glibc_heap_resident(procfs, pid):
                     and maps[j].perms.startswith("---"):
                 end = maps[j].end
                 j += 1
-            if end - m.start == HEAP_MAX_SIZE or (end > m.end and end - m.start <= HEAP_MAX_SIZE):
+            # Consecutive heaps of one arena (new_heap tries the next 64 MiB
+            # slot) are adjacent: the kernel merges their rw-p parts into one
+            # mapping, so a run of k heaps spans exactly k x HEAP_MAX_SIZE.
+            if (end - m.start) % HEAP_MAX_SIZE == 0:
                 total += rss_of.get(m.start, 0)
-                heaps += 1
+                heaps += (end - m.start) // HEAP_MAX_SIZE
     return total, heaps, maps

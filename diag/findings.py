@@ -112,9 +112,19 @@ def jemalloc_dirty(snap, table, floor):
         return None
     bg = table.get("background_thread")
     idle_note = ""
+    # A finite decay returns pages only when decay runs: with background_thread
+    # off that is on allocator activity, so an idle process keeps them
+    # whatever dirty_decay_ms is (measured: 1000 returned nothing from an idle
+    # burst, 0 all of it; with background_thread:true, 1000 did within 3 s --
+    # tests/test_knob_effects.py).
+    suggested, how = "1000", None
     if bg is not None and bg.current == "false":
         idle_note = (" With background_thread off, decay only runs when the program allocates: "
                      "an idle process never gives these pages back.")
+        suggested = "0"
+        how = ("dirty_decay_ms:0 at start returns pages as they are freed (more madvise calls); "
+               "or background_thread:true with a short decay such as dirty_decay_ms:1000; "
+               "`allocdiag release PID` purges them now")
     return Finding(
         id="jemalloc-dirty-pages", severity="warning",
         title=f"jemalloc holds {_mib(dirty)} of dirty pages (free, still resident): "
@@ -122,7 +132,7 @@ def jemalloc_dirty(snap, table, floor):
         evidence={"dirty": dirty, "resident": resident, "active": _v(snap, "active"),
                   "dirty_pct_of_resident": _pct(dirty, resident),
                   "background_thread": bg.current if bg else None},
-        knob=_knob(table, "dirty_decay_ms", "1000"),
+        knob=_knob(table, "dirty_decay_ms", suggested, how),
         expected_effect_bytes=dirty, confidence="high")
 
 
@@ -242,8 +252,15 @@ def glibc_arena_sprawl(snap, table, floor):
               f"({_mib(free)} of it free): each thread-contended arena keeps its own heap",
         evidence={"arenas": len(arenas), "non_main_system": held, "non_main_free": free,
                   "threads": snap.process.threads},
-        knob=_knob(table, "arena_max", "2 to 4 x CPUs (often 2)"),
-        expected_effect_bytes=free, confidence="medium")
+        # Measured (arena_sprawl, 32 threads, 2 CPUs): arena_max=2 took the
+        # free bytes in arenas from 28 to 12 MiB (tests/test_knob_effects.py).
+        # Sharing arenas lets threads reuse each other's free chunks, but the
+        # arenas left keep free chunks of their own: measured, 49-64% of the
+        # non-main free bytes came back, so half of them is what is at stake.
+        knob=_knob(table, "arena_max", "2",
+                   "GLIBC_TUNABLES=glibc.malloc.arena_max=2 (or MALLOC_ARENA_MAX=2) at start; "
+                   "raise it towards 4 x CPUs if threads then contend on malloc's locks"),
+        expected_effect_bytes=free // 2, confidence="medium")
 
 
 def glibc_top_not_trimmed(snap, table, floor):
@@ -261,9 +278,11 @@ def glibc_top_not_trimmed(snap, table, floor):
         id="glibc-top-chunk", severity="info",
         title=f"{_mib(keep)} at the top of the main heap is free but not trimmed: {why}",
         evidence={"keepcost": keep},
-        knob=_knob(table, "trim_threshold", "e.g. 16777216",
-                   "GLIBC_TUNABLES=glibc.malloc.trim_threshold=N (fixes both thresholds: "
-                   "the mmap threshold then stays at its default unless set too)"),
+        knob=_knob(table, "trim_threshold", "16777216",
+                   "GLIBC_TUNABLES=glibc.malloc.trim_threshold=16777216 at start: free's "
+                   "systrim then gives back a top above 16 MiB (fixes both thresholds: the mmap "
+                   "threshold then stays at its default unless set too); `allocdiag release "
+                   "PID` (malloc_trim) gives it back now"),
         expected_effect_bytes=keep, confidence="medium")
 
 
@@ -280,9 +299,18 @@ def tcmalloc_pageheap(snap, table, floor):
         title=f"tcmalloc's page heap holds {_mib(free)} free and still mapped "
               f"({_pct(free, resident)}% of its resident memory)",
         evidence={"pageheap_free": free, "resident": resident, "retained": _v(snap, "retained")},
-        knob=_knob(table, "TCMALLOC_RELEASE_RATE", "10",
-                   "TCMALLOC_RELEASE_RATE=10 at start (faster return); `allocdiag release PID` "
-                   "(MallocExtension_ReleaseFreeMemory) now"),
+        # Not TCMALLOC_RELEASE_RATE: gperftools paces releases by it only
+        # while spans are being freed (page_heap.cc IncrementalScavenge, run
+        # from PageHeap::Delete), so an idle process returns nothing whatever
+        # the rate.  Aggressive decommit releases each span as it is freed
+        # (MergeIntoFreeList -> DecommitSpan): measured with burst.c, 248 MiB
+        # of page-heap free became 0 (tests/test_knob_effects.py).
+        knob=_knob(table, "TCMALLOC_AGGRESSIVE_DECOMMIT", "true",
+                   "TCMALLOC_AGGRESSIVE_DECOMMIT=true at start: freed spans go back to the OS "
+                   "as they are freed, so an idle process keeps none (more page faults when it "
+                   "allocates again); `allocdiag set PID aggressive_memory_decommit=1` does the "
+                   "same for frees from then on; `allocdiag release PID` "
+                   "(MallocExtension_ReleaseFreeMemory) returns what is free now"),
         expected_effect_bytes=free, confidence="high")
 
 

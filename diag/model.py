@@ -263,9 +263,11 @@ def _plain_fields(obj):
 #   active extents only (dirty ones are left out), so active <= mapped but
 #   resident and mapped are NOT nested.
 # glibc (malloc.c int_mallinfo): allocated = uordblks + hblkhd, active adds
-#   the free fastbin chunks, mapped = arena + hblkhd; resident is the kernel's
-#   Rss of those same heaps and chunks, so it lies inside mapped.  Allocated
-#   chunks may be untouched: allocated and resident are not ordered.
+#   the free fastbin chunks, mapped = arena + hblkhd, all from one read.
+#   resident is the kernel's Rss of the heaps and chunks, read after that
+#   call: a heap that grew in between puts it above mapped (seen with 32
+#   threads still allocating), and allocated chunks may be untouched, so
+#   resident is ordered with neither.
 # gperftools (tcmalloc.cc ExtractStats): active = heap - free - unmapped,
 #   resident = total_physical_bytes = heap - unmapped + metadata = mapped.
 # google/tcmalloc: resident and mapped are both physical_memory_used.
@@ -273,7 +275,7 @@ def _plain_fields(obj):
 #   reserved (mapped); active (carved blocks of live pages) <= committed.
 ORDERINGS = {
     "jemalloc": (("allocated", "active"), ("active", "resident"), ("active", "mapped")),
-    "glibc": (("allocated", "active"), ("active", "mapped"), ("resident", "mapped")),
+    "glibc": (("allocated", "active"), ("active", "mapped")),
     "tcmalloc": (("allocated", "active"), ("active", "resident"), ("resident", "mapped")),
     "tcmalloc-google": (("allocated", "active"), ("active", "resident"), ("resident", "mapped")),
     "mimalloc": (("allocated", "active"), ("active", "committed"), ("resident", "committed"),
