@@ -20,9 +20,10 @@ ptrace read rights), also where the kernel merged adjacent ones into one
 mapping, and their present pages come from /proc/PID/pagemap.
 """
 
+import os
 import struct
 
-from collectors.errors import AccessDenied
+from collectors.errors import AccessDenied, AllocdiagError
 from collectors.memory import MemoryReader
 from collectors.pagemap import PAGE_SIZE, Pagemap
 from collectors.procfs import parse_maps
@@ -118,3 +119,54 @@ def glibc_heap_resident(procfs, pid):
                 total += rss_of.get(m.start, 0)
                 heaps += (end - m.start) // HEAP_MAX_SIZE
     return total, heaps, maps
+
+
+# /proc/PID/task/TID/syscall: "nr a1 .. a6 sp pc" for a thread blocked in a
+# syscall, "-1 sp pc" for one blocked outside, "running" otherwise
+# (Documentation/filesystems/proc.rst); the stack pointer is second to last.
+SYSCALL_SP_FROM_END = 2
+
+
+def _thread_sps(procfs, pid):
+    """Stack pointers of the threads that are not running (a running
+    thread's is not readable)."""
+    sps = []
+    try:
+        tids = os.listdir(procfs.path(pid, "task"))
+    except OSError:
+        return sps
+    for tid in tids:
+        try:
+            fields = procfs.read(pid, f"task/{tid}/syscall").split()
+        except (OSError, AllocdiagError):
+            continue
+        if len(fields) >= 3:
+            sps.append(int(fields[-SYSCALL_SP_FROM_END], 16))
+    return sps
+
+
+def anon_present_outside_stacks(procfs, pid):
+    """(bytes, stacks left out) of the pages present (/proc/PID/pagemap) in
+    the private anonymous mappings that hold no thread stack: where an
+    allocator's memory can be.  A running thread's stack is not recognised
+    and stays in, so this is an upper bound.  None when unreadable."""
+    try:
+        maps = procfs.maps(pid)
+    except (OSError, AllocdiagError):
+        return None
+    sps = _thread_sps(procfs, pid)
+    spans, stacks = [], 0
+    for m in maps:
+        if m.path == "[stack]" or any(m.start <= sp < m.end for sp in sps):
+            stacks += 1
+            continue
+        anon = not m.inode and (m.path is None or m.path == "[heap]"
+                                or m.path.startswith("[anon:"))
+        if anon and m.perms.startswith("rw"):
+            spans.append((m.start, m.end))
+    try:
+        with Pagemap(pid, procfs.root) as pm:
+            present = pm.resident_bytes(spans)
+    except AccessDenied:
+        return None
+    return (present, stacks) if present is not None else None

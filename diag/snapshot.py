@@ -9,7 +9,7 @@ propagates, because there is nothing left to describe.
 import dataclasses
 import time
 
-from collectors import config, livestats, mimalloc_segments, pymalloc
+from collectors import config, heapmaps, livestats, mimalloc_segments, pymalloc
 from collectors import preload as preload_mod
 from collectors.detect import detect
 from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess, Unsupported
@@ -182,10 +182,18 @@ def _fit_to_kernel(col, procfs, pid, kind, stats, process, rollup):
     anon = process.rss_anon
     if res.value > anon:
         why = _ABOVE_KERNEL.get(kind, "the allocator's figure is an estimate")
+        kernel = (f"the kernel's resident anonymous memory of the whole process (RssAnon "
+                  f"{anon}, {process.source or 'status'})")
+        # Tighter: the pages present where the allocator's memory can be,
+        # i.e. anonymous mappings that are not thread stacks.
+        outside = heapmaps.anon_present_outside_stacks(procfs, pid)
+        if outside is not None and outside[0] < anon:
+            anon = outside[0]
+            kernel = (f"the pages present in the process's anonymous mappings outside its "
+                      f"{outside[1]} thread stacks (/proc/PID/pagemap: {anon})")
         stats["resident"] = Value.adjusted(
-            anon, res, f"lowered to the kernel's resident anonymous memory of the whole process "
-                       f"(RssAnon {anon}, {process.source or 'status'}), {res.value - anon} "
-                       f"below the allocator's {res.source}: {why}")
+            anon, res, f"lowered to {kernel}, {res.value - anon} below the allocator's "
+                       f"{res.source}: {why}")
     return process
 
 

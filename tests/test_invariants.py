@@ -67,6 +67,9 @@ def test_resident_above_the_kernel_is_adjusted_with_raw_kept(allocator, native_n
     assert res["raw_provenance"] == MEASURED and native_name in res["source"]
     assert res["value"] <= anon < res["raw"]
     assert "never touched" in res["source"]
+    # checked against the pages present where the allocator's memory can be:
+    # anonymous mappings that are not thread stacks (1 here: the main one)
+    assert "outside its 1 thread stacks (/proc/PID/pagemap" in res["source"], res["source"]
     rows = {row["name"]: row for row in doc["breakdown"]}
     assert rows["allocator"]["provenance"] == ADJUSTED and rows["allocator"]["raw"] == res["raw"]
     # allocated (64 MiB) cannot fit in what is resident: said, not hidden
