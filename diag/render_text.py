@@ -107,8 +107,14 @@ def print_explain(snap, out=None):
     out = out or sys.stdout
     hb = render.human_bytes
     p, c = snap.process, snap.cgroup
-    print(f"pid {snap.pid} {snap.comm or '?'}: malloc is served by {alloc_line(snap.allocator)}",
-          file=out)
+    if snap.allocator.kind == "go":
+        # A static Go binary has no malloc: say whose heap it is instead.
+        print(f"pid {snap.pid} {snap.comm or '?'}: a Go program ({alloc_line(snap.allocator)}): "
+              f"the Go runtime manages this heap; allocdiag reads no Go runtime statistics yet",
+              file=out)
+    else:
+        print(f"pid {snap.pid} {snap.comm or '?'}: malloc is served by "
+              f"{alloc_line(snap.allocator)}", file=out)
     print(f"\nWhere the RSS goes ({hb(p.rss)}):", file=out)
     rows = []
     for layer in breakdown.layers(snap):

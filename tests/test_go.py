@@ -32,6 +32,7 @@ def test_pure_go_inspect_exits_5_without_remote_ok():
     with start([exe]) as t:
         j = run_cli("inspect", "--json", str(t.pid))
         x = run_cli("inspect", str(t.pid))
+        e = run_cli("explain", str(t.pid))
     assert j.returncode == ExitCode.UNSUPPORTED, j.stderr
     doc = json.loads(j.stdout)
     assert doc["allocator"]["kind"] == "go" and doc["allocator"]["linkage"] == "static"
@@ -43,6 +44,10 @@ def test_pure_go_inspect_exits_5_without_remote_ok():
         in j.stderr
     assert x.returncode == ExitCode.UNSUPPORTED
     assert "allocator stats" in x.stdout and GO_HEAP in x.stdout
+    # explain's headline: no "malloc is served by go"
+    assert e.returncode == ExitCode.UNSUPPORTED, e.stderr
+    assert "malloc is served by" not in e.stdout
+    assert "the Go runtime manages this heap" in e.stdout.splitlines()[0]
 
 
 @pytest.mark.parametrize("allocator", ["glibc", "jemalloc"])

@@ -32,4 +32,6 @@ def run(args):
         dump_json({**snap.to_json(), "breakdown": breakdown.to_json(snap)})
     else:
         render_text.print_explain(snap)
+    if col.unsupported is not None:
+        return ExitCode.UNSUPPORTED     # no allocator stats for this heap (a Go program)
     return ExitCode.PARTIAL if col.partial else ExitCode.OK
