@@ -129,9 +129,8 @@ def jemalloc_dirty(snap, table, floor):
         idle_note = (" With background_thread off, decay only runs when the program allocates: "
                      "an idle process never gives these pages back.")
         suggested = "0"
-        how = ("dirty_decay_ms:0 at start returns pages as they are freed (more madvise calls); "
-               "or background_thread:true with a short decay such as dirty_decay_ms:1000; "
-               "`allocdiag release PID` purges them now")
+        how = ("dirty_decay_ms:0 at start (pages go back as freed), or background_thread:true "
+               "with dirty_decay_ms:1000; `allocdiag release PID` now")
     return Finding(
         id="jemalloc-dirty-pages", severity="warning",
         title=f"jemalloc holds {_mib(dirty)} of dirty pages (free, still resident): "
