@@ -107,6 +107,19 @@ def test_glibc_untouched_chunks_allocated_above_resident_is_labelled():
     assert layers["allocated"].bytes == layers["allocator"].bytes
 
 
+def test_adjusted_value_round_trips_through_a_recording():
+    from diag.recording import snapshot_from_json
+    with untouched("jemalloc") as t:
+        snap, _ = snapshot.take(t.pid)
+    doc = json.loads(json.dumps(snap.to_json()))
+    back = snapshot_from_json(doc)
+    assert back.stats["resident"] == snap.stats["resident"]
+    assert back.stats["resident"].raw == doc["stats"]["resident"]["raw"] > back.stats[
+        "resident"].value
+    # unadjusted values keep the document's old shape (no raw keys)
+    assert set(doc["stats"]["allocated"]) == {"value", "provenance", "source"}
+
+
 def test_violation_names_both_numbers_and_is_recorded(tmp_path, monkeypatch):
     """The hook conftest installs: a resident above RssAnon (jemalloc's raw
     figure put back) is written to the file the suite checks after every
