@@ -288,7 +288,11 @@ def _detect(image, mem, evidence, all_bindings):
     serving, how = None, None
     bindings = []
 
-    if exe is not None and exe.elf is not None and exe.elf.is_go:
+    if exe is not None and exe.elf is not None and exe.elf.is_go and exe.elf.interp is None:
+        # A static Go binary: no C allocator at all.  A dynamically linked
+        # (cgo) one calls malloc from its C side like any program: the
+        # GOT/lookup-order path below finds that allocator, and the Go heap
+        # is named among the others (_others).
         serving, how = exe, "go"
         evidence.append(f"{os.path.basename(exe.path)} is a Go binary"
                         + (f" ({exe.elf.go_version})" if exe.elf.go_version else "")
@@ -393,6 +397,11 @@ def _others(image, serving, order):
         if not sig.kind or (sig.kind == "unknown" and not sig.defines_malloc):
             continue
         if sig.kind == "go" and obj is image.exe:
+            if obj is not serving:
+                out.append(AllocatorRef(
+                    kind="go", version=version_of(obj, "go"), linkage="static", path=obj.path,
+                    evidence=tuple(sig.evidence) + ("the Go runtime manages the Go heap itself (not "
+                                          "malloc); allocdiag reads no Go runtime statistics yet",)))
             continue
         ev = list(sig.evidence)
         if sig.kind == "jemalloc" and sig.prefix:

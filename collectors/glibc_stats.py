@@ -300,7 +300,7 @@ def normalise_glibc(native=None, mallinfo2=None):
       resident, retained, metadata: unknown (glibc does not say).
     """
     if native is None and mallinfo2 is None:
-        return {name: Value() for name in ("allocated", "active", "resident", "mapped",
+        return {name: Value() for name in ("allocated", "active", "resident", "committed", "mapped",
                                            "retained", "metadata", "dirty", "muzzy")}
     out = {}
     if mallinfo2 is not None:
@@ -338,6 +338,7 @@ def normalise_glibc(native=None, mallinfo2=None):
                   "malloc_trim madvise does not change it)")
     out["muzzy"] = Value.derived(0, "0: glibc malloc never uses MADV_FREE (malloc/malloc.c, arena.c)")
     out["resident"] = Value()
+    out["committed"] = Value()      # glibc keeps no committed counter
     out["retained"] = Value()
     out["metadata"] = Value()
     return out

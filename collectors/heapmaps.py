@@ -11,23 +11,79 @@ recognisable in the address space, so the kernel can:
   new_heap), anonymous, the used part rw-p and the rest of the 64 MiB
   reserved ---p right after it.
 
-Chunks above the mmap threshold are separate anonymous mappings that cannot
-be told apart from other mmaps: they are left out, so the result is a lower
-bound of glibc's resident memory (and says so).
+Chunks above the mmap threshold are separate anonymous mappings
+(malloc.c sysmalloc_mmap): the chunk starts at the mapping's first byte
+(``prev_size`` = the alignment correction, 0 for malloc's own page-aligned
+mmaps) and its ``size`` field is the mapping's length with IS_MMAPPED set.
+``mmapped_chunks`` finds them by that header (read through /proc/PID/mem,
+ptrace read rights), also where the kernel merged adjacent ones into one
+mapping, and their present pages come from /proc/PID/pagemap.
 """
 
+import os
+import struct
+
+from collectors.errors import AccessDenied, AllocdiagError
+from collectors.memory import MemoryReader
+from collectors.pagemap import PAGE_SIZE, Pagemap
 from collectors.procfs import parse_maps
 
 HEAP_MAX_SIZE = 64 << 20
+# malloc/malloc.c: the low bits of a chunk's size field.
+PREV_INUSE, IS_MMAPPED, NON_MAIN_ARENA = 0x1, 0x2, 0x4
+SIZE_BITS = PREV_INUSE | IS_MMAPPED | NON_MAIN_ARENA
+CHUNK_HEADER = struct.Struct("<QQ")     # prev_size (mchunk_prev_size), size (mchunk_size)
+MAX_CHUNKS = 1 << 16                    # bound on the walk (a process has mp_.n_mmaps of them)
+
+
+def _chunks_in(read, start, end):
+    """[(start, end)] of mmapped chunks laid end to end from START in the
+    anonymous mapping [START, END): the kernel merges adjacent mmaps with the
+    same protections into one mapping."""
+    out = []
+    addr = start
+    while addr < end and len(out) < MAX_CHUNKS:
+        raw = read(addr, CHUNK_HEADER.size)
+        if raw is None:
+            break
+        prev_size, size = CHUNK_HEADER.unpack(raw)
+        length = prev_size + (size & ~SIZE_BITS)
+        # sysmalloc_mmap: size | IS_MMAPPED, never PREV_INUSE or NON_MAIN_ARENA;
+        # the mapping is whole pages and prev_size (the correction) is small.
+        if (size & SIZE_BITS) != IS_MMAPPED or prev_size >= PAGE_SIZE or prev_size % 16 \
+                or length % PAGE_SIZE or not length or addr + length > end:
+            break
+        out.append((addr, addr + length))
+        addr += length
+    return out
+
+
+def mmapped_chunks(pid, maps, procfs_root="/proc"):
+    """(count, bytes, resident bytes) of glibc's mmapped chunks among MAPS,
+    or None when process memory or pagemap cannot be read."""
+    try:
+        with MemoryReader(pid, procfs_root) as mem:
+            spans = []
+            for m in maps:
+                if m.path is None and not m.inode and m.perms.startswith("rw") \
+                        and m.start % HEAP_MAX_SIZE:
+                    spans += _chunks_in(mem.read, m.start, m.end)
+        with Pagemap(pid, procfs_root) as pm:
+            resident = pm.resident_bytes(spans)
+    except AccessDenied:
+        return None
+    if resident is None:
+        return None
+    return len(spans), sum(b - a for a, b in spans), resident
 
 
 def glibc_heap_resident(procfs, pid):
-    """(resident bytes of [heap] + arena heaps, number of arena heaps), or
-    (None, 0) when smaps cannot be read."""
+    """(resident bytes of [heap] + arena heaps, number of arena heaps,
+    maps), or (None, 0, None) when smaps cannot be read."""
     try:
         data = procfs.read(pid, "smaps")
     except Exception:        # noqa: BLE001 - any read failure: not attributable
-        return None, 0
+        return None, 0, None
     total, heaps = 0, 0
     maps = []
     rss_of = {}
@@ -56,7 +112,61 @@ def glibc_heap_resident(procfs, pid):
                     and maps[j].perms.startswith("---"):
                 end = maps[j].end
                 j += 1
-            if end - m.start == HEAP_MAX_SIZE or (end > m.end and end - m.start <= HEAP_MAX_SIZE):
+            # Consecutive heaps of one arena (new_heap tries the next 64 MiB
+            # slot) are adjacent: the kernel merges their rw-p parts into one
+            # mapping, so a run of k heaps spans exactly k x HEAP_MAX_SIZE.
+            if (end - m.start) % HEAP_MAX_SIZE == 0:
                 total += rss_of.get(m.start, 0)
-                heaps += 1
-    return total, heaps
+                heaps += (end - m.start) // HEAP_MAX_SIZE
+    return total, heaps, maps
+
+
+# /proc/PID/task/TID/syscall: "nr a1 .. a6 sp pc" for a thread blocked in a
+# syscall, "-1 sp pc" for one blocked outside, "running" otherwise
+# (Documentation/filesystems/proc.rst); the stack pointer is second to last.
+SYSCALL_SP_FROM_END = 2
+
+
+def _thread_sps(procfs, pid):
+    """Stack pointers of the threads that are not running (a running
+    thread's is not readable)."""
+    sps = []
+    try:
+        tids = os.listdir(procfs.path(pid, "task"))
+    except OSError:
+        return sps
+    for tid in tids:
+        try:
+            fields = procfs.read(pid, f"task/{tid}/syscall").split()
+        except (OSError, AllocdiagError):
+            continue
+        if len(fields) >= 3:
+            sps.append(int(fields[-SYSCALL_SP_FROM_END], 16))
+    return sps
+
+
+def anon_present_outside_stacks(procfs, pid):
+    """(bytes, stacks left out) of the pages present (/proc/PID/pagemap) in
+    the private anonymous mappings that hold no thread stack: where an
+    allocator's memory can be.  A running thread's stack is not recognised
+    and stays in, so this is an upper bound.  None when unreadable."""
+    try:
+        maps = procfs.maps(pid)
+    except (OSError, AllocdiagError):
+        return None
+    sps = _thread_sps(procfs, pid)
+    spans, stacks = [], 0
+    for m in maps:
+        if m.path == "[stack]" or any(m.start <= sp < m.end for sp in sps):
+            stacks += 1
+            continue
+        anon = not m.inode and (m.path is None or m.path == "[heap]"
+                                or m.path.startswith("[anon:"))
+        if anon and m.perms.startswith("rw"):
+            spans.append((m.start, m.end))
+    try:
+        with Pagemap(pid, procfs.root) as pm:
+            present = pm.resident_bytes(spans)
+    except AccessDenied:
+        return None
+    return (present, stacks) if present is not None else None

@@ -195,4 +195,5 @@ def normalise_jemalloc(values):
         where = f" [{merged_from}]" if merged_from else ""
         out[field] = Value.derived(pages * page,
                                    f"stats.arenas.4096.{key} x arenas.page{where}")
+    out["committed"] = Value()      # jemalloc keeps no committed counter
     return out

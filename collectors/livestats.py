@@ -167,6 +167,10 @@ def open_remote(image, detection, *, stack_need=None, procfs=None, **kw):
                          mapper=allocators.common.mapper(Resolver(image)), **kw)
 
 
+GO_HEAP = ("the Go runtime manages this heap; allocdiag reads no Go runtime statistics yet "
+           "(the kernel's and the cgroup's figures above are complete)")
+
+
 def collect(image, detection, *, deadline_s=2.0, call_timeout_s=CALL_TIMEOUT_S, glibc_xml=True,
             per_arena=False, procfs=None, **options):
     """LiveStats for the allocator that serves malloc in IMAGE.
@@ -184,8 +188,8 @@ def collect(image, detection, *, deadline_s=2.0, call_timeout_s=CALL_TIMEOUT_S, 
     kind = detection.allocator.kind
     mod = allocators.module(kind)
     if mod is None:
-        raise Unsupported(f"no live stats for a {kind} allocator "
-                          f"({'its heap is not malloc' if kind == 'go' else 'no stats interface'})",
+        raise Unsupported(GO_HEAP if kind == "go" else
+                          f"no live stats for a {kind} allocator (no stats interface)",
                           pid=image.pid)
     opts = {"glibc_xml": glibc_xml, "per_arena": per_arena, **options}
     addrs = mod.plan(Resolver(image), detection.serving, detection.allocator, opts)
@@ -212,10 +216,33 @@ def collect(image, detection, *, deadline_s=2.0, call_timeout_s=CALL_TIMEOUT_S, 
     native["collect_s"] = round(collect_s, 6)
     stats = mod.normalise(native)
     if kind == "glibc" and stats.get("resident") is not None and stats["resident"].value is None:
-        res, heaps = heapmaps.glibc_heap_resident(image.procfs, image.pid)
-        if res is not None:
-            native["heap_resident"] = {"bytes": res, "arena_heaps": heaps}
-            stats["resident"] = Value.derived(
-                res, "smaps Rss of [heap] + the 64 MiB-aligned arena heaps (mmapped chunks "
-                     "not attributed: a lower bound)")
+        glibc_resident(image, native, stats)
     return LiveStats(kind, native, stats, pauses, thread)
+
+
+def glibc_resident(image, native, stats):
+    """glibc's resident: smaps Rss of its heaps plus the present pages of
+    its mmapped chunks, found by their headers (collectors.heapmaps).  The
+    chunks found are checked against malloc_info's / mallinfo2's own count
+    and bytes (hblks, hblkhd): when they disagree the figure says so."""
+    res, heaps, maps = heapmaps.glibc_heap_resident(image.procfs, image.pid)
+    if res is None:
+        return
+    native["heap_resident"] = {"bytes": res, "arena_heaps": heaps}
+    formula = "smaps Rss of [heap] + the 64 MiB-aligned arena heaps"
+    chunks = heapmaps.mmapped_chunks(image.pid, maps, image.procfs.root)
+    mi = native.get("mallinfo2") or {}
+    if chunks is not None:
+        n, size, chunk_res = chunks
+        native["heap_resident"]["mmapped_chunks"] = {"count": n, "bytes": size,
+                                                     "resident": chunk_res}
+        res += chunk_res
+        formula += (f" + pagemap present pages of the {n} mmapped chunks found by their "
+                    f"headers ({size} bytes")
+        if mi.get("hblks") is not None and (mi["hblks"], mi["hblkhd"]) != (n, size):
+            formula += (f"; glibc counts {mi['hblks']} chunks, {mi['hblkhd']} bytes: the "
+                        "rest not found, a lower bound")
+        formula += ")"
+    else:
+        formula += " (mmapped chunks not readable: a lower bound)"
+    stats["resident"] = Value.derived(res, formula)

@@ -28,6 +28,7 @@ from collections import namedtuple
 
 from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess
 from collectors.memory import MemoryReader
+from collectors.pagemap import Pagemap
 
 # Builds whose layout was checked (offsetof() against v2.0.9's
 # include/mimalloc-types.h compiled with -DNDEBUG, and a live walk).
@@ -73,8 +74,10 @@ Page = namedtuple("Page", "addr used reserved capacity block_size xthread_free x
 Segment = namedtuple("Segment", "addr kind slices thread_id pages")
 # active: Σ over pages holding live blocks of capacity × block size (the
 # blocks carved so far: live ones plus the free ones stuck beside them).
+# spans: (start, end) of every segment walked (what pagemap measures);
+# resident: bytes of those spans the kernel has present (None: not measured).
 Walk = namedtuple("Walk", "allocated active segments abandoned huge pages pending_thread_free "
-                          "pending_delayed key_checked")
+                          "pending_delayed key_checked spans resident")
 
 
 def pinned_object(image):
@@ -264,9 +267,21 @@ def walk(read, maps, lib_ranges):
         pending_df += n
     if allocated < 0:
         raise Invalid("pending frees exceed used blocks")
+    spans = tuple((a, a + h[1] * MI_SEGMENT_SLICE_SIZE) for a, h in heads)
     return Walk(allocated, active, len(segs), sum(1 for s in segs.values() if not s.thread_id),
                 sum(1 for s in segs.values() if s.kind == MI_SEGMENT_HUGE), npages,
-                pending_tf, pending_df, key_checked)
+                pending_tf, pending_df, key_checked, spans, None)
+
+
+def segments_resident(pid, spans, procfs_root="/proc"):
+    """Bytes of SPANS the kernel has present (/proc/PID/pagemap): what of
+    mimalloc's committed memory is really resident.  None when pagemap
+    cannot be read."""
+    try:
+        with Pagemap(pid, procfs_root) as pm:
+            return pm.resident_bytes(spans)
+    except AccessDenied:
+        return None
 
 
 def collect(image, procfs_root="/proc"):
@@ -291,7 +306,9 @@ def collect(image, procfs_root="/proc"):
                 # maps again on every try: segments come and go.
                 maps = image.procfs.maps(image.pid)
                 try:
-                    return walk(mem.read, maps, obj.ranges), desc
+                    w = walk(mem.read, maps, obj.ranges)
+                    return w._replace(resident=segments_resident(image.pid, w.spans,
+                                                                 procfs_root)), desc
                 except Invalid as exc:
                     last = exc
     except NoSuchProcess:

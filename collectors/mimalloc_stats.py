@@ -217,16 +217,20 @@ def normalise_mimalloc(native=None, process_info=None):
       allocated = malloc_normal.current + malloc_huge.current   (JSON, if tracked)
                 | "total" row current (text, debug/MI_STAT builds only)
                 | unknown (release builds do not count program allocations)
-      resident  = committed current bytes: mi_process_info current_commit
-                  (exact) | stats committed.current.  An upper bound: committed
-                  pages may be untouched or reset (MADV_FREE).  mi_process_info's
-                  current_rss on Linux is this same counter, not the RSS.
+      committed = committed current bytes: mi_process_info current_commit
+                  (exact) | stats committed.current.  Not resident: committed
+                  pages may be untouched or reset (MADV_FREE), so the host
+                  view of a burst-then-idle process showed 160 MiB against an
+                  RSS of 100.9 MiB.  mi_process_info's current_rss on Linux is
+                  this same counter, not the RSS.
+      resident  = unknown here; diag.snapshot measures it from the pages of
+                  the segments (collectors.mimalloc_segments + pagemap).
       mapped    = reserved.current (address space reserved: OS allocations
                   incl. not-yet-committed parts of segments/arenas)
       active, retained, metadata, dirty, muzzy: unknown (not tracked, or
       only as cumulative counters).
     """
-    out = {k: Value() for k in ("allocated", "active", "resident", "mapped",
+    out = {k: Value() for k in ("allocated", "active", "resident", "committed", "mapped",
                                 "retained", "metadata", "dirty", "muzzy")}
     fmt = (native or {}).get("format")
     if fmt == "json":
@@ -238,9 +242,8 @@ def normalise_mimalloc(native=None, process_info=None):
                                                             " + malloc_huge.current")
         out["mapped"] = Value.measured(counts["reserved"]["current"],
                                        "mi_stats_get_json reserved.current")
-        out["resident"] = Value.measured(counts["committed"]["current"],
-                                         "mi_stats_get_json committed.current (committed bytes; "
-                                         "upper bound of resident)")
+        out["committed"] = Value.measured(counts["committed"]["current"],
+                                          "mi_stats_get_json committed.current")
     elif fmt == "text":
         rows = native["rows"]
 
@@ -255,11 +258,18 @@ def normalise_mimalloc(native=None, process_info=None):
         if "total" in rows and native.get("tracks_allocations"):
             out["allocated"] = text_value("total", "current", "")
         out["mapped"] = text_value("reserved", "current", "")
-        out["resident"] = text_value("committed", "current",
-                                     " (committed bytes; upper bound of resident)")
+        out["committed"] = text_value("committed", "current", "")
     if process_info is not None and process_info.get("current_commit") is not None:
-        out["resident"] = Value.measured(
+        out["committed"] = Value.measured(
             process_info["current_commit"],
-            "mi_process_info current_commit (committed bytes; upper bound of resident; "
-            "current_rss is the same counter on Linux)")
+            "mi_process_info current_commit (current_rss is the same counter on Linux)")
+        amt = (native or {}).get("rows", {}).get("reserved", {}).get("current") \
+            if fmt == "text" else None
+        if amt is not None and amt["min"] < out["committed"].value <= amt["max"]:
+            # The printed reserved is rounded; mimalloc commits only inside
+            # what it reserved, so the exact committed bytes bound it below.
+            out["mapped"] = Value.derived(
+                out["committed"].value,
+                f"mi_stats_print reserved current, printed as {amt['text']!r} (true value in "
+                f"[{amt['min']}, {amt['max']}]): at least mi_process_info current_commit")
     return out

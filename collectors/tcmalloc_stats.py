@@ -199,7 +199,7 @@ def normalise_tcmalloc(props=None, stats=None, flavor=None):
             flavor = stats.get("flavor", "gperftools")
         else:
             flavor = "gperftools"
-    out = {}
+    out = {"committed": Value()}      # tcmalloc keeps no separate committed counter
     cur = _num(props, "generic.current_allocated_bytes")
     heap = _num(props, "generic.heap_size")
     free = _num(props, "tcmalloc.pageheap_free_bytes")

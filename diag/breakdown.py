@@ -10,12 +10,18 @@ as "Python arenas" when the runtime layer read them.  Inside the allocator's sha
 live ``allocated``, ``active - allocated`` (fragmentation and caches), and
 the remainder (dirty free pages, metadata).  Every layer says whether it
 is measured or derived; a layer that cannot be computed is left out rather
-than guessed.
+than guessed.  A layer lowered to fit the kernel's figure (an allocator's
+resident above anon - LazyFree, allocated above what is held resident)
+says so: its note is ``adjusted`` and ``raw`` keeps the figure before.
 """
 
 from collections import namedtuple
 
-Layer = namedtuple("Layer", "name label bytes depth note")
+from diag.model import ADJUSTED
+
+# note: how the bytes are known (measured|derived|adjusted); raw: the
+# figure before an adjustment, else None.
+Layer = namedtuple("Layer", "name label bytes depth note raw", defaults=(None,))
 
 
 def allocator_held(snap):
@@ -28,6 +34,29 @@ def allocator_held(snap):
         if m is not None and m.value is not None:
             return m.value, "glibc arenas and mmapped chunks, upper bound"
     return None, None
+
+
+def _provenance(snap):
+    res = snap.stats.get("resident")
+    if res is not None and res.value is not None:
+        return res.provenance
+    return "derived"      # glibc's mapped, an upper bound
+
+
+def _fit(layer, bound):
+    """LAYER, lowered to BOUND when above it and then labelled adjusted
+    with its figure kept as raw (the raw of an already adjusted one)."""
+    if layer.bytes <= bound:
+        return layer
+    return layer._replace(bytes=bound, note=ADJUSTED,
+                          raw=layer.raw if layer.raw is not None else layer.bytes)
+
+
+def to_json(snap):
+    """The layers as JSON rows (``explain --json``'s ``breakdown``)."""
+    return [{"name": x.name, "label": x.label, "bytes": x.bytes, "depth": x.depth,
+             "provenance": x.note, **({"raw": x.raw} if x.raw is not None else {})}
+            for x in layers(snap)]
 
 
 def python_arenas(snap):
@@ -52,14 +81,17 @@ def layers(snap):
     lazy = p.lazyfree or 0
     held, held_label = allocator_held(snap)
     if held is not None:
-        held = min(held, max(anon - lazy, 0))
-        out.append(Layer("allocator", f"allocator-held ({held_label})", held, 0, None))
+        res = snap.stats.get("resident")
+        out.append(_fit(Layer("allocator", f"allocator-held ({held_label})", held, 0,
+                              _provenance(snap), res.raw if res is not None else None),
+                        max(anon - lazy, 0)))
+        held = out[-1].bytes
         alloc = snap.stats.get("allocated")
         active = snap.stats.get("active")
         if alloc is not None and alloc.value is not None:
-            a = min(alloc.value, held)
-            out.append(Layer("allocated", "live (allocated)", a, 1, alloc.provenance))
-            rest = held - a
+            out.append(_fit(Layer("allocated", "live (allocated)", alloc.value, 1,
+                                  alloc.provenance), held))
+            rest = held - out[-1].bytes
             if active is not None and active.value is not None and active.value > alloc.value:
                 frag = min(active.value - alloc.value, rest)
                 out.append(Layer("fragmentation", "fragmentation and caches (active - allocated)",

@@ -68,8 +68,12 @@ FIELDS = (
     Field("active", "stats", _B, "active",
           "pages/chunks in use including internal fragmentation and caches", "allocator"),
     Field("resident", "stats", _B, "resident",
-          "allocator-held bytes physically resident (an upper bound where the allocator says so)",
+          "allocator-held bytes physically resident, never above what the kernel says is "
+          "resident (adjusted, raw figure kept, where the allocator's own estimate is higher)",
           "allocator"),
+    Field("committed", "stats", _B, "committed",
+          "memory the allocator has committed (made usable) from the OS; pages never touched "
+          "or reset are committed but not resident (mimalloc's own counter)", "allocator"),
     Field("mapped", "stats", _B, "mapped",
           "address space the allocator maps; not a superset of resident", "allocator"),
     Field("retained", "stats", _B, "retained",

@@ -57,7 +57,14 @@ def lazyfree_rss(snap, table, floor):
         cause = (f"jemalloc muzzy decay (muzzy_decay_ms={knob.current}, {knob.source}): dirty pages "
                  "are first purged with MADV_FREE")
     elif kind == "mimalloc":
-        knob = _knob(table, "page_reset", "0", "MIMALLOC_PAGE_RESET=0; resets use MADV_FREE")
+        # Not page_reset=0: measured, it turns the LazyFree pages into
+        # ordinary resident ones (RSS unchanged); decommit_delay=0 decommits
+        # freed pages at once with MADV_DONTNEED, and RSS falls
+        # (tests/test_knob_effects.py).
+        knob = _knob(table, "decommit_delay", "0",
+                     "MIMALLOC_DECOMMIT_DELAY=0 (purge_delay in 2.1+) at start: freed pages are "
+                     "decommitted (MADV_DONTNEED) at once and leave RSS; MIMALLOC_PAGE_RESET=0 "
+                     "alone would only keep them as ordinary resident pages")
         cause = "mimalloc page/segment reset (MADV_FREE)"
     elif kind == "go":
         cause = "the Go runtime (MADV_FREE before Go 1.16, or GODEBUG=madvdontneed=0)"
@@ -112,9 +119,18 @@ def jemalloc_dirty(snap, table, floor):
         return None
     bg = table.get("background_thread")
     idle_note = ""
+    # A finite decay returns pages only when decay runs: with background_thread
+    # off that is on allocator activity, so an idle process keeps them
+    # whatever dirty_decay_ms is (measured: 1000 returned nothing from an idle
+    # burst, 0 all of it; with background_thread:true, 1000 did within 3 s --
+    # tests/test_knob_effects.py).
+    suggested, how = "1000", None
     if bg is not None and bg.current == "false":
         idle_note = (" With background_thread off, decay only runs when the program allocates: "
                      "an idle process never gives these pages back.")
+        suggested = "0"
+        how = ("dirty_decay_ms:0 at start (pages go back as freed), or background_thread:true "
+               "with dirty_decay_ms:1000; `allocdiag release PID` now")
     return Finding(
         id="jemalloc-dirty-pages", severity="warning",
         title=f"jemalloc holds {_mib(dirty)} of dirty pages (free, still resident): "
@@ -122,7 +138,7 @@ def jemalloc_dirty(snap, table, floor):
         evidence={"dirty": dirty, "resident": resident, "active": _v(snap, "active"),
                   "dirty_pct_of_resident": _pct(dirty, resident),
                   "background_thread": bg.current if bg else None},
-        knob=_knob(table, "dirty_decay_ms", "1000"),
+        knob=_knob(table, "dirty_decay_ms", suggested, how),
         expected_effect_bytes=dirty, confidence="high")
 
 
@@ -170,8 +186,12 @@ def jemalloc_fragmentation(snap, table, floor):
         title=f"jemalloc fragmentation: {_mib(active - alloc)} of active pages hold no live data "
               f"(active/allocated = {active / alloc:.2f})",
         evidence={"allocated": alloc, "active": active, "ratio": round(active / alloc, 2)},
-        knob=_knob(table, "narenas", "fewer arenas (e.g. 2 x CPUs)",
-                   "fewer arenas mix object lifetimes less; see jemalloc TUNING.md"),
+        # No value: no knob gives back pages that live objects pin (a
+        # single-threaded program fragments the same with one arena).
+        knob=_knob(table, "narenas", None,
+                   "no setting returns pages pinned by live objects: allocate long-lived "
+                   "objects together, or copy them out (Redis's activedefrag); fewer arenas "
+                   "help only when threads spread one lifetime over many arenas"),
         expected_effect_bytes=active - alloc, confidence="medium")
 
 
@@ -218,10 +238,13 @@ def glibc_trimmable(snap, table, floor):
         evidence={"free_in_arenas": free, "mapped": mapped, "allocated": alloc,
                   "rss_anon": anon, "resident_free_upper_bound": resident_free,
                   "arenas": len(_glibc_arenas(snap)) or None},
-        knob=_knob(table, "trim_threshold", "a lower value, or a periodic malloc_trim(0)",
-                   "measure first: `allocdiag release PID` calls malloc_trim(0) and prints RSS "
-                   "before/after; GLIBC_TUNABLES=glibc.malloc.trim_threshold=N disables the "
-                   "dynamic thresholds"),
+        # No value: trim_threshold only trims the top, and this memory is in
+        # the bins; malloc_trim(0) returns it (tests/test_findings.py
+        # test_glibc_held_memory_and_release measures it).
+        knob=_knob(table, "trim_threshold", None,
+                   "malloc_trim(0), now or periodically: `allocdiag release PID` calls it and "
+                   "prints RSS before/after; the trim threshold only gives back the top of "
+                   "the heap, not free chunks inside it"),
         expected_effect_bytes=resident_free, confidence="medium")
 
 
@@ -242,8 +265,15 @@ def glibc_arena_sprawl(snap, table, floor):
               f"({_mib(free)} of it free): each thread-contended arena keeps its own heap",
         evidence={"arenas": len(arenas), "non_main_system": held, "non_main_free": free,
                   "threads": snap.process.threads},
-        knob=_knob(table, "arena_max", "2 to 4 x CPUs (often 2)"),
-        expected_effect_bytes=free, confidence="medium")
+        # Measured (arena_sprawl, 32 threads, 2 CPUs): arena_max=2 took the
+        # free bytes in arenas from 28 to 12 MiB (tests/test_knob_effects.py).
+        # Sharing arenas lets threads reuse each other's free chunks, but the
+        # arenas left keep free chunks of their own: measured, 49-64% of the
+        # non-main free bytes came back, so half of them is what is at stake.
+        knob=_knob(table, "arena_max", "2",
+                   "GLIBC_TUNABLES=glibc.malloc.arena_max=2 (or MALLOC_ARENA_MAX=2) at start; "
+                   "raise it towards 4 x CPUs if threads then contend on malloc's locks"),
+        expected_effect_bytes=free // 2, confidence="medium")
 
 
 def glibc_top_not_trimmed(snap, table, floor):
@@ -261,9 +291,11 @@ def glibc_top_not_trimmed(snap, table, floor):
         id="glibc-top-chunk", severity="info",
         title=f"{_mib(keep)} at the top of the main heap is free but not trimmed: {why}",
         evidence={"keepcost": keep},
-        knob=_knob(table, "trim_threshold", "e.g. 16777216",
-                   "GLIBC_TUNABLES=glibc.malloc.trim_threshold=N (fixes both thresholds: "
-                   "the mmap threshold then stays at its default unless set too)"),
+        knob=_knob(table, "trim_threshold", "16777216",
+                   "GLIBC_TUNABLES=glibc.malloc.trim_threshold=16777216 at start: free's "
+                   "systrim then gives back a top above 16 MiB (fixes both thresholds: the mmap "
+                   "threshold then stays at its default unless set too); `allocdiag release "
+                   "PID` (malloc_trim) gives it back now"),
         expected_effect_bytes=keep, confidence="medium")
 
 
@@ -280,9 +312,18 @@ def tcmalloc_pageheap(snap, table, floor):
         title=f"tcmalloc's page heap holds {_mib(free)} free and still mapped "
               f"({_pct(free, resident)}% of its resident memory)",
         evidence={"pageheap_free": free, "resident": resident, "retained": _v(snap, "retained")},
-        knob=_knob(table, "TCMALLOC_RELEASE_RATE", "10",
-                   "TCMALLOC_RELEASE_RATE=10 at start (faster return); `allocdiag release PID` "
-                   "(MallocExtension_ReleaseFreeMemory) now"),
+        # Not TCMALLOC_RELEASE_RATE: gperftools paces releases by it only
+        # while spans are being freed (page_heap.cc IncrementalScavenge, run
+        # from PageHeap::Delete), so an idle process returns nothing whatever
+        # the rate.  Aggressive decommit releases each span as it is freed
+        # (MergeIntoFreeList -> DecommitSpan): measured with burst.c, 248 MiB
+        # of page-heap free became 0 (tests/test_knob_effects.py).
+        knob=_knob(table, "TCMALLOC_AGGRESSIVE_DECOMMIT", "true",
+                   "TCMALLOC_AGGRESSIVE_DECOMMIT=true at start: freed spans go back to the OS "
+                   "as they are freed, so an idle process keeps none (more page faults when it "
+                   "allocates again); `allocdiag set PID aggressive_memory_decommit=1` does the "
+                   "same for frees from then on; `allocdiag release PID` "
+                   "(MallocExtension_ReleaseFreeMemory) returns what is free now"),
         expected_effect_bytes=free, confidence="high")
 
 
@@ -294,13 +335,18 @@ def tcmalloc_thread_caches(snap, table, floor):
     resident = _v(snap, "resident")
     if not tc or not resident or tc < floor or tc < 0.1 * resident:
         return None
+    limit = max(tc // 4, 16 * MiB)
     return Finding(
         id="tcmalloc-thread-caches", severity="info",
         title=f"{_mib(tc)} sits in tcmalloc's per-thread caches",
         evidence={"thread_cache_free": tc, "resident": resident,
                   "max_total_thread_cache_bytes": props.get("tcmalloc.max_total_thread_cache_bytes")},
-        knob=_knob(table, "TCMALLOC_MAX_TOTAL_THREAD_CACHE_BYTES", str(max(tc // 4, 16 * MiB))),
-        expected_effect_bytes=tc, confidence="medium")
+        knob=_knob(table, "TCMALLOC_MAX_TOTAL_THREAD_CACHE_BYTES", str(limit)),
+        # Half of what is above the limit: caches do not shrink exactly to
+        # it (per-thread minimums), and part of what leaves them stays in
+        # the central cache (measured, 32 threads: thread caches 78 -> 43
+        # MiB, active -29 MiB, RSS -24 MiB for 59 MiB above the limit).
+        expected_effect_bytes=(tc - limit) // 2, confidence="medium")
 
 
 # -- mimalloc ------------------------------------------------------------------------------
@@ -308,7 +354,7 @@ def tcmalloc_thread_caches(snap, table, floor):
 def mimalloc_held(snap, table, floor):
     if snap.allocator.kind != "mimalloc":
         return None
-    committed = _v(snap, "resident")
+    committed = _v(snap, "committed")
     anon = snap.process.rss_anon
     if not committed or not anon or committed < floor or committed < 0.5 * anon:
         return None

@@ -72,7 +72,7 @@ def _remote_code(pid, col, remote):
     from collectors.remote import is_quarantined
     if col.first_denied is not None:
         return "denied"
-    if (remote.error or "").startswith("skipped"):
+    if getattr(col, "unsupported", None) is not None:
         return "unsupported"
     if is_quarantined(pid):
         return "quarantined"
@@ -110,7 +110,7 @@ def read_one(pid, take=None, deadline_s=0.3):
     if remote is None:
         return Entry("not read", now, reason="no allocator stats interface found",
                      code="no_stats_interface")
-    if not remote.ok or (remote.error or "").startswith("skipped"):
+    if not remote.ok:
         return Entry("not read", now, reason=remote.error or "remote read failed",
                      finding=top.title if top else None, code=_remote_code(pid, col, remote))
     return Entry("ok", now, resident=resident, finding=top.title if top else None,

@@ -12,6 +12,7 @@ SCHEMA_VERSION = 1
 
 MEASURED = "measured"   # the allocator or the kernel said it
 DERIVED = "derived"     # computed from measured numbers; the formula is named
+ADJUSTED = "adjusted"   # changed to agree with the kernel; ``raw`` keeps the original
 UNKNOWN = "unknown"     # nobody said it; the value is None
 
 
@@ -20,12 +21,16 @@ class Value:
     """One allocator-layer number with its provenance.
 
     ``source`` names where a measured number came from (``mallctl
-    stats.allocated``) or, for a derived one, the formula.
+    stats.allocated``) or, for a derived one, the formula.  An ``adjusted``
+    number was lowered to what the kernel says; ``raw`` is the figure before
+    (with its own provenance in ``raw_provenance``) and ``source`` says why.
     """
 
     value: Optional[int] = None
     provenance: str = UNKNOWN
     source: Optional[str] = None
+    raw: Optional[int] = None
+    raw_provenance: Optional[str] = None
 
     @classmethod
     def measured(cls, value, source):
@@ -35,8 +40,17 @@ class Value:
     def derived(cls, value, formula):
         return cls(int(value), DERIVED, formula) if value is not None else cls()
 
+    @classmethod
+    def adjusted(cls, value, raw, why):
+        """VALUE in place of RAW (a Value), lowered to agree with the kernel;
+        WHY names the kernel's figure and the reason the two differ."""
+        return cls(int(value), ADJUSTED, why, raw.value, raw.provenance)
+
     def to_json(self):
-        return {"value": self.value, "provenance": self.provenance, "source": self.source}
+        out = {"value": self.value, "provenance": self.provenance, "source": self.source}
+        if self.raw is not None:
+            out.update(raw=self.raw, raw_provenance=self.raw_provenance)
+        return out
 
 
 def _plain(obj):
@@ -237,3 +251,63 @@ class Snapshot:
 
 def _plain_fields(obj):
     return {f.name: _plain(getattr(obj, f.name)) for f in dc_fields(obj)}
+
+
+# -- invariants -------------------------------------------------------------------
+# Which orderings of the normalised stats each allocator's own source
+# guarantees (``a <= b`` for every pair listed; a pair with an unknown side
+# is skipped).  They are not the same everywhere (DESIGN.md "Ordering"):
+#
+# jemalloc (src/ctl.c ctl_refresh, 5.3): resident = base resident + metadata
+#   THP + (pactive + pdirty) pages, so active <= resident; mapped counts
+#   active extents only (dirty ones are left out), so active <= mapped but
+#   resident and mapped are NOT nested.
+# glibc (malloc.c int_mallinfo): allocated = uordblks + hblkhd, active adds
+#   the free fastbin chunks, mapped = arena + hblkhd, all from one read.
+#   resident is the kernel's Rss of the heaps and chunks, read after that
+#   call: a heap that grew in between puts it above mapped (seen with 32
+#   threads still allocating), and allocated chunks may be untouched, so
+#   resident is ordered with neither.
+# gperftools (tcmalloc.cc ExtractStats): active = heap - free - unmapped,
+#   resident = total_physical_bytes = heap - unmapped + metadata = mapped.
+# google/tcmalloc: resident and mapped are both physical_memory_used.
+# mimalloc (os.c stats): resident (pagemap of the segments) <= committed <=
+#   reserved (mapped); active (carved blocks of live pages) <= committed.
+ORDERINGS = {
+    "jemalloc": (("allocated", "active"), ("active", "resident"), ("active", "mapped")),
+    "glibc": (("allocated", "active"), ("active", "mapped")),
+    "tcmalloc": (("allocated", "active"), ("active", "resident"), ("resident", "mapped")),
+    "tcmalloc-google": (("allocated", "active"), ("active", "resident"), ("resident", "mapped")),
+    "mimalloc": (("allocated", "active"), ("active", "committed"), ("resident", "committed"),
+                 ("committed", "mapped")),
+}
+
+
+def invariant_violations(snap):
+    """Broken promises of one Snapshot, as sentences that name both numbers:
+    the allocator's orderings (ORDERINGS) and the kernel bound: what the
+    allocator says is resident never exceeds the process's resident
+    anonymous memory (none of the allocators read here maps files, so its
+    file-backed share is 0).  Empty when all hold."""
+    out = []
+    stats = snap.stats or {}
+
+    def val(name):
+        v = stats.get(name)
+        return v.value if v is not None else None
+
+    def own(name):
+        # The orderings are promises among the allocator's own figures: a
+        # figure adjusted to the kernel's is compared by its raw value.
+        v = stats.get(name)
+        return None if v is None else (v.raw if v.raw is not None else v.value)
+
+    for lo, hi in ORDERINGS.get(snap.allocator.kind, ()):
+        a, b = own(lo), own(hi)
+        if a is not None and b is not None and a > b:
+            out.append(f"{snap.allocator.kind}: {lo} {a} > {hi} {b}")
+    res, anon = val("resident"), snap.process.rss_anon
+    if res is not None and anon is not None and res > anon:
+        out.append(f"{snap.allocator.kind}: resident {res} > RSS anon {anon} "
+                   f"(kernel, {snap.process.source or 'status'}) + its file-backed share 0")
+    return out

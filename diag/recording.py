@@ -180,7 +180,9 @@ def _value(doc, what):
     return Value(value=_int_or_none(doc.get("value"), f"{what}.value"),
                  provenance=_str_or_none(doc.get("provenance", "unknown"),
                                          f"{what}.provenance"),
-                 source=_str_or_none(doc.get("source"), f"{what}.source"))
+                 source=_str_or_none(doc.get("source"), f"{what}.source"),
+                 raw=_int_or_none(doc.get("raw"), f"{what}.raw"),
+                 raw_provenance=_str_or_none(doc.get("raw_provenance"), f"{what}.raw_provenance"))
 
 
 _RUNTIME_KEYS = ("kind", "version", "path", "located_by", "reason", "missed")

@@ -107,16 +107,28 @@ def print_explain(snap, out=None):
     out = out or sys.stdout
     hb = render.human_bytes
     p, c = snap.process, snap.cgroup
-    print(f"pid {snap.pid} {snap.comm or '?'}: malloc is served by {alloc_line(snap.allocator)}",
-          file=out)
+    if snap.allocator.kind == "go":
+        # A static Go binary has no malloc: say whose heap it is instead.
+        print(f"pid {snap.pid} {snap.comm or '?'}: a Go program ({alloc_line(snap.allocator)}): "
+              f"the Go runtime manages this heap; allocdiag reads no Go runtime statistics yet",
+              file=out)
+    else:
+        print(f"pid {snap.pid} {snap.comm or '?'}: malloc is served by "
+              f"{alloc_line(snap.allocator)}", file=out)
     print(f"\nWhere the RSS goes ({hb(p.rss)}):", file=out)
     rows = []
     for layer in breakdown.layers(snap):
         indent = "  " * (layer.depth + 1)
-        rows.append([indent + layer.label, hb(layer.bytes), render.pct(layer.bytes, p.rss),
-                     layer.note or ""])
+        how = layer.note or ""
+        if layer.raw is not None:
+            how += f" (raw {hb(layer.raw)})"
+        rows.append([indent + layer.label, hb(layer.bytes), render.pct(layer.bytes, p.rss), how])
     if rows:
         render.table(rows, ["layer", "bytes", "of RSS", "how known"], right={1, 2}, out=out)
+    for name, v in snap.stats.items():
+        if v.raw is not None:
+            print(f"  {render.label(name)} adjusted from {hb(v.raw)} ({v.raw_provenance}) to "
+                  f"{hb(v.value)}: {v.source}", file=out)
     held, _ = breakdown.allocator_held(snap)
     if held is None:
         remote = snap.collectors.get("remote")
@@ -158,7 +170,8 @@ def stack_rows(snap):
     hb = render.human_bytes
     p = snap.process
     rows = [("RSS", p.rss), ("anon", p.rss_anon), ("LazyFree", p.lazyfree)]
-    for name in ("allocated", "active", "resident", "mapped", "dirty", "muzzy", "retained"):
+    for name in ("allocated", "active", "resident", "committed", "mapped", "dirty", "muzzy",
+                 "retained"):
         v = snap.stats.get(name)
         if v is not None and v.value is not None:
             rows.append((render.label(name), v.value))

@@ -9,7 +9,7 @@ propagates, because there is nothing left to describe.
 import dataclasses
 import time
 
-from collectors import config, livestats, mimalloc_segments, pymalloc
+from collectors import config, heapmaps, livestats, mimalloc_segments, pymalloc
 from collectors import preload as preload_mod
 from collectors.detect import detect
 from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess, Unsupported
@@ -17,7 +17,7 @@ from collectors.image import ProcessImage
 from collectors.procfs import ProcFS, cgroup_memory
 from diag.model import (Allocator, CgroupMemory, CollectorStatus, Preload, ProcessMemory,
                         Snapshot, Value)
-from diag import findings, knobs
+from diag import findings, invariants, knobs
 from diag.fields import STATS_FIELDS
 
 
@@ -27,6 +27,7 @@ class Collected:
     def __init__(self):
         self.status = {}
         self.first_denied = None
+        self.unsupported = None     # Unsupported: no stats interface for this allocator
 
     def run(self, name, fn, default=None):
         t0 = time.perf_counter()
@@ -51,15 +52,17 @@ class Collected:
 
 def _live(col, image, det, per_arena, deadline_s):
     """Run the remote stats collector; its pause goes into the collector
-    status.  An allocator without a stats interface (Go runtime, musl) is
-    not a failure: the collector is marked skipped."""
+    status.  An allocator without a stats interface (Go runtime, musl)
+    gives no stats: the collector is not ok, says why, and
+    ``col.unsupported`` holds the error (``inspect`` exits 5 on it)."""
     t0 = time.perf_counter()
     try:
         live = livestats.collect(image, det, per_arena=per_arena, deadline_s=deadline_s)
     except NoSuchProcess:
         raise
     except Unsupported as exc:
-        col.status["remote"] = CollectorStatus(True, f"skipped: {exc.msg}", time.perf_counter() - t0)
+        col.unsupported = exc
+        col.status["remote"] = CollectorStatus(False, exc.msg, time.perf_counter() - t0)
         return None
     except AccessDenied as exc:
         col.first_denied = col.first_denied or exc
@@ -135,16 +138,63 @@ def take(pid, procfs=None, cgroup_root="/sys/fs/cgroup", expect=None, rollup=Tru
         runtime = col.run("runtime", lambda: pymalloc.collect(image))
     if image is not None and allocator.kind == "mimalloc":
         _mimalloc_walk(col, image, stats, native)
+    process = process or ProcessMemory()
+    if attach or allocator.kind == "mimalloc":
+        process = _fit_to_kernel(col, procfs, pid, allocator.kind, stats, process, rollup)
     if image is not None and det is not None:
         native["config"] = col.run("config", lambda: _config(image, det), {})
         native["knobs"] = {k: v.to_json() for k, v in
                            knobs.knobs(allocator.kind, native).items()}
     snap = Snapshot(pid=pid, comm=comm, exe=exe, taken_at=taken_at, allocator=allocator,
-                    preload=preload, process=process or ProcessMemory(),
+                    preload=preload, process=process,
                     cgroup=cgroup or CgroupMemory(), stats=stats, native=native,
                     findings=(), collectors=dict(col.status), runtime=runtime)
     snap = dataclasses.replace(snap, findings=findings.evaluate(snap))
+    invariants.check(snap)
     return snap, col
+
+
+# Why an allocator's own resident can be above the kernel's (each from the
+# allocator's source or documentation).
+_ABOVE_KERNEL = {
+    "jemalloc": "stats.resident is a maximum: it counts every active and dirty page as resident, "
+                "pages handed out but never touched included",
+    "tcmalloc": "total_physical_bytes counts the whole page heap that is not released as "
+                "physical, spans mapped but never touched included",
+    "tcmalloc-google": "physical_memory_used counts mapped spans never touched as physical",
+}
+
+
+def _fit_to_kernel(col, procfs, pid, kind, stats, process, rollup):
+    """An allocator's resident never exceeds what the kernel says is
+    resident anonymous memory.  When its figure is higher, the kernel view
+    is read again (the allocator was read after it, the process may have
+    grown); if it is still higher, ``resident`` becomes the kernel's figure,
+    labelled adjusted, with the allocator's kept as ``raw``.  Returns the
+    process memory the snapshot keeps."""
+    res = stats.get("resident")
+    if res is None or res.value is None or process.rss_anon is None or \
+            res.value <= process.rss_anon:
+        return process
+    fresh = col.run("procfs", lambda: procfs.memory(pid, rollup=rollup))
+    if fresh is not None and fresh.rss_anon is not None:
+        process = fresh
+    anon = process.rss_anon
+    if res.value > anon:
+        why = _ABOVE_KERNEL.get(kind, "the allocator's figure is an estimate")
+        kernel = (f"the kernel's resident anonymous memory of the whole process (RssAnon "
+                  f"{anon}, {process.source or 'status'})")
+        # Tighter: the pages present where the allocator's memory can be,
+        # i.e. anonymous mappings that are not thread stacks.
+        outside = heapmaps.anon_present_outside_stacks(procfs, pid)
+        if outside is not None and outside[0] < anon:
+            anon = outside[0]
+            kernel = (f"the pages present in the process's anonymous mappings outside its "
+                      f"{outside[1]} thread stacks (/proc/PID/pagemap: {anon})")
+        stats["resident"] = Value.adjusted(
+            anon, res, f"lowered to {kernel}, {res.value - anon} below the allocator's "
+                       f"{res.source}: {why}")
+    return process
 
 
 def _mimalloc_walk(col, image, stats, native):
@@ -164,7 +214,14 @@ def _mimalloc_walk(col, image, stats, native):
     if stats.get("active") is None or stats["active"].value is None:
         stats["active"] = Value.derived(
             w.active, "segment walk: sum over pages holding live blocks of capacity x block size")
-    native["mimalloc_walk"] = {"ok": True, "build": desc, **w._asdict()}
+    if w.resident is not None:
+        mib = sum(b - a for a, b in w.spans) >> 20
+        stats["resident"] = Value.measured(
+            w.resident, f"/proc/PID/pagemap: present pages of the {w.segments} mimalloc "
+                        f"segments walked ({mib} MiB of address space)")
+    walk = w._asdict()
+    del walk["spans"]
+    native["mimalloc_walk"] = {"ok": True, "build": desc, **walk}
 
 
 def _config(image, det):

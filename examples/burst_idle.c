@@ -17,13 +17,14 @@
  *                          TCMALLOC_AGGRESSIVE_DECOMMIT=true does (RSS 14 MiB).
  *                          allocdiag: page heap free ("dirty") ~= freed,
  *                          unmapped ("retained") ~0; finding
- *                          tcmalloc-pageheap-free, knob TCMALLOC_RELEASE_RATE.
+ *                          tcmalloc-pageheap-free, knob
+ *                          TCMALLOC_AGGRESSIVE_DECOMMIT.
  *   mimalloc 2.0           freed segments stay committed until decommit_delay
  *                          (25 ms by default) has passed AND the program calls
  *                          into mimalloc again; an idle process never does, so
  *                          committed stays near the burst while reserved
  *                          (address space) is larger still.  allocdiag:
- *                          resident (committed) ~= burst, allocated ~= what
+ *                          committed ~= burst (resident: its touched pages), allocated ~= what
  *                          is kept (segment walk); finding
  *                          mimalloc-decommit-delay, knob decommit_delay=0
  *                          (MIMALLOC_DECOMMIT_DELAY / purge_delay in 2.1).

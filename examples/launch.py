@@ -158,8 +158,8 @@ WORKLOADS = {w.name: w for w in [
         "committed (decommit delay, and no later call into mimalloc), glibc returns it "
         "at once (mmapped blocks).",
         "tcmalloc: page heap free (dirty) ~= freed, unmapped (retained) ~0, finding "
-        "tcmalloc-pageheap-free with knob TCMALLOC_RELEASE_RATE; mimalloc: resident "
-        "(committed) >> allocated, finding mimalloc-decommit-delay with knob "
+        "tcmalloc-pageheap-free with knob TCMALLOC_AGGRESSIVE_DECOMMIT; mimalloc: "
+        "committed >> allocated, finding mimalloc-decommit-delay with knob "
         "decommit_delay; glibc: RSS back down.",
         "READY allocated=B freed=B rss=B rss_anon=B",
         env={"tcmalloc": {"TCMALLOC_RELEASE_RATE": "0"},

@@ -11,3 +11,40 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 def pytest_configure(config):
     config.addinivalue_line("markers", "soak: long safety runs (CI runs a bounded version)")
     config.addinivalue_line("markers", "needs_go: needs the Go toolchain")
+
+
+
+# -- invariant hook: every snapshot any test takes (in this process, in a
+# module fixture, or in a CLI subprocess, which inherits the variable) is
+# checked by diag.model.invariant_violations (see diag.invariants); a
+# violation fails the test during which it was written, with both numbers.
+import tempfile  # noqa: E402
+
+import pytest  # noqa: E402
+
+_INVARIANTS = {"path": None, "seen": 0}
+
+
+def pytest_sessionstart(session):
+    from diag import invariants
+    fd, path = tempfile.mkstemp(prefix="allocdiag-invariants-")
+    os.close(fd)
+    _INVARIANTS["path"] = path
+    os.environ[invariants.ENV] = path
+
+
+def pytest_sessionfinish(session):
+    if _INVARIANTS["path"]:
+        os.unlink(_INVARIANTS["path"])
+
+
+@pytest.fixture(autouse=True)
+def _snapshot_invariants():
+    yield
+    with open(_INVARIANTS["path"], "rb") as f:
+        f.seek(_INVARIANTS["seen"])
+        new = f.read()
+    _INVARIANTS["seen"] += len(new)
+    if new:
+        pytest.fail("snapshot invariant violated:\n" + new.decode(errors="replace"),
+                    pytrace=False)

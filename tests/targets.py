@@ -175,17 +175,18 @@ def static_jemalloc_flags(full_static=False):
     return (["-static"] + flags) if full_static else flags
 
 
-def build_go(package_dir):
+def build_go(package_dir, cgo=False):
     """`go build` a stdlib-only main package under tests/targets/; skips
-    when there is no Go toolchain."""
+    when there is no Go toolchain.  CGO: build with cgo (a dynamically
+    linked executable whose C side calls malloc)."""
     go = deps.go()
     src = os.path.join(SOURCES, package_dir, "main.go")
     with open(src, "rb") as f:
         key = hashlib.sha1(f.read()).hexdigest()[:12]
-    out = os.path.join(BUILD_DIR, f"{package_dir}-{key}")
+    out = os.path.join(BUILD_DIR, f"{package_dir}-{'cgo-' if cgo else ''}{key}")
     if not os.path.exists(out):
         os.makedirs(BUILD_DIR, exist_ok=True)
-        env = dict(os.environ, GO111MODULE="off", CGO_ENABLED="0", GOFLAGS="")
+        env = dict(os.environ, GO111MODULE="off", CGO_ENABLED="1" if cgo else "0", GOFLAGS="")
         env.setdefault("GOCACHE", os.path.join(BUILD_DIR, "gocache"))
         res = subprocess.run([go, "build", "-o", out + ".tmp", src], capture_output=True,
                              text=True, env=env)

@@ -381,12 +381,15 @@ def test_mimalloc_normalise_text_and_process_info():
     s = mimalloc_stats.normalise_mimalloc(d, pi)
     assert_all_fields(s)
     assert s["allocated"].provenance == UNKNOWN          # release build
-    assert s["resident"].value == t["current_commit"] == 35659776
-    assert "committed" in s["resident"].source and "current_rss" in s["resident"].source
+    # committed is its own field; resident is measured from the segments'
+    # pages (diag.snapshot), never the committed counter.
+    assert s["committed"].value == t["current_commit"] == 35659776
+    assert "current_commit" in s["committed"].source and "current_rss" in s["committed"].source
+    assert s["resident"].value is None
     assert s["mapped"].value == 640 * 104857
     text_only = mimalloc_stats.normalise_mimalloc(d)
-    assert text_only["resident"].value == 340 * 104857
-    assert "34.0 MiB" in text_only["resident"].source
+    assert text_only["committed"].value == 340 * 104857
+    assert "34.0 MiB" in text_only["committed"].source and text_only["resident"].value is None
 
 
 def test_mimalloc_json_synthetic_shape():
@@ -397,7 +400,8 @@ def test_mimalloc_json_synthetic_shape():
     assert d["tracks_allocations"] is True
     s = mimalloc_stats.normalise_mimalloc(d)
     assert s["allocated"].value == 1638400 + 12582912
-    assert s["mapped"].value == 67108864 and s["resident"].value == 35659776
+    assert s["mapped"].value == 67108864 and s["committed"].value == 35659776
+    assert s["resident"].value is None
     # an older printer used "version" instead of "stat_version"
     doc = json.loads(fixture("mimalloc-2.4-stats.SYNTHETIC.json"))
     doc["version"] = doc.pop("stat_version")
@@ -508,7 +512,7 @@ def test_ground_truth_mimalloc():
     pi = mimalloc_stats.process_info_dict([0, 0, 0, p["current_rss"], p["peak_rss"],
                                            p["current_commit"], p["peak_commit"], 0])
     s = mimalloc_stats.normalise_mimalloc(d, pi)
-    assert s["resident"].value == p["current_commit"] >= 12 << 20
+    assert s["committed"].value == p["current_commit"] >= 12 << 20 and s["resident"].value is None
 
 
 # -- the native schema --------------------------------------------------------------

@@ -76,6 +76,12 @@ FIELDS = (
     NativeField("error", TEXT, "why malloc_info detail is missing", "allocdiag"),
     NativeField("heap_resident.bytes", BYTES, "smaps Rss of [heap] and the arena heaps", "/proc/PID/smaps"),
     NativeField("heap_resident.arena_heaps", COUNT, "arena heaps found in smaps", "/proc/PID/smaps"),
+    NativeField("heap_resident.mmapped_chunks.count", COUNT, "mmapped chunks found by their "
+                "headers (prev_size, size | IS_MMAPPED)", "/proc/PID/mem"),
+    NativeField("heap_resident.mmapped_chunks.bytes", BYTES, "bytes of the mmapped chunks found",
+                "/proc/PID/mem"),
+    NativeField("heap_resident.mmapped_chunks.resident", BYTES, "present pages of the mmapped "
+                "chunks found", "/proc/PID/pagemap"),
 ) + tuple(NativeField(f"malloc_info.arenas.*.{where}.*.{k}" if where == "sizes" else
                       f"malloc_info.arenas.*.{where}.{k}", u, m, _MI)
           for where in ("sizes", "unsorted") for k, u, m in _ROW) + tuple(

@@ -116,6 +116,8 @@ FIELDS = (
     NativeField("mimalloc_walk.pending_thread_free", COUNT, "blocks pending on xthread_free", _WK),
     NativeField("mimalloc_walk.pending_delayed", COUNT, "blocks pending on thread_delayed_free",
                 _WK),
+    NativeField("mimalloc_walk.resident", BYTES, "present pages of the segments walked "
+                "(/proc/PID/pagemap)", _WK),
     NativeField("mimalloc_walk.key_checked", FLAG, "segment cookies checked against "
                 "_mi_heap_main's", _WK),
     NativeField("stats_error", TEXT, "why the stats text did not parse", "allocdiag"),

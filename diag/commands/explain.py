@@ -17,7 +17,10 @@ def add_parser(sub):
                     "would show and why they differ.",
         examples=["allocdiag explain 1234", "allocdiag explain --json 1234"])
     p.add_argument("pid", type=pid_arg)
-    p.add_argument("--json", action="store_true", help="print the snapshot document (with findings)")
+    p.add_argument("--json", action="store_true",
+                   help="print the snapshot document (with findings) and its breakdown: "
+                        "the layers of the text, each with its provenance (and raw figure "
+                        "when adjusted)")
     p.add_argument("--no-attach", action="store_true", help="read /proc only (fewer findings)")
     return p
 
@@ -25,7 +28,10 @@ def add_parser(sub):
 def run(args):
     snap, col = take(args, attach=not args.no_attach)
     if args.json:
-        dump_json(snap.to_json())
+        from diag import breakdown
+        dump_json({**snap.to_json(), "breakdown": breakdown.to_json(snap)})
     else:
         render_text.print_explain(snap)
+    if col.unsupported is not None:
+        return ExitCode.UNSUPPORTED     # no allocator stats for this heap (a Go program)
     return ExitCode.PARTIAL if col.partial else ExitCode.OK

@@ -56,5 +56,10 @@ def run(args):
     if col.partial:
         if col.first_denied is not None:
             print_error(col.first_denied)
+        elif col.unsupported is not None:
+            # The live part cannot be done for this allocator (a Go heap):
+            # the document is printed, the exit code says so.
+            print_error(col.unsupported)
+            return ExitCode.UNSUPPORTED
         return ExitCode.PARTIAL
     return ExitCode.OK

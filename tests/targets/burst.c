@@ -2,7 +2,8 @@
  * (touched), free all but every KEEP_EVERY-th (0 = free all), print READY
  * with the numbers, then idle in read() on stdin: an idle process after a
  * burst, the case where allocators that only purge on activity keep the
- * freed pages resident. */
+ * freed pages resident.  A fourth argument "sleep" idles in sleep() instead,
+ * for runners that give no stdin (allocdiag compare). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,8 @@ int main(int argc, char **argv) {
     }
     printf("READY chunks=%ld kept=%ld\n", n, kept);
     fflush(stdout);
+    if (argc > 4 && strcmp(argv[4], "sleep") == 0)
+        for (;;) sleep(3600);
     char b[16];
     while (read(0, b, sizeof b) > 0) {}
     return 0;
