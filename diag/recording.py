@@ -12,8 +12,9 @@ document ``doc`` read from a recording,
 Snapshot whose ``taken_at`` had finer precision comes back rounded to the
 microsecond; ``native`` comes back as JSON has it: lists, string keys.)
 
-A file that is not such a recording raises ``collectors.errors.MalformedData``
-naming the line, never a bare JSON or gzip traceback.
+A file that is not such a recording raises ``collectors.errors.BadInput`` (a
+MalformedData with the usage exit code: the user named the wrong file)
+naming the line and what was expected, never a bare JSON or gzip traceback.
 
 Event lines: a recording may also hold lines that are not snapshots but
 something that happened to the process while it was recorded -- today only
@@ -32,7 +33,7 @@ import json
 import time
 import zlib
 
-from collectors.errors import MalformedData, NoSuchProcess
+from collectors.errors import BadInput, MalformedData, NoSuchProcess
 from diag.model import (SCHEMA_VERSION, Allocator, AllocatorRef, Binding, CgroupMemory,
                         CollectorStatus, Finding, Knob, Preload, ProcessMemory, Runtime,
                         Snapshot, Value)
@@ -42,6 +43,9 @@ __all__ = ["Recorder", "read_recording", "read_recording_events", "snapshot_from
 
 # The key that marks an event line (see the module docstring).
 EVENT_KEY = "event"
+# What a reader of a recording expects, said in every BadInput about one.
+EXPECTED = ("expected a recording made by allocdiag record: one JSON snapshot per line, "
+            "gzip-compressed when the name ends in .gz")
 
 
 def open_text(path, mode="r"):
@@ -278,7 +282,7 @@ def _snapshot(doc):
 def read_recording(path):
     """All snapshots of the recording at PATH, in order (event lines skipped).
 
-    Raises MalformedData (with the line number) for a file that is not a
+    Raises BadInput (with the line number) for a file that is not a
     recording, a truncated line, or an empty file; OSError when it cannot be
     opened at all.
     """
@@ -330,22 +334,24 @@ def read_recording_events(path):
                     what = "truncated (the recording was cut off?)" if truncated else \
                         f"not JSON ({exc})"
                     if lineno == 1 and not truncated:
-                        raise MalformedData(f"{path}: not a recording (allocdiag record writes "
-                                            "one JSON document per line; line 1 is not JSON)") \
-                            from None
-                    raise MalformedData(f"{path}: line {lineno}: {what}") from None
-                if isinstance(doc, dict) and EVENT_KEY in doc:
-                    events.append(_event(doc, f"{path}: line {lineno}"))
-                    continue
+                        raise BadInput(f"{path}: not a recording ({EXPECTED}; line 1 is "
+                                       "not JSON)") from None
+                    raise BadInput(f"{path}: line {lineno}: {what}") from None
                 try:
-                    out.append(snapshot_from_json(doc))
+                    if isinstance(doc, dict) and EVENT_KEY in doc:
+                        events.append(_event(doc, f"{path}: line {lineno}"))
+                    else:
+                        out.append(snapshot_from_json(doc))
                 except MalformedData as exc:
-                    raise MalformedData(f"{path}: line {lineno}: {exc.msg}") from None
+                    where = "" if exc.msg.startswith(f"{path}: ") else f"{path}: line {lineno}: "
+                    # nothing read yet: the file is not a recording at all
+                    hint = "" if out or events else f" ({EXPECTED})"
+                    raise BadInput(where + exc.msg + hint) from None
     except (EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError) as exc:
-        raise MalformedData(f"{path}: after line {lineno}: not a readable recording "
-                            f"({exc.__class__.__name__}: {exc})") from None
+        raise BadInput(f"{path}: after line {lineno}: not a readable recording ({EXPECTED}; "
+                       f"{exc.__class__.__name__}: {exc})") from None
     if not out:
-        raise MalformedData(f"{path}: no snapshots in the recording")
+        raise BadInput(f"{path}: no snapshots in the recording ({EXPECTED})")
     return out, events
 
 
