@@ -14,12 +14,16 @@ import functools
 import os
 from collections import namedtuple
 
-from collectors.errors import AccessDenied, NoSuchProcess
+from collectors.errors import AccessDenied, NoSuchProcess, Unsupported
 from diag.model import CgroupMemory, ProcessMemory
 
 _READ_CHUNK = 1 << 17
 AT_SECURE = 23
 AT_BASE = 7
+# include/linux/sched.h: "I am a kernel thread" (task->flags, field 9 of /proc/PID/stat)
+PF_KTHREAD = 0x00200000
+# fs/proc/array.c task_state_array: a task that exited and awaits its parent's wait()
+ZOMBIE_STATES = (b"Z", b"X")
 
 # Environment variables that configure allocators.  DESIGN.md "Secrets": only
 # these are ever read out of a process's environment; everything else is
@@ -111,6 +115,35 @@ class ProcFS:
         if not out:
             raise NoSuchProcess(pid)
         return out
+
+    def is_kernel_thread(self, pid, status=None):
+        """True for a kernel thread (kthreadd, kworker/...): no user address
+        space, so no allocator.  ``Kthread:`` in status (Linux 6.10+), else
+        PF_KTHREAD in the flags field of /proc/PID/stat."""
+        st = status if status is not None else self.status(pid)
+        flag = st.get(b"Kthread")
+        if flag is not None:
+            return flag == b"1"
+        fields = self.read(pid, "stat").rpartition(b")")[2].split()
+        try:
+            return bool(int(fields[6]) & PF_KTHREAD)   # fields[0] is field 3, state
+        except (IndexError, ValueError):
+            return False
+
+    def check_user_process(self, pid, status=None):
+        """Raise what a snapshot of PID cannot be: a zombie (NoSuchProcess,
+        exit 3: it has exited, only its parent's wait() is missing) or a
+        kernel thread (Unsupported, exit 5: it has no allocator).  Both would
+        otherwise fail later, on smaps_rollup, as a bare "no such process"."""
+        st = status if status is not None else self.status(pid)
+        name = st.get(b"Name", b"?").decode(errors="replace")
+        if st.get(b"State", b"")[:1] in ZOMBIE_STATES:
+            ppid = st.get(b"PPid", b"?").decode(errors="replace")
+            raise NoSuchProcess(pid, f"{name} is a zombie: it has exited and its parent (pid "
+                                     f"{ppid}) has not reaped it yet; nothing is left to read")
+        if self.is_kernel_thread(pid, st):
+            raise Unsupported(f"{name} is a kernel thread: it has no user-space memory and no "
+                              "allocator to read", pid=pid)
 
     # -- memory ------------------------------------------------------------
 

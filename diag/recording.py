@@ -39,7 +39,7 @@ from diag.model import (SCHEMA_VERSION, Allocator, AllocatorRef, Binding, Cgroup
                         Snapshot, Value)
 
 __all__ = ["Recorder", "read_recording", "read_recording_events", "snapshot_from_json",
-           "record", "release_event", "append_event", "EVENT_KEY"]
+           "record", "RecordInterrupted", "release_event", "append_event", "EVENT_KEY"]
 
 # The key that marks an event line (see the module docstring).
 EVENT_KEY = "event"
@@ -384,7 +384,7 @@ def _default_sampler(no_attach):
 
 
 def record(pid, path, interval=2.0, duration=None, progress_cb=None, no_attach=False,
-           sampler=None, stop=None, events=()):
+           sampler=None, stop=None, events=(), interrupt=None):
     """Sample PID every INTERVAL seconds into the recording PATH.
 
     Stops after DURATION seconds (None: until interrupted or the process
@@ -397,33 +397,56 @@ def record(pid, path, interval=2.0, duration=None, progress_cb=None, no_attach=F
     or past AT_S seconds into the recording, ``fn(pid)`` is called once and
     the ``(kind, doc)`` it returns is written as an event line (e.g. a
     release: ``lambda pid: ("release", release_event(actions.release(pid)))``).
+    INTERRUPT: a ``threading.Event`` a signal handler sets (``record`` on
+    SIGTERM/SIGINT/SIGHUP): the sample being taken is finished and written,
+    the wait for the next one ends at once, and the count is returned.
+    A KeyboardInterrupt (a second Ctrl-C) leaves the file closed with whole
+    lines; the count it holds is then ``RecordInterrupted.count``.
     """
     sampler = sampler or _default_sampler(no_attach)
     pending = sorted(events, key=lambda e: e[0])
-    start = time.monotonic()
-    next_at = start
     with Recorder(path) as rec:
-        while True:
-            try:
-                snap = sampler(pid)
-            except NoSuchProcess:
-                if rec.count == 0:
-                    raise
-                break
-            rec.write(snap)
-            if progress_cb is not None:
-                progress_cb(rec.count, snap)
-            while pending and time.monotonic() - start >= pending[0][0]:
-                _at, fn = pending.pop(0)
-                rec.write_event(*fn(pid))
-            next_at += interval
-            now = time.monotonic()
-            if duration is not None and next_at - start > duration + 1e-9:
-                break
-            if stop is not None and stop():
-                break
-            if next_at > now:
-                time.sleep(next_at - now)
-            else:
-                next_at = now   # sampling is slower than the interval: don't burst
+        try:
+            _record_loop(rec, pid, sampler, interval, duration, progress_cb, stop, pending,
+                         interrupt)
+        except KeyboardInterrupt:
+            raise RecordInterrupted(rec.count) from None
         return rec.count
+
+
+class RecordInterrupted(KeyboardInterrupt):
+    """Ctrl-C inside ``record``: ``count`` snapshots are in the (closed) file."""
+
+    def __init__(self, count):
+        super().__init__(count)
+        self.count = count
+
+
+def _record_loop(rec, pid, sampler, interval, duration, progress_cb, stop, pending, interrupt):
+    start = next_at = time.monotonic()
+    while interrupt is None or not interrupt.is_set():
+        try:
+            snap = sampler(pid)
+        except NoSuchProcess:
+            if rec.count == 0:
+                raise
+            break
+        rec.write(snap)
+        if progress_cb is not None:
+            progress_cb(rec.count, snap)
+        while pending and time.monotonic() - start >= pending[0][0]:
+            _at, fn = pending.pop(0)
+            rec.write_event(*fn(pid))
+        next_at += interval
+        now = time.monotonic()
+        if duration is not None and next_at - start > duration + 1e-9:
+            break
+        if stop is not None and stop():
+            break
+        if next_at > now:
+            if interrupt is not None:
+                interrupt.wait(next_at - now)
+            else:
+                time.sleep(next_at - now)
+        else:
+            next_at = now   # sampling is slower than the interval: don't burst
