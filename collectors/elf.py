@@ -27,6 +27,7 @@ import time
 from collections import namedtuple
 
 from elftools.common.exceptions import ELFError
+from elftools.construct.core import ConstructError   # a struct pyelftools cannot unpack
 from elftools.elf.elffile import ELFFile
 
 from collectors.errors import MalformedData
@@ -74,7 +75,7 @@ class ElfObject:
         self._rodata_hits = {}
         try:
             self._parse(f)
-        except (ELFError, struct.error, ValueError, KeyError, IndexError,
+        except (ELFError, ConstructError, struct.error, ValueError, KeyError, IndexError,
                 AssertionError, UnicodeDecodeError, TypeError) as exc:
             raise MalformedData(f"{path}: not a readable ELF object ({type(exc).__name__}: {exc})") from None
 

@@ -14,7 +14,7 @@ import functools
 import os
 from collections import namedtuple
 
-from collectors.errors import AccessDenied, NoSuchProcess, Unsupported
+from collectors.errors import AccessDenied, MalformedData, NoSuchProcess, Unsupported
 from diag.model import CgroupMemory, ProcessMemory
 
 _READ_CHUNK = 1 << 17
@@ -97,6 +97,10 @@ class ProcFS:
                 raise NoSuchProcess(pid) from None
             if isinstance(exc, FileNotFoundError):
                 raise
+            if isinstance(exc, ProcessLookupError) and name not in ("status", "stat"):
+                # ESRCH with /proc/PID still there: a kernel thread or a
+                # zombie has no mm; say which (raises), else "no such process".
+                self.check_user_process(pid)
             raise _translate(pid, exc, f"/proc/{pid}/{name}") from None
 
     def pids(self):
@@ -178,7 +182,7 @@ class ProcFS:
         fields = dict(rss=kb(b"VmRSS"), rss_anon=kb(b"RssAnon"), rss_file=kb(b"RssFile"),
                       rss_shmem=kb(b"RssShmem"), vm_size=kb(b"VmSize"), swap=kb(b"VmSwap"))
         threads = st.get(b"Threads")
-        fields["threads"] = int(threads) if threads else None
+        fields["threads"] = _status_int(b"Threads", threads) if threads else None
         source = "status"
         if rollup:
             try:
@@ -255,7 +259,7 @@ class ProcFS:
                 out[""] = path
             for c in controllers.split(b","):
                 if c:
-                    out[c.decode()] = path
+                    out[c.decode(errors="replace")] = path
         return out
 
 
@@ -303,8 +307,10 @@ def cgroup_memory(paths, cgroup_root="/sys/fs/cgroup"):
 # -- parsing helpers (pure, exported for tests) -------------------------------
 
 def parse_maps(data):
+    """/proc/PID/maps bytes -> [Mapping]; a line that is not a mapping (a
+    damaged capture) raises MalformedData naming it."""
     out = []
-    for line in data.split(b"\n"):
+    for lineno, line in enumerate(data.split(b"\n"), 1):
         if not line:
             continue
         parts = line.split(None, 5)
@@ -316,9 +322,12 @@ def parse_maps(data):
         deleted = path.endswith(b" (deleted)")
         if deleted:
             path = path[:-10]
-        out.append(Mapping(int(start, 16), int(end, 16), perms.decode(), int(offset, 16),
-                           dev.decode(), int(inode),
-                           path.decode(errors="surrogateescape") if path else None, deleted))
+        try:
+            out.append(Mapping(int(start, 16), int(end, 16), perms.decode(), int(offset, 16),
+                               dev.decode(), int(inode),
+                               path.decode(errors="surrogateescape") if path else None, deleted))
+        except ValueError:      # UnicodeDecodeError included
+            raise MalformedData(f"maps line {lineno}: not a mapping: {line[:100]!r}") from None
     return out
 
 
@@ -353,7 +362,15 @@ def _kb_field(status, key):
     v = status.get(key)
     if not v or not v.endswith(b" kB"):
         return None
-    return int(v[:-3]) * 1024
+    return _status_int(key, v[:-3]) * 1024
+
+
+def _status_int(key, text):
+    try:
+        return int(text)
+    except ValueError:
+        raise MalformedData(f"status {key.decode(errors='replace')}: not a number: "
+                            f"{text[:40]!r}") from None
 
 
 def _sum_present(d, *keys):

@@ -330,7 +330,7 @@ def read_recording_events(path):
                 truncated = not line.endswith("\n")
                 try:
                     doc = json.loads(line)
-                except ValueError as exc:
+                except (ValueError, RecursionError) as exc:
                     what = "truncated (the recording was cut off?)" if truncated else \
                         f"not JSON ({exc})"
                     if lineno == 1 and not truncated:

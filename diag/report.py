@@ -86,14 +86,14 @@ def load(path):
             if first is not None:
                 try:
                     doc = json.loads(first)
-                except ValueError:
+                except (ValueError, RecursionError):
                     doc = None
                 if doc is None and first.strip() == "{":
                     # an indented document (compare --json): read it whole
                     f.seek(0)
                     try:
                         doc = json.load(f)
-                    except ValueError as exc:
+                    except (ValueError, RecursionError) as exc:
                         raise BadInput(f"{path}: not a compare document or a recording "
                                        f"({EXPECTED}): {exc}") from None
                 if isinstance(doc, dict) and doc.get("kind") == "compare":

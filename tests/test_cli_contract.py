@@ -110,10 +110,19 @@ def _kernel_thread():
     pytest.skip("no kernel thread visible in this PID namespace")
 
 
-@pytest.mark.parametrize("argv", [["inspect"], ["inspect", "--no-attach"], ["inspect", "--json"]])
+PID_COMMANDS = [["inspect"], ["inspect", "--no-attach"], ["inspect", "--json"], ["explain"],
+                ["preload"], ["release", "--yes"], ["heap", "status"],
+                ["set", "--yes", "{pid}", "arena_max=2"]]
+
+
+def _pid_argv(argv, pid):
+    return [a.format(pid=pid) for a in argv] + ([] if "{pid}" in argv else [str(pid)])
+
+
+@pytest.mark.parametrize("argv", PID_COMMANDS)
 def test_kernel_thread_is_named_as_one_exit_5(argv):
     pid = _kernel_thread()
-    r = allocdiag(*argv, str(pid))
+    r = allocdiag(*_pid_argv(argv, pid))
     assert r.returncode == 5, r.stderr
     assert "is a kernel thread" in r.stderr and "no allocator" in r.stderr and clean(r)
     assert "no such process" not in r.stderr
@@ -156,9 +165,9 @@ def zombie():
         child.wait()
 
 
-@pytest.mark.parametrize("argv", [["inspect"], ["inspect", "--no-attach"], ["explain"]])
+@pytest.mark.parametrize("argv", PID_COMMANDS)
 def test_zombie_is_named_as_one_exit_3(zombie, argv):
-    r = allocdiag(*argv, str(zombie))
+    r = allocdiag(*_pid_argv(argv, zombie))
     assert r.returncode == 3, r.stderr
     assert "is a zombie" in r.stderr and "not reaped" in r.stderr and clean(r), r.stderr
 
