@@ -413,24 +413,30 @@ def elf_mutations(region):
 
 
 @BUDGET
-def test_elf_notes(budget):
+def test_elf_notes(budget, tmp_path):
     from collectors.elf import ElfObject
+    path = tmp_path / "fuzz.elf"
 
     @check(budget, elf_mutations("notes"))
     def prop(data):
-        obj = outcome(ElfObject, "fuzz.elf", io.BytesIO(data))
+        path.write_bytes(data)
+        with open(path, "rb") as f:         # a real file, as the objects a process maps
+            obj = outcome(ElfObject, str(path), f)
         assert obj is None or obj.build_id is None or isinstance(obj.build_id, str)
 
 
 @BUDGET
-def test_eh_frame(budget):
+def test_eh_frame(budget, tmp_path):
     from collectors.unwind import CfiTable, UnwindError
     data, _ = _elf_seed()
     good = CfiTable("seed", io.BytesIO(data))
     pcs = [good._fde(i)[0] + 1 for i in range(len(good))][:20]
+    path = tmp_path / "fuzz.elf"
 
     @check(budget, elf_mutations("eh_frame"))
     def prop(blob):
-        table = outcome(CfiTable, "fuzz.elf", io.BytesIO(blob), allowed=(UnwindError,))
-        for pc in pcs if table is not None else ():
-            outcome(table.row, pc, allowed=(UnwindError,))
+        path.write_bytes(blob)
+        with open(path, "rb") as f:
+            table = outcome(CfiTable, str(path), f, allowed=(UnwindError,))
+            for pc in pcs if table is not None else ():
+                outcome(table.row, pc, allowed=(UnwindError,))
