@@ -201,13 +201,19 @@ def parse_stats_json(text):
                    "malloc_bins", "page_bins", "chunk_bins"):
             continue
         if isinstance(val, dict) and {"total", "peak", "current"} <= set(val):
-            counts[key] = {k: int(val[k]) for k in ("total", "peak", "current")}
+            try:
+                counts[key] = {k: int(val[k]) for k in ("total", "peak", "current")}
+            except (ValueError, TypeError, OverflowError):      # null, text, 1e309
+                raise MalformedData(f"mimalloc stats JSON: {key} holds a non-number: "
+                                    f"{str(val)[:80]}") from None
         elif isinstance(val, int) and not isinstance(val, bool):
             counters[key] = val
     for needed in ("reserved", "committed"):
         if needed not in counts:
             raise MalformedData(f"mimalloc stats JSON: no {needed!r} count")
     bins = doc.get("malloc_bins") or []
+    if not isinstance(bins, list):
+        raise MalformedData("mimalloc stats JSON: malloc_bins is not a list")
     tracked = any(counts.get(k, {}).get("total") for k in ("malloc_normal", "malloc_huge")) or \
         any(isinstance(b, dict) and b.get("total") for b in bins)
     return {"format": "json", "stat_version": version,

@@ -172,6 +172,24 @@ def test_stats_file_parsers(kind, budget):
 
 
 @BUDGET
+@pytest.mark.parametrize("kind, name", [("jemalloc", "jemalloc-5.3.0-stats.json"),
+                                        ("mimalloc", "mimalloc-2.4-stats.SYNTHETIC.json")])
+def test_stats_json_documents(kind, name, budget):
+    """The JSON stats with any value anywhere replaced by any JSON value
+    (a structure byte mutations rarely reach)."""
+    from collectors import allocators
+    mod = allocators.module(kind)
+    doc = json.loads(fixture(name))
+
+    @check(budget, st.lists(st.tuples(JSON_PATHS, JSON_VALUES), min_size=1, max_size=4))
+    def prop(edits):
+        text = json.dumps(_json_edits(json.loads(json.dumps(doc)), edits)).encode()
+        native = outcome(mod.parse_file, text)
+        if native is not None:
+            outcome(mod.normalise, native)
+
+
+@BUDGET
 def test_mallinfo2_struct(budget):
     from collectors import glibc_stats
 
@@ -256,6 +274,7 @@ def _json_edits(doc, edits):
     return doc
 
 
+JSON_PATHS = st.lists(st.integers(0, 1000), min_size=1, max_size=6)
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
@@ -269,9 +288,9 @@ def test_snapshot_documents(budget):
     replaced by any JSON value."""
     from diag.recording import snapshot_from_json
     lines = [json.loads(ln) for ln in _recording().splitlines() if b'"event"' not in ln[:20]]
-    paths = st.lists(st.integers(0, 1000), min_size=1, max_size=5)
     strategy = st.builds(lambda i, e: _json_edits(json.loads(json.dumps(lines[i % len(lines)])), e),
-                         st.integers(0, 100), st.lists(st.tuples(paths, JSON_VALUES), max_size=4))
+                         st.integers(0, 100), st.lists(st.tuples(JSON_PATHS, JSON_VALUES),
+                                                       max_size=4))
 
     @check(budget, strategy)
     def prop(doc):
