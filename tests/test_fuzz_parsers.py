@@ -459,3 +459,66 @@ def test_eh_frame(budget, tmp_path):
             table = outcome(CfiTable, str(path), f, allowed=(UnwindError,))
             for pc in pcs if table is not None else ():
                 outcome(table.row, pc, allowed=(UnwindError,))
+
+
+# -- the crashes the properties found, kept as fixed inputs ---------------------------------
+
+def _first_fde_pointing_at_itself(data, spans):
+    """The executable with .eh_frame_hdr disabled (version 2: every FDE is
+    parsed up front) and its first FDE's CIE pointer aimed at the FDE itself."""
+    import struct
+    b = bytearray(data)
+    (hdr_off, _), (eh_off, eh_size) = sorted(spans["eh_frame"], key=lambda s: s[1])
+    b[hdr_off] = 2
+    off = eh_off
+    while off < eh_off + eh_size:
+        length, cie_id = struct.unpack_from("<II", b, off)
+        if cie_id != 0:                      # an FDE: CIE_pointer = 4 leads back to it
+            struct.pack_into("<I", b, off + 4, 4)
+            return bytes(b)
+        off += 4 + length
+    raise AssertionError("no FDE in .eh_frame")
+
+
+def test_found_crashes_stay_fixed(tmp_path):
+    from collectors import allocators, tcmalloc_stats
+    from collectors.elf import ElfObject
+    from collectors.errors import MalformedData
+    from collectors.procfs import ProcFS, parse_maps
+    from collectors.unwind import CfiTable, UnwindError
+    mi_text = fixture("mimalloc-2.0.9-stats.txt")
+    cases = [
+        # mimalloc stats text: int()/float() of a damaged number, IndexError on an empty one
+        lambda: allocators.module("mimalloc").parse_file(
+            mi_text.replace(b"elapsed:       0.011 s", b"elapsed: 1.5.0 s")),
+        lambda: allocators.module("mimalloc").parse_file(
+            mi_text.replace(b"numa nodes:       1", b"numa nodes:")),
+        # past int()'s 4300-digit limit
+        lambda: tcmalloc_stats.parse_getstats(fixture("tcmalloc-2.10-getstats.txt").replace(
+            b"MALLOC:     ", b"MALLOC: " + b"9" * 5000 + b" ", 1).decode()),
+        lambda: allocators.module("jemalloc").parse_file(b'{"jemalloc": ' + b"9" * 5000 + b"}"),
+        # mimalloc JSON: a count of 1e309
+        lambda: allocators.module("mimalloc").parse_file(fixture(
+            "mimalloc-2.4-stats.SYNTHETIC.json").replace(b'"current": ', b'"current": 1e309, '
+                                                         b'"x": ', 1)),
+        # /proc maps with a damaged line
+        lambda: parse_maps(b"zz-10 r-xp 00000000 fd:01 1 /bin/x\n"),
+    ]
+    for case in cases:
+        with pytest.raises(MalformedData):
+            case()
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "status").write_bytes(b"Name:\tx\nVmRSS:\t 12x kB\n")
+    with pytest.raises(MalformedData, match="VmRSS"):
+        ProcFS(str(tmp_path)).memory(7)
+    data, spans = _elf_seed()
+    import struct
+    bad_phoff = bytearray(data)
+    struct.pack_into("<Q", bad_phoff, 32, 1 << 63)     # e_phoff: seek() fails with EINVAL
+    for blob in (bytes(bad_phoff), data[:64] + b"\0" * 64):
+        (tmp_path / "x.elf").write_bytes(blob)
+        with open(tmp_path / "x.elf", "rb") as f, pytest.raises(MalformedData):
+            ElfObject("x.elf", f)
+    (tmp_path / "loop.elf").write_bytes(_first_fde_pointing_at_itself(data, spans))
+    with open(tmp_path / "loop.elf", "rb") as f, pytest.raises(UnwindError, match="unreadable"):
+        CfiTable("loop.elf", f)
