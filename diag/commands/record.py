@@ -106,10 +106,13 @@ def run(args):
         written = count
         msg = (f"{count} snapshots, {time.monotonic() - t0:.0f} s, "
                f"RSS {render.human_bytes(snap.process.rss)} -> {args.output}")
-        if tty:
-            print("\r" + msg, end="", file=sys.stderr, flush=True)
-        elif count == 1 or count % 30 == 0:
-            print(msg, file=sys.stderr)
+        try:
+            if tty:
+                print("\r" + msg, end="", file=sys.stderr, flush=True)
+            elif count == 1 or count % 30 == 0:
+                print(msg, file=sys.stderr)
+        except OSError:
+            pass    # the terminal is gone (SIGHUP): recording goes on to a clean end
 
     interrupt = threading.Event()
     with _stop_on_signals(interrupt) as got:
@@ -120,9 +123,11 @@ def run(args):
                                        interrupt=interrupt)
         except recording.RecordInterrupted as exc:
             written = exc.count     # the recorder closed the file; this is what it holds
-    if tty:
-        print(file=sys.stderr)
     how = f" (stopped by {got[0]})" if got else ""
-    print(f"recorded {written} snapshots of pid {args.pid} to {args.output}{how}",
-          file=sys.stderr)
+    try:
+        print(("\n" if tty else "") +
+              f"recorded {written} snapshots of pid {args.pid} to {args.output}{how}",
+              file=sys.stderr, flush=True)
+    except OSError:
+        pass        # the terminal is gone (SIGHUP of a closed session): the file is complete
     return ExitCode.OK
