@@ -238,3 +238,41 @@ def test_record_ends_cleanly_on_a_signal_and_counts_what_it_wrote(sig, tmp_path)
     assert f"stopped by {sig.name}" in err and "Traceback" not in err
     for line in lines:                       # every line whole
         assert json.loads(line)["pid"] == t.pid
+
+
+def test_record_survives_its_terminal_closing(tmp_path):
+    """SIGHUP from a real hang-up: the terminal record writes its progress to
+    is closed under it (writes then fail with EIO).  It still ends cleanly,
+    exit 0, every line whole."""
+    import pty
+    out = tmp_path / "rec.jsonl"
+    with start([build_c("idle.c"), "1"]) as t:
+        pid, master = pty.fork()
+        if pid == 0:                                    # child: its controlling tty is the pty
+            os.environ["PYTHONPATH"] = ROOT
+            os.execv(sys.executable, [sys.executable, "-m", "diag", "record", str(t.pid), "-o",
+                                      str(out), "--interval", "0.2", "--no-attach"])
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if out.exists() and out.read_text().count("\n") >= 3:
+                    break
+                time.sleep(0.05)
+            os.close(master)                            # the hang-up
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    break
+                time.sleep(0.05)
+            else:
+                pytest.fail("record did not end after its terminal closed")
+        finally:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    lines = out.read_text().splitlines()
+    assert len(lines) >= 3 and all(json.loads(line)["pid"] == t.pid for line in lines)
