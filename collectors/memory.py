@@ -110,7 +110,8 @@ class ProcessMemory:
             path = os.path.join(procfs_root, str(pid), "mem")
             try:
                 self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
+            except (FileNotFoundError, ProcessLookupError):
+                # ESRCH: the process exited (a zombie has no memory to open)
                 raise NoSuchProcess(pid) from None
             except PermissionError:
                 raise AccessDenied(pid, "permission denied reading process memory "
