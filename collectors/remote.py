@@ -87,6 +87,13 @@ Safety rules implemented here
   signal-delivery-stop (SETSIGINFO + DETACH with the signal), others requeued
   by injecting them while blocked (the kernel queues them with their siginfo).
   Nothing is ever re-sent with kill().
+- restart_syscall (a sleep, poll or timed futex wait resumed after any
+  earlier interruption) is judged like any other wait
+  (``safepoints.classify_restart``): a futex by its wait channel and
+  argument registers, a sleep or poll by an ``.eh_frame`` walk with no
+  allocator frame; restored exactly, it continues to its original deadline.
+  An epoll-family wait restored with -ERESTARTNOHAND gets what is left of
+  its timeout (``_keep_deadline``), not the whole timeout again.
 - Stack bounds (``collectors.stackbounds``): every byte written on the
   borrowed stack -- red zone kept, scratch, call frame, alignment -- and the
   callee's own measured stack need (``stack_need``) lie inside the thread's
