@@ -1060,13 +1060,17 @@ class RemoteProcess:
         # before its deadline (epoll_wait's milliseconds are rounded up).
         left = max(0, st.timeout_ns - int((time.monotonic() - st.since) * 1e9)) + \
             self.DEADLINE_SLACK_NS
-        regs = self.arch.copy_regs(regs)
         if nr in safepoints.TIMEOUT_MS_ARG:
+            regs = self.arch.copy_regs(regs)
             self.arch.set_syscall_arg(regs, safepoints.TIMEOUT_MS_ARG[nr], -(-left // 1_000_000))
             return regs
-        at = (st.scratch_top - 16) & ~15
         if st.bounds is None:
-            return st.regs
+            # a stop refused before its stack was bounded: nowhere proven to
+            # put the timespec; the wait restarts its whole timeout (bounded
+            # by it), as the kernel's own restart would
+            return regs
+        regs = self.arch.copy_regs(regs)
+        at = ((st.scratch_top or self._scratch_top(st)) - 16) & ~15
         ts = struct.pack("<qq", left // 1_000_000_000, left % 1_000_000_000)
         self._check_frame(st, [(at, ts)], at)
         memory.write(self.pid, at, ts)
