@@ -20,6 +20,7 @@ no red zone, return address in x30 instead of on the stack):
 ``is_return_trap(regs, siginfo)``            True for the SIGSEGV of "returned to address 0"
 ``syscall_args(regs)``                       the six syscall arguments (at a syscall stop)
 ``code_segment(regs)``                       cs (0x33: 64-bit code)
+``set_syscall_arg(regs, i, value)``          change syscall argument I for a restart
 ``SYSCALL_NAMES``, ``RESTART_SYSCALL``       syscall names for messages; restart_syscall
 ``RED_ZONE``, ``STACK_ALIGN``, ``WORD``
 ==========================================  ====================================
@@ -52,12 +53,10 @@ IDLE_SYSCALLS = {
 }
 
 # restart_syscall(2): what a thread runs when a sleep with a restart block
-# (nanosleep, clock_nanosleep, poll, ppoll) or a futex wait with a timeout
-# was interrupted -- by our own previous stop, typically -- and resumed.  It
-# is borrowed only for a thread we interrupted ourselves (the engine
-# remembers what it was, and checks the kernel wait channel agrees).
+# (nanosleep, clock_nanosleep, poll) or a futex wait with a timeout was
+# interrupted -- by an earlier stop, allocdiag's or anyone's -- and resumed.
+# Judged like any other wait (collectors.safepoints.classify_restart).
 RESTART_SYSCALL = 219
-RESTART_BLOCK_SLEEPS = frozenset(("nanosleep", "clock_nanosleep", "poll", "ppoll"))
 
 SYSCALL_NAMES = dict(IDLE_SYSCALLS)
 SYSCALL_NAMES.update({219: "restart_syscall",
@@ -155,6 +154,14 @@ def syscall_args(regs):
     """The six syscall arguments (rdi, rsi, rdx, r10, r8, r9): still in their
     registers at a stop inside the syscall (only rax, rcx, r11 change)."""
     return (regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9)
+
+
+_SYSCALL_ARG_REGS = ("rdi", "rsi", "rdx", "r10", "r8", "r9")
+
+
+def set_syscall_arg(regs, i, value):
+    """Set syscall argument I (0-5) in REGS, for a restart."""
+    setattr(regs, _SYSCALL_ARG_REGS[i], int(value) & MASK64)
 
 
 def code_segment(regs):

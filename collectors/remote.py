@@ -87,6 +87,13 @@ Safety rules implemented here
   signal-delivery-stop (SETSIGINFO + DETACH with the signal), others requeued
   by injecting them while blocked (the kernel queues them with their siginfo).
   Nothing is ever re-sent with kill().
+- restart_syscall (a sleep, poll or timed futex wait resumed after any
+  earlier interruption) is judged like any other wait
+  (``safepoints.classify_restart``): a futex by its wait channel and
+  argument registers, a sleep or poll by an ``.eh_frame`` walk with no
+  allocator frame; restored exactly, it continues to its original deadline.
+  An epoll-family wait restored with -ERESTARTNOHAND gets what is left of
+  its timeout (``_keep_deadline``), not the whole timeout again.
 - Stack bounds (``collectors.stackbounds``): every byte written on the
   borrowed stack -- red zone kept, scratch, call frame, alignment -- and the
   callee's own measured stack need (``stack_need``) lie inside the thread's
@@ -161,29 +168,24 @@ class Registry:
 
     - ``quarantine``: (pid, starttime) -> reason.  After a call timed out or
       crashed, no further calls go to that process.
-    - ``restarted``: (pid, tid) -> what we interrupted in that thread when
-      its wait resumes through restart_syscall (a sleep name, or "futex").
     - ``orphans``: tid -> _Stopped, tracees that did not acknowledge
       PTRACE_INTERRUPT in time; restored and detached as soon as they stop.
 
-    ``reset()`` empties all three (tests).  The dicts are cleared in place,
+    ``reset()`` empties both (tests).  The dicts are cleared in place,
     so the module-level aliases stay valid."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.quarantine = {}
-        self.restarted = {}
         self.orphans = {}
 
     def reset(self):
         with self.lock:
             self.quarantine.clear()
-            self.restarted.clear()
             self.orphans.clear()
 
 
 REGISTRY = Registry()
-_restarted = REGISTRY.restarted
 
 
 def _bit(sig):
@@ -327,6 +329,19 @@ def _read_bytes(path, pid, tid=None):
         raise ptrace.translate_errno(e.errno, pid, f"read {path}", tid) from None
 
 
+def _exec_start(sched):
+    """se.exec_start (ms, the task's scheduler clock) from /proc/.../sched."""
+    for line in sched.splitlines():
+        if line.startswith(b"se.exec_start"):
+            return float(line.split(b":")[1]) / 1000.0
+    return None
+
+
+def _signed32(v):
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v & (1 << 31) else v
+
+
 def _kib(n):
     return f"{n / 1024:.0f} KiB" if n >= 1024 else f"{n} bytes"
 
@@ -399,6 +414,8 @@ class _Stopped:
         self.stack_buffers = 0    # bytes of Call.buffer carved from a roomy stack
         self.category = None      # safepoints.RESTARTABLE | EPOLL | FUTEX | RUNNING
         self.restart_rax = None   # rax to restore instead of the saved one (EINTR -> restart)
+        self.since = None         # monotonic time it last ran before the stop (epoll family)
+        self.timeout_ns = None    # its relative timeout as passed (read at the stop)
 
     def final_regs(self):
         """The registers to give back: the saved ones, with rax =
@@ -437,6 +454,7 @@ class RemoteProcess:
         self._round_sps = ()      # ((tid, sp), ...) of the current round
         self._parked = False      # no thread of the current round was running
         self._room = {}           # tid -> room seen this borrow (refusal message)
+        self._restart_kinds = {}  # tid -> (category, words) of its restart_syscall wait
         rs = sorted((int(s), int(e), str(n)) for s, e, n in forbidden_ranges)
         self._forbidden = rs
         self._in_forbidden = Ranges(rs)     # addr -> the forbidden object's name, or None
@@ -524,12 +542,17 @@ class RemoteProcess:
         STOPPED: the thread is in our ptrace-stop, so its wait channel no
         longer says what it waits for (it was checked before the stop)."""
         if nr == self.arch.RESTART_SYSCALL:
-            what = _restarted.get((self.pid, tid)) if stopped else self._restarted_kind(tid)
-            if what in self.arch.RESTART_BLOCK_SLEEPS:
-                return safepoints.RESTARTABLE, f"{what} (restarted)"
-            if what == "futex":
-                return safepoints.FUTEX, "futex condition-variable/semaphore wait (restarted)"
-            return None, "a wait resumed by restart_syscall that allocdiag did not interrupt"
+            # Judged like any other wait (safepoints.classify_restart); the
+            # wait channel is read before the stop (in our stop it says
+            # ptrace_stop) and the verdict kept for the stopped thread.
+            if not stopped:
+                try:
+                    wchan = _read_bytes(self._task(tid, "wchan"), self.pid, tid)
+                except AllocdiagError:
+                    return None, "vanished"
+                self._restart_kinds[tid] = safepoints.classify_restart(wchan, args)
+            return self._restart_kinds.get(tid, (None, "a wait resumed by restart_syscall "
+                                                 "that was not seen before the stop"))
         cat, words = safepoints.classify_wait(nr, args)
         if cat is None and words is None:
             name = self.arch.SYSCALL_NAMES.get(nr, f"syscall {nr}")
@@ -588,6 +611,8 @@ class RemoteProcess:
                     why[tid] = f"{words} issued from inside {where}"
                     continue
                 facts["words"] = words
+                if cat == safepoints.EPOLL:
+                    facts["since"] = self._last_ran(tid)
                 cands.append((tid, cat, facts))
             elif state in ("R", "S") and nr == -1:
                 if not self._forbidden:
@@ -691,6 +716,7 @@ class RemoteProcess:
     # Rounds after which a process whose threads are all parked, and whose
     # safe points all lack stack room, is refused (_acquire).
     PARKED_ROUNDS = 5
+    DEADLINE_SLACK_NS = 1_000_000
     SLEEP_S = 0.00005
     # When a CPU is free for the tracee, spinning takes nothing from it, and
     # sleeping costs the wake-up: a jemalloc stats print runs 0.1-0.3 ms
@@ -882,6 +908,7 @@ class RemoteProcess:
             eintr_fix = self._eintr_restartable(st)
             if eintr_fix is None:
                 st.restart_rax = -safepoints.ERESTARTNOHAND
+                st.timeout_ns = self._timeout_arg(st.regs)
         if nr >= 0:
             cat, name = self._classify(st.tid, nr, self.arch.syscall_args(st.regs),
                                        stopped=True)
@@ -900,6 +927,11 @@ class RemoteProcess:
                 why = self._stack_judge().judge(unwind.regs_from_user(st.regs))
                 if why:
                     return f"{name}: {why}"
+            elif nr == self.arch.RESTART_SYSCALL:
+                why = self._walk_resumed(st)
+                if why:
+                    return f"{name}: {why}"
+                name = st.syscall or name
             tight = self._fit(st)
             if tight:
                 return f"{name}: {tight}"
@@ -966,6 +998,104 @@ class RemoteProcess:
         where = judge.allocator_frame(frames)
         return f"running: called from {where}" if where else ""
 
+    def _last_ran(self, tid):
+        """CLOCK_MONOTONIC seconds at which TID last ran (it went to sleep
+        then), or None: se.exec_start of /proc/PID/task/TID/sched, the
+        scheduler's task clock of the CPU it slept on, moved onto
+        CLOCK_MONOTONIC by that CPU's offset (_clock_offset)."""
+        try:
+            sched = _read_bytes(self._task(tid, "sched"), self.pid, tid)
+            stat = _read_bytes(self._task(tid, "stat"), self.pid, tid)
+            cpu = int(stat.rsplit(b")", 1)[1].split()[36])     # field 39: processor
+        except (AllocdiagError, ValueError, IndexError):
+            return None
+        theirs = _exec_start(sched)
+        offset = self._clock_offset(cpu)
+        return None if theirs is None or offset is None else theirs + offset
+
+    def _clock_offset(self, cpu):
+        """CLOCK_MONOTONIC minus CPU's scheduler task clock, in seconds.
+        The task clock leaves out IRQ and steal time, so it drifts from
+        CLOCK_MONOTONIC differently on each CPU: measured on that CPU, by
+        this thread waking there from a short sleep (the scheduler sets
+        exec_start as it picks the thread) and reading its own exec_start
+        at once; the smallest of three (the least delay after the pick)."""
+        try:
+            old = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, {cpu})
+        except OSError:
+            return None
+        try:
+            best = None
+            for _ in range(3):
+                time.sleep(0.00002)
+                with open("/proc/thread-self/sched", "rb") as f:
+                    ours = _exec_start(f.read())
+                now = time.monotonic()
+                if ours is not None and (best is None or now - ours < best):
+                    best = now - ours
+            return best
+        except OSError:
+            return None
+        finally:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, old)
+
+    def _keep_deadline(self, st, regs):
+        """REGS with the timeout of an epoll-family wait given back for a
+        restart (rax -ERESTARTNOHAND) cut to what is left of it.  The kernel
+        re-executes the syscall with its arguments as they are, and these
+        waits take a relative timeout: without this, each stop would restart
+        the full timeout again (measured: a 1 s epoll_wait took 3.2 s under
+        10 snapshots).  epoll_wait/epoll_pwait: milliseconds in the 4th
+        argument register; epoll_pwait2/rt_sigtimedwait: a timespec pointer,
+        pointed at a copy holding the remaining time, written at the top of
+        this borrow's scratch (inside the thread's stack bounds, below the
+        red zone; the kernel reads it as the syscall restarts)."""
+        if st.restart_rax is None or st.since is None or st.timeout_ns is None:
+            return regs
+        nr, _ = self.arch.syscall_state(regs)
+        # What is left, plus DEADLINE_SLACK_NS: the estimate of when the wait
+        # began is good to tens of microseconds, and a wait must never end
+        # before its deadline (epoll_wait's milliseconds are rounded up).
+        left = max(0, st.timeout_ns - int((time.monotonic() - st.since) * 1e9)) + \
+            self.DEADLINE_SLACK_NS
+        if nr in safepoints.TIMEOUT_MS_ARG:
+            regs = self.arch.copy_regs(regs)
+            self.arch.set_syscall_arg(regs, safepoints.TIMEOUT_MS_ARG[nr], -(-left // 1_000_000))
+            return regs
+        if st.bounds is None:
+            # a stop refused before its stack was bounded: nowhere proven to
+            # put the timespec; the wait restarts its whole timeout (bounded
+            # by it), as the kernel's own restart would
+            return regs
+        regs = self.arch.copy_regs(regs)
+        at = ((st.scratch_top or self._scratch_top(st)) - 16) & ~15
+        ts = struct.pack("<qq", left // 1_000_000_000, left % 1_000_000_000)
+        self._check_frame(st, [(at, ts)], at)
+        memory.write(self.pid, at, ts)
+        self.arch.set_syscall_arg(regs, safepoints.TIMESPEC_ARG[nr], at)
+        return regs
+
+    def _timeout_arg(self, regs):
+        """The finite relative timeout (ns) an epoll-family wait was called
+        with, read at the stop (before any call reuses the stack), or None
+        (infinite, non-blocking, unreadable, or not such a wait)."""
+        nr, _ = self.arch.syscall_state(regs)
+        args = self.arch.syscall_args(regs)
+        if nr in safepoints.TIMEOUT_MS_ARG:
+            ms = _signed32(args[safepoints.TIMEOUT_MS_ARG[nr]])
+            return ms * 1_000_000 if ms > 0 else None
+        if nr in safepoints.TIMESPEC_ARG:
+            ptr = args[safepoints.TIMESPEC_ARG[nr]]
+            ts = memory.try_read(self.pid, ptr, 16) if ptr else None
+            if ts is None:
+                return None
+            sec, nsec = struct.unpack("<qq", ts)
+            return sec * 1_000_000_000 + nsec if sec >= 0 and 0 <= nsec < 1_000_000_000 \
+                else None
+        return None
+
     def _eintr_restartable(self, st):
         """None when a wait that holds -EINTR at the stop may be restored
         with -ERESTARTNOHAND: a 64-bit `syscall` instruction just before rip
@@ -983,27 +1113,27 @@ class RemoteProcess:
             return "no syscall instruction before the pc"
         return None
 
-    def _restarted_kind(self, tid):
-        """What we interrupted in TID if it now resumes through
-        restart_syscall: a sleep name (kernel wait channel not a futex), or
-        "futex" (wait channel a futex); None when we did not interrupt it."""
-        what = _restarted.get((self.pid, tid))
-        if what is None:
-            return None
+    def _walk_resumed(self, st):
+        """A sleep or poll resumed by restart_syscall: None when an
+        .eh_frame walk from the stopped registers (CFI parsed before the
+        stop) reaches the program's own frames with none in allocator code
+        (gperftools' spin lock sleeps in nanosleep), else why not."""
+        judge = self._stack_judge()
         try:
-            wchan = _read_text(self._task(tid, "wchan"), self.pid, tid)
-        except AllocdiagError:
-            return None
-        if what == "futex":
-            return what if "futex" in wchan else None
-        return what if "futex" not in wchan else None
-
-    def _restarted_sleep(self, tid):
-        """True for a thread in restart_syscall that we ourselves stopped in
-        a sleep with a restart block, and that the kernel does not show
-        waiting on a futex (futex waits with a timeout also resume through
-        restart_syscall)."""
-        return self._restarted_kind(tid) in self.arch.RESTART_BLOCK_SLEEPS
+            frames = judge.unwinder.walk(unwind.regs_from_user(st.regs), parse=False)
+        except unwind.NeedsParse as e:
+            return f"stack walk needs {os.path.basename(e.path)}'s CFI (parsed for the next try)"
+        except Exception as e:      # any failure: not proven
+            return f"stack walk failed ({e})"
+        where = judge.allocator_frame(frames)
+        if where:
+            return where
+        if len(frames) < 2:
+            return "stack walk found no caller"
+        fn = judge.libc_function(frames[0])
+        if fn:
+            st.syscall = f"{fn} (resumed by restart_syscall)"
+        return None
 
     def _idle_caller_check(self, st):
         """An idle wait must not be a raw syscall instruction inside allocator
@@ -1051,7 +1181,7 @@ class RemoteProcess:
             else:
                 parked_rounds = 0
             for tid, cat, facts in cands:
-                if cat == safepoints.FUTEX:
+                if cat == safepoints.FUTEX or facts["nr"] == self.arch.RESTART_SYSCALL:
                     # Parse the CFI the walk needs now, before the stop (the
                     # parse is not time spent waiting for a safe point).
                     t0 = time.monotonic()
@@ -1076,6 +1206,7 @@ class RemoteProcess:
                 st = None
                 try:
                     st = self._stop(tid, "idle" if cat != safepoints.RUNNING else "running")
+                    st.since = facts.get("since")
                     reason = self._judge(st)
                 except _Skip as s:
                     self._unblock(old)
@@ -1340,7 +1471,7 @@ class RemoteProcess:
             return
         try:
             direct = self._redeliver(st) if st.held else None
-            self.arch.set_regs(st.tid, self.pid, st.final_regs())
+            self.arch.set_regs(st.tid, self.pid, self._keep_deadline(st, st.final_regs()))
             if "xstate" not in self._unsafe:
                 self.arch.set_ext_state(st.tid, self.pid, st.xstate)
             if st.mask_changed:
@@ -1374,6 +1505,7 @@ class RemoteProcess:
         self.held_signals = []
         self.last = None
         self._room = {}
+        self._restart_kinds = {}
         ptrace.set_timerslack_ns(1000)
         self._preflight()
         self._spin_s = self._spin_budget()
@@ -1394,14 +1526,6 @@ class RemoteProcess:
                     _unboost(st.tid, boosted)
                     self._release(st)
             finally:
-                base = (st.syscall or "").split(" ")[0]
-                if base in self.arch.RESTART_BLOCK_SLEEPS and not st.boundary:
-                    _restarted[(self.pid, st.tid)] = base
-                elif st.category == safepoints.FUTEX and not st.boundary:
-                    # a futex wait with a timeout resumes through restart_syscall
-                    _restarted[(self.pid, st.tid)] = "futex"
-                else:
-                    _restarted.pop((self.pid, st.tid), None)
                 self.last = {"tid": st.tid, "kind": st.kind, "syscall": st.syscall,
                              "category": st.category, "restarted_eintr":
                              st.restart_rax is not None, "boundary": st.boundary, "calls": st.calls,

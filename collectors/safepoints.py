@@ -44,6 +44,11 @@ RESTARTABLE_WAITS = {
 # kernel/signal.c do_sigtimedwait): restored with rax = -ERESTARTNOHAND.
 EPOLL_WAITS = {232: "epoll_wait", 281: "epoll_pwait", 441: "epoll_pwait2",
                128: "rt_sigtimedwait"}
+# Epoll-family waits' relative timeouts (argument index), which a restart
+# would otherwise start again in full: milliseconds (int) in a register, or
+# a struct timespec pointer (include/linux/syscalls.h).
+TIMEOUT_MS_ARG = {232: 3, 281: 3}            # epoll_wait, epoll_pwait
+TIMESPEC_ARG = {441: 3, 128: 2}              # epoll_pwait2, rt_sigtimedwait
 NR_futex = 202
 NR_semop, NR_semtimedop = 65, 220
 NR_futex_waitv = 449
@@ -140,6 +145,32 @@ def classify_wait(nr, args):
     return None, None
 
 
+# restart_syscall (219) runs a wait the kernel resumes from its restart block
+# after any interruption (a ptrace stop, SIGSTOP/SIGCONT, a signal without
+# handler): kernel/time/hrtimer.c hrtimer_nanosleep_restart (nanosleep,
+# clock_nanosleep), fs/select.c do_restart_poll (poll with a timeout),
+# kernel/futex/waitwake.c futex_wait_restart (futex with a timeout), and the
+# posix-cpu/alarm timer sleeps -- each against its original absolute
+# deadline.  The syscall number no longer says which; the wait channel does
+# (a futex wait sleeps in futex_do_wait / futex_wait_queue*), and the
+# argument registers still hold the original call's (the kernel changes only
+# rax, rcx, r11).  Measured on 6.18: wchan do_syscall_64 for a resumed
+# clock_nanosleep, poll_schedule_timeout.constprop.0 for poll, futex_do_wait
+# for a timed condition wait (args op 0x89 = FUTEX_WAIT_BITSET|PRIVATE).
+
+
+def classify_restart(wchan, args):
+    """(category, words) for a thread blocked in restart_syscall with wait
+    channel WCHAN (bytes) and argument registers ARGS, or (None, why).  A
+    resumed futex is judged like the futex it is (op from the argument
+    registers); any other is a resumed sleep or poll: RESTARTABLE, which the
+    engine accepts only after an .eh_frame walk shows no allocator frame."""
+    if b"futex" in wchan:
+        cat, words = classify_wait(NR_futex, args)
+        return cat, f"{words} (resumed by restart_syscall)"
+    return RESTARTABLE, "a sleep or poll resumed by restart_syscall"
+
+
 # ---- the stack-walk proof for futex waits -----------------------------------------
 
 
@@ -202,20 +233,31 @@ class StackJudge:
                 bias = self.unwinder._bias(m)
             except Exception:
                 return None
-            waits, malloc = [], []
+            waits, malloc, named = [], [], {}
             for s in obj.dynsym:
                 if not s.defined or not s.st_value or s.type not in (2, 10):
                     continue
                 rng = (bias + s.st_value, bias + s.st_value + max(s.st_size, 1), s.name)
+                # one name per range: the public one (nanosleep, not __nanosleep)
+                if rng[:2] not in named or named[rng[:2]][2].startswith("_"):
+                    named[rng[:2]] = rng
                 if s.name in LIBC_WAIT_FUNCTIONS:
                     waits.append(rng)
                     waits.extend((bias + a, bias + b, f"{s.name} (tail call)")
                                  for a, b in _tail_call_targets(obj, m.opener, s))
                 elif s.name in GLIBC_MALLOC_FUNCTIONS:
                     malloc.append(rng)
-            self._libc = (m.path, Ranges(waits), Ranges(malloc))
+            self._libc = (m.path, Ranges(waits), Ranges(malloc), Ranges(named.values()))
             break
         return self._libc
+
+    def libc_function(self, frame):
+        """The exported C-library function FRAME is in (exact .dynsym
+        range), or None."""
+        facts = self._libc_facts()
+        if facts is None or frame.path != facts[0]:
+            return None
+        return facts[3](frame.pc)
 
     def _is_libc(self, frame):
         return is_libc_name(frame.path)

@@ -125,6 +125,31 @@ http {{ access_log off; client_body_temp_path {tmp}; proxy_temp_path {tmp};
 
 
 @contextlib.contextmanager
+def varnish():
+    """varnishd in the foreground on 127.0.0.1 (no jail, no management port,
+    a 16 MiB malloc store, a backend port nobody listens on: it answers 503),
+    its working directory in a temp dir.  ``pid`` is the worker ("cache-main")
+    child: ~200 idle pool threads with small stacks, jemalloc linked in."""
+    exe = deps.need("/usr/sbin/varnishd")
+    with tempfile.TemporaryDirectory(prefix="srv_varnish") as tmp:
+        port, backend = free_port(), free_port()
+        argv = [exe, "-F", "-j", "none", "-T", "none", "-n", os.path.join(tmp, "wd"),
+                "-a", f"127.0.0.1:{port}", "-b", f"127.0.0.1:{backend}", "-s", "malloc,16m"]
+        with _run(argv, port, tmp, timeout=30) as s:
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                children = subprocess.run(["pgrep", "-P", str(s.proc.pid)], capture_output=True,
+                                          text=True).stdout.split()
+                if children and len(os.listdir(f"/proc/{children[0]}/task")) > 100:
+                    break
+                time.sleep(0.1)
+            else:
+                raise TimeoutError("varnishd started no worker child with its thread pools")
+            s.pid = int(children[0])
+            yield s
+
+
+@contextlib.contextmanager
 def nginx():
     exe = deps.need("nginx")
     with tempfile.TemporaryDirectory(prefix="srv_nginx") as tmp:

@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -34,6 +35,7 @@ from collectors.allocators import glibc as glibc_mod, gperftools, jemalloc, mima
 from collectors.errors import RemoteCallError
 from collectors.detect import detect
 from collectors.image import ProcessImage
+from diag import snapshot
 from servers import untraced
 from targets import build_c, start
 
@@ -306,3 +308,26 @@ def test_release_on_a_small_stack_pool(allocator):
         after = read_blocks(t.pid, blocks)
         assert sum(before[k] != after[k] for k in blocks) <= 1     # the borrowed thread's own
         assert release_and_exit(t) == 0
+
+
+def test_varnish_worker_50_live_snapshots():
+    """varnish's worker process (issue 21 item 2): ~200 pool threads with
+    small stacks, all idle.  50 consecutive snapshots through the path
+    `inspect` takes are all live, each within the usual deadline; varnish
+    still answers afterwards and nothing stays traced."""
+    import servers
+    with servers.varnish() as v:
+        image = ProcessImage(v.pid)
+        det = detect(image)
+        assert det.allocator.kind == "jemalloc"
+        threads = len(os.listdir(f"/proc/{v.pid}/task"))
+        assert threads > 100
+        for i in range(50):
+            snap, col = snapshot.take(v.pid)
+            remote_ = col.status["remote"]
+            assert remote_.ok, f"snapshot {i}: {remote_.error}"
+            assert snap.stats["allocated"].value
+        with socket.create_connection(("127.0.0.1", v.port), timeout=5) as c:
+            c.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            assert c.recv(64).startswith(b"HTTP/1.1 503")    # no backend: varnish answers
+        assert untraced(v.pid) and v.alive()

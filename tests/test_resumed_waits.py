@@ -1,0 +1,103 @@
+"""Every idle wait can be snapshotted again and again (issue 21, item 1).
+
+A single-threaded target waits in one kind of wait in a loop and times each
+wait with its own clock.  Separate snapshots (each a fresh `inspect`: new
+RemoteProcess, nothing remembered between them) during its waits must all
+be live, including the ones that find the thread in ``restart_syscall``
+(a sleep, poll or timed condition wait resumed after the previous stop),
+and every wait must end on time (within 50 ms of its deadline, never
+before it) with the result it would have had without allocdiag.
+"""
+
+import contextlib
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from diag import snapshot
+from targets import build_c, start
+
+ALLOCATORS = ["glibc", "jemalloc", "tcmalloc", "mimalloc"]
+MODES = ["sleep", "clock_nanosleep", "poll", "select", "epoll", "pause", "sigtimedwait",
+         "read", "condwait"]
+WAIT_MS = 1000
+SNAPSHOTS = 10
+SLACK_US = 50_000
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def waits_of(t):
+    """[(elapsed us, ok)] the target printed so far (non-blocking read)."""
+    fd = t.proc.stdout.fileno()
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+    data = b""
+    with contextlib.suppress(BlockingIOError, TypeError):
+        while chunk := os.read(fd, 65536):
+            data += chunk
+    out = []
+    for line in data.decode().splitlines():
+        if line.startswith("WAIT "):
+            _, us, ok = line.split()
+            out.append((int(us), ok == "1"))
+    return out
+
+
+def check_waits(mode, waits, stopped_us=0):
+    """Every wait ended with its own result, never before its deadline, and
+    at most SLACK_US after it plus the time the thread was stopped
+    (STOPPED_US: the stops themselves are the one delay allowed)."""
+    assert waits, f"{mode}: no wait finished"
+    for us, ok in waits:
+        assert ok, f"{mode}: a wait returned early or with a wrong result ({us} us)"
+        assert WAIT_MS * 1000 <= us <= WAIT_MS * 1000 + SLACK_US + stopped_us, \
+            f"{mode}: a {WAIT_MS} ms wait took {us / 1000:.1f} ms ({stopped_us} us stopped)"
+
+
+@pytest.mark.parametrize("allocator", ALLOCATORS)
+def test_every_wait_snapshotted_again_and_again(allocator):
+    exe = build_c("one_wait.c", "-pthread")
+    with contextlib.ExitStack() as stack:
+        targets = {m: stack.enter_context(start([exe, m, str(WAIT_MS)], allocator=allocator))
+                   for m in MODES}
+        time.sleep(0.05)                     # every target inside its first wait
+        seen = {m: [] for m in MODES}
+        stopped = {m: 0 for m in MODES}
+        for i in range(SNAPSHOTS):
+            for mode, t in targets.items():
+                snap, col = snapshot.take(t.pid)
+                remote = col.status["remote"]
+                assert remote.ok, f"{mode} snapshot {i}: {remote.error}"
+                assert snap.stats["allocated"].value is not None or \
+                    snap.stats["mapped"].value is not None
+                seen[mode].append(snap.native["borrowed_thread"]["syscall"])
+                stopped[mode] += remote.pause_us or 0
+            time.sleep(0.12)
+        time.sleep(WAIT_MS / 1000 + 0.2)     # the last wait interrupted ends
+        for mode, t in targets.items():
+            check_waits(mode, waits_of(t), stopped[mode])
+            assert t.alive()
+        for mode in ("sleep", "clock_nanosleep", "poll", "condwait"):
+            assert any("restart_syscall" in (s or "") for s in seen[mode]), (mode, seen[mode])
+
+
+@pytest.mark.parametrize("mode", ["sleep", "condwait"])
+def test_separate_cli_runs_during_one_wait(mode):
+    """The real CLI, three separate processes during the same waits: each
+    exits 0 with live stats; the waits end on time."""
+    exe = build_c("one_wait.c", "-pthread")
+    with start([exe, mode, str(WAIT_MS)], allocator="jemalloc") as t:
+        syscalls = []
+        for _ in range(3):
+            r = subprocess.run([sys.executable, "-m", "diag", "inspect", str(t.pid), "--json"],
+                               capture_output=True, text=True, timeout=60, cwd=ROOT)
+            assert r.returncode == 0, r.stderr
+            doc = json.loads(r.stdout)
+            assert doc["collectors"]["remote"]["ok"]
+            syscalls.append(doc["native"]["borrowed_thread"]["syscall"])
+        time.sleep(WAIT_MS / 1000 + 0.2)
+        check_waits(mode, waits_of(t))
