@@ -32,8 +32,17 @@ work done in-process (measured in the same run).
     "in-process" is the target timing the work back to back (hot caches);
     "cold" one run after 0.2 s of idling, as a remote stop finds it.
 
+(d) --scratch: the stop of a snapshot whose output buffer is an anonymous
+    mapping the borrowed thread makes and removes (Call.buffer on a thread
+    without the stack room: one mmap and one munmap call more, and the
+    buffer's first-touch page faults), next to the same snapshot with the
+    buffer on the borrowed thread's stack (Call.buffer on a thread whose
+    measured room holds it: the idle target's main thread), stop by stop in
+    turn, on an idle target.
+
     python bench/pause.py [--allocators glibc,jemalloc,tcmalloc] [--threads 4] [--reps 15]
     python bench/pause.py --stops [--frag-mib 256] [--reps 30]
+    python bench/pause.py --scratch [--allocators glibc,jemalloc,tcmalloc,mimalloc] [--reps 200]
 Goals: (a) serving threads not stopped (>= 10x below gdb); (b) borrowed stop
 <= 2 ms median idle and <= 2x in-process on a saturated target (issue 3);
 (c) issue 9 item 8: glibc stop <= 1.3 x in-process malloc_info + 0.3 ms;
@@ -63,7 +72,6 @@ from collectors.allocators import jemalloc as je_module  # noqa: E402
 from collectors.allocators import gperftools as tc_module  # noqa: E402
 from collectors.detect import detect  # noqa: E402
 from collectors.image import ProcessImage  # noqa: E402
-from collectors.remote import RemoteProcess  # noqa: E402
 
 GDB_CALL = {"glibc": "call (void) malloc_stats()",
             "jemalloc": "call (void) malloc_stats_print(0, 0, 0)",
@@ -174,8 +182,9 @@ class Stopper:
             # The former snapshot: mallinfo2, then malloc_info (two heap walks).
             self.plans.insert(0, self.mod.plan(res, det.serving, det.allocator,
                                                dict(self.opts, glibc_xml=False)))
-        self.rp = RemoteProcess(pid, forbidden_ranges=livestats.forbidden_ranges(image, det),
-                                deadline_s=5.0, call_timeout_s=livestats.CALL_TIMEOUT_S)
+        self.rp = livestats.open_remote(image, det, deadline_s=5.0,
+                                        call_timeout_s=livestats.CALL_TIMEOUT_S,
+                                        stack_need=self.mod.STACK_NEED)
 
     def once(self):
         if self.mode != "repeat":
@@ -189,6 +198,40 @@ class Stopper:
         for raw in raws:
             self.mod.parse(raw, self.alloc)
         return max(self.rp.pause_us)
+
+
+def scratch_table(allocator, reps):
+    """(d): {way: [stop us]} for 'mapped' and 'stack' buffers, in turn."""
+    exe = build_c(os.path.join(HERE, "pause_target.c"), "-lpthread", "-ldl", name="pause_target")
+    out = {"mapped": [], "stack": []}
+    with tempfile.NamedTemporaryFile(prefix="allocdiag-gaps-") as gf:
+        gf.write(b"\0" * 4096)
+        gf.flush()
+        with start([exe, "0", gf.name, "0"], allocator=allocator, stderr=subprocess.DEVNULL,
+                   timeout=120) as t:
+            st = Stopper(t.pid, "repeat")
+            st.once()
+            for _ in range(reps):
+                for way in out:
+                    # the main thread has the room: the engine puts the
+                    # buffer on its stack unless told to keep none spare
+                    st.rp.STACK_BUFFER_SPARE = 1 << 40 if way == "mapped" else \
+                        type(st.rp).STACK_BUFFER_SPARE
+                    with st.rp.borrow() as c:
+                        for a in st.plans:
+                            st.mod.gather(c, a, st.opts)
+                    out[way].append(max(st.rp.pause_us))
+    return out
+
+
+def print_scratch(allocators_, reps):
+    print(f"== (d) output buffer outside the stack vs on it: idle target, {reps} stops each, in turn")
+    for allocator in allocators_:
+        us = scratch_table(allocator, reps)
+        m, s_ = med(us["mapped"]), med(us["stack"])
+        print(f"  {allocator:9} mapped buffer median {m:6.0f} us p95 {p95(us['mapped']):6.0f} us   "
+              f"stack buffer median {s_:6.0f} us p95 {p95(us['stack']):6.0f} us   "
+              f"ratio {m / max(s_, 1):.2f}  (+{m - s_:.0f} us)")
 
 
 MODES = ("now", "repeat", "percall")
@@ -252,7 +295,12 @@ def main():
     ap.add_argument("--no-gdb", action="store_true")
     ap.add_argument("--stops", action="store_true", help="only (c): stops per gather path")
     ap.add_argument("--frag-mib", type=int, default=256)
+    ap.add_argument("--scratch", action="store_true",
+                    help="only (d): output buffer mapped vs on the stack")
     args = ap.parse_args()
+    if args.scratch:
+        print_scratch(args.allocators.split(","), args.reps)
+        return
     if args.stops:
         for allocator in args.allocators.split(","):
             print_stops(allocator, args.frag_mib, args.reps)

@@ -16,9 +16,14 @@ import struct
 from collectors import livestats
 from collectors.allocators import common, gperftools, jemalloc, mimalloc
 from collectors.errors import Unsupported
-from collectors.remote import RemoteProcess
 
 ACTION_TIMEOUT_S = 10.0     # malloc_trim of a multi-GiB heap takes a while
+# Stack the release/set calls use on the borrowed thread (high-water marks
+# measured by tests/targets/stack_need.c: malloc_trim 3,175 B, jemalloc
+# arena.4096.purge 1,671 B, gperftools ReleaseFreeMemory 3,431 B, mi_collect
+# 1,607 B; mallopt, mallctl writes, Get/SetNumericProperty and mi_option_*
+# are smaller).
+ACTION_STACK_NEED = 8 * 1024
 
 # glibc mallopt parameters (malloc/malloc.h).
 MALLOPT = {"trim_threshold": -1, "top_pad": -2, "mmap_threshold": -3, "mmap_max": -4,
@@ -33,10 +38,8 @@ RELEASE_CALLS = {
 
 
 def _session(image, detection, deadline_s):
-    rp = RemoteProcess(image.pid, forbidden_ranges=livestats.forbidden_ranges(image, detection),
-                       deadline_s=deadline_s, call_timeout_s=ACTION_TIMEOUT_S,
-                       procfs=image.procfs.root)
-    return rp
+    return livestats.open_remote(image, detection, deadline_s=deadline_s,
+                                 call_timeout_s=ACTION_TIMEOUT_S, stack_need=ACTION_STACK_NEED)
 
 
 def _addr(res, obj, name, kind):

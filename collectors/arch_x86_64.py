@@ -13,6 +13,7 @@ no red zone, return address in x30 instead of on the stack):
 ``set_ext_state(tid, pid, blob)``            write it back exactly
 ``copy_regs(regs) -> regs``                  independent copy
 ``pc(regs)``, ``sp(regs)``                   program counter, stack pointer
+``thread_pointer(regs)``                     the TLS thread pointer (glibc: the thread descriptor)
 ``syscall_state(regs) -> (nr, ret)``         syscall the stop interrupted (-1 if none), its rax
 ``prepare_call(regs, func, args, top)``      -> (new_regs, writes, lowest): call frame below TOP
 ``return_value(regs)``                       the function's integer return value
@@ -137,6 +138,11 @@ def pc(regs):
 
 def sp(regs):
     return regs.rsp
+
+
+def thread_pointer(regs):
+    """The thread pointer (fs_base): glibc's struct pthread of the thread."""
+    return regs.fs_base
 
 
 def syscall_state(regs):

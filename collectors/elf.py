@@ -19,6 +19,7 @@ Missing facts are ``None``; an object that cannot be parsed raises
 ``MalformedData`` naming the object and what was wrong with it.
 """
 
+import errno
 import os
 import re
 import struct
@@ -27,6 +28,7 @@ import time
 from collections import namedtuple
 
 from elftools.common.exceptions import ELFError
+from elftools.construct.core import ConstructError   # a struct pyelftools cannot unpack
 from elftools.elf.elffile import ELFFile
 
 from collectors.errors import MalformedData
@@ -74,9 +76,15 @@ class ElfObject:
         self._rodata_hits = {}
         try:
             self._parse(f)
-        except (ELFError, struct.error, ValueError, KeyError, IndexError,
-                AssertionError, UnicodeDecodeError, TypeError) as exc:
+        except (ELFError, ConstructError, struct.error, ValueError, KeyError, IndexError,
+                AssertionError, UnicodeDecodeError, TypeError, OverflowError) as exc:
             raise MalformedData(f"{path}: not a readable ELF object ({type(exc).__name__}: {exc})") from None
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:       # EIO and the like: not the file's content
+                raise
+            # a header offset that makes seek() negative
+            raise MalformedData(f"{path}: not a readable ELF object (an offset outside "
+                                "the file)") from None
 
     # -- parsing --------------------------------------------------------------
 
@@ -139,6 +147,9 @@ class ElfObject:
         _addr, off, size, _t = sec
         if limit is not None:
             size = min(size, limit)
+        # a damaged sh_size must not become a read of that many bytes
+        if off + size > f.seek(0, os.SEEK_END):
+            raise ValueError(f"section {name} lies past the end of the file")
         f.seek(off)
         data = f.read(size)
         if len(data) != size:

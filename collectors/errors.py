@@ -58,8 +58,8 @@ class AccessDenied(AllocdiagError):
 
 
 class Unsupported(AllocdiagError):
-    """Allocator not detected, or it cannot do what was asked; also an input
-    file that is not in any format allocdiag reads."""
+    """Allocator not detected, or it cannot do what was asked (a kernel
+    thread has none).  An input file of the wrong kind is BadInput."""
 
     exit_code = ExitCode.UNSUPPORTED
 
@@ -81,6 +81,28 @@ class MalformedData(Unsupported):
     """Bytes that claim to be a known format but do not parse (a truncated ELF,
     broken malloc_info XML, a cut-off stats JSON).  Raised per object: the
     caller decides whether it is fatal."""
+
+
+class BadInput(MalformedData):
+    """A file named on the command line is not what the command reads (a
+    truncated gzip, random bytes, an empty recording, stats text of no known
+    allocator).  The message says what was expected.  The user's to fix, like
+    a missing file: a usage error, not "allocator unsupported"."""
+
+    exit_code = ExitCode.USAGE
+
+
+class MissingExtra(AllocdiagError):
+    """An optional Python package a command needs is not installed.  The
+    message names the package and the pip line of the extra that brings it
+    (setup.cfg [options.extras_require])."""
+
+    exit_code = ExitCode.USAGE
+
+    def __init__(self, what, package, extra):
+        self.install = f"pip install 'allocdiag[{extra}]'"
+        super().__init__(f"{what} needs the Python package {package}, which is not installed: "
+                         f"{self.install}")
 
 
 class RemoteCallError(AllocdiagError):

@@ -48,7 +48,6 @@ from collectors.detect import detect
 from collectors.errors import AccessDenied, MalformedData, RemoteCallError, Unsupported
 from collectors.image import ProcessImage
 from collectors.procfs import ProcFS
-from collectors.remote import RemoteProcess
 
 # GetHeapProfile walks every bucket under the profiler's lock; with many
 # sites that takes a while.  A call still running then is abandoned (and the
@@ -104,10 +103,9 @@ class Target:
         return self.procfs.path(self.pid, "root")
 
     def session(self):
-        return RemoteProcess(self.pid,
-                             forbidden_ranges=livestats.forbidden_ranges(self.image, self.det),
-                             deadline_s=DEADLINE_S, call_timeout_s=CALL_TIMEOUT_S,
-                             procfs=self.procfs.root)
+        # stack_need: the engine's default (these calls' needs are not measured)
+        return livestats.open_remote(self.image, self.det, deadline_s=DEADLINE_S,
+                                     call_timeout_s=CALL_TIMEOUT_S, procfs=self.procfs.root)
 
     def fn(self, name):
         return common.need(self.res.address(self.det.serving, name), name, self.kind)

@@ -51,7 +51,8 @@ pprof -raw`` (also relabelled ``heap/…``, ``heapz_v2/…``, ``heapprofile``),
 and ``jeprof --text --show_bytes`` totals (in use and alloc) equal ours on
 real jemalloc captures to the byte.
 
-Malformed input raises ``MalformedData`` (exit 5) naming the line, never any
+Malformed input raises ``MalformedData`` naming the line (exit 2 for a file the user
+named: diag.heapview makes it BadInput), never any
 other exception.  ``unparse`` writes a profile back out in its own format from
 the numbers as written (unscaled), so pprof/jeprof read it exactly as the
 original and ``parse(unparse(p)) == p``.

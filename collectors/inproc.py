@@ -18,7 +18,7 @@ import threading
 
 from collectors.errors import RemoteCallError
 
-SCRATCH_BYTES = 64 * 1024     # the engine's MAX_SCRATCH: same limits in both modes
+SCRATCH_BYTES = 64 * 1024     # scratch + buffers: jemalloc's 56 KiB stats buffer fits
 _ALIGN = 16
 
 _libc = ctypes.CDLL(None)
@@ -61,6 +61,13 @@ class InProcess:
             raise RemoteCallError(f"scratch limit {self._top - self._base} bytes exceeded")
         self._low = low
         return low
+
+    def buffer(self, n):
+        """N zeroed bytes (the remote engine's buffer starts with a NUL;
+        here it comes from the same preallocated buffer as scratch)."""
+        at = self.scratch(n)
+        ctypes.memset(at, 0, n)
+        return at
 
     def cstring(self, addr, limit=1 << 20):
         return ctypes.string_at(addr, _strnlen(addr, limit))

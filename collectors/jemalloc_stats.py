@@ -71,6 +71,8 @@ def parse_stats_json(text):
                             f"{exc.colno} (truncated output?)") from None
     except RecursionError:
         raise MalformedData("jemalloc stats JSON: nested too deeply") from None
+    except ValueError as exc:       # an integer of more than sys.get_int_max_str_digits()
+        raise MalformedData(f"jemalloc stats JSON: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("jemalloc"), dict):
         raise MalformedData("jemalloc stats JSON: no top-level \"jemalloc\" object "
                             "(not malloc_stats_print \"J\" output?)")

@@ -156,6 +156,17 @@ from collectors.safepoints import (JEMALLOC_PUBLIC, forbidden_ranges,  # noqa: E
                                    static_allocator_ranges)
 
 
+def open_remote(image, detection, *, stack_need=None, procfs=None, **kw):
+    """The RemoteProcess every live path uses: forbidden ranges from the
+    detection, libc's mmap/munmap for Call.buffer, and STACK_NEED, the
+    bytes of stack the calls use on the borrowed thread (None: the engine's
+    default for calls whose need was not measured)."""
+    return RemoteProcess(image.pid, forbidden_ranges=forbidden_ranges(image, detection),
+                         procfs=(procfs or image.procfs.root),
+                         stack_need=stack_need or remote.DEFAULT_STACK_NEED,
+                         mapper=allocators.common.mapper(Resolver(image)), **kw)
+
+
 GO_HEAP = ("the Go runtime manages this heap; allocdiag reads no Go runtime statistics yet "
            "(the kernel's and the cgroup's figures above are complete)")
 
@@ -182,9 +193,8 @@ def collect(image, detection, *, deadline_s=2.0, call_timeout_s=CALL_TIMEOUT_S, 
                           pid=image.pid)
     opts = {"glibc_xml": glibc_xml, "per_arena": per_arena, **options}
     addrs = mod.plan(Resolver(image), detection.serving, detection.allocator, opts)
-    rp = RemoteProcess(image.pid, forbidden_ranges=forbidden_ranges(image, detection),
-                       deadline_s=deadline_s, call_timeout_s=call_timeout_s,
-                       procfs=(procfs or image.procfs.root))
+    rp = open_remote(image, detection, deadline_s=deadline_s, call_timeout_s=call_timeout_s,
+                     procfs=procfs, stack_need=getattr(mod, "STACK_NEED", None))
     t0 = time.perf_counter()
     pauses = []
     for attempt in range(2):

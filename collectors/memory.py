@@ -5,8 +5,9 @@ Two kernel paths, with different semantics, chosen explicitly:
 
 - ``process_vm_readv``/``process_vm_writev`` (default): honours page
   protections, so a stack guard page or a PROT_NONE reservation is
-  *unreadable*.  The remote engine relies on that (its stack-headroom probe
-  must fail on a guard page).
+  *unreadable*, and process_vm_writev never grows a stack mapping (the
+  remote engine's writes fail cleanly outside a mapping; their bounds come
+  from collectors.stackbounds, never from readability).
 - ``/proc/PID/mem`` (``force=True``): FOLL_FORCE access, which also reads
   PROT_NONE pages of a mapping (as zeros when never touched).  Heap walkers
   (pymalloc, mimalloc segments) and detection read this way.
@@ -109,7 +110,8 @@ class ProcessMemory:
             path = os.path.join(procfs_root, str(pid), "mem")
             try:
                 self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
+            except (FileNotFoundError, ProcessLookupError):
+                # ESRCH: the process exited (a zombie has no memory to open)
                 raise NoSuchProcess(pid) from None
             except PermissionError:
                 raise AccessDenied(pid, "permission denied reading process memory "

@@ -67,9 +67,22 @@ def _amount(whole, frac, mag, binary, bunit, plain_b):
 def _amounts(text):
     out = []
     for m in _AMOUNT.finditer(text):
-        out.append(_amount(m.group(1), m.group(2), m.group(3), m.group(4) or "",
-                           m.group(5) or "", m.group(6)))
+        try:
+            out.append(_amount(m.group(1), m.group(2), m.group(3), m.group(4) or "",
+                               m.group(5) or "", m.group(6)))
+        except ValueError:  # more digits than int() takes (sys.get_int_max_str_digits)
+            raise MalformedData(f"mimalloc stats: not an amount: {m.group(0)[:40]!r}...") \
+                from None
     return out
+
+
+def _num(conv, text, lineno, line):
+    """CONV of the first word of TEXT, or MalformedData naming the line."""
+    try:
+        return conv(text.split()[0])
+    except (ValueError, IndexError):
+        raise MalformedData(f"mimalloc stats line {lineno}: not a number in "
+                            f"{line[:80]!r}") from None
 
 
 def parse_stats_text(text):
@@ -105,8 +118,9 @@ def parse_stats_text(text):
             pm = _PROCESS.search(rest)
             if not pm:
                 raise MalformedData(f"mimalloc stats line {lineno}: cannot parse {line!r}")
-            proc = {"user_s": float(pm.group("user")), "system_s": float(pm.group("sys")),
-                    "page_faults": int(pm.group("faults"))}
+            proc = {"user_s": _num(float, pm.group("user"), lineno, line),
+                    "system_s": _num(float, pm.group("sys"), lineno, line),
+                    "page_faults": _num(int, pm.group("faults"), lineno, line)}
             for key, grp in (("peak_rss", "rss"), ("peak_commit", "commit")):
                 if pm.group(grp):
                     vals = _amounts(pm.group(grp))
@@ -116,14 +130,14 @@ def parse_stats_text(text):
             out["process"] = proc
             continue
         if name == "elapsed":
-            out["elapsed_s"] = float(rest.strip().split()[0])
+            out["elapsed_s"] = _num(float, rest, lineno, line)
             continue
         if name == "numa nodes":
-            out["numa_nodes"] = int(rest.strip().split()[0])
+            out["numa_nodes"] = _num(int, rest, lineno, line)
             continue
         if rest.strip().endswith("avg"):
             out["searches_avg" if name == "searches" else name + "_avg"] = \
-                float(rest.strip().split()[0])
+                _num(float, rest, lineno, line)
             continue
         if columns is None:
             raise MalformedData(f"mimalloc stats line {lineno}: data before the "
@@ -172,6 +186,8 @@ def parse_stats_json(text):
     except json.JSONDecodeError as exc:
         raise MalformedData(f"mimalloc stats JSON: {exc.msg} at line {exc.lineno} column "
                             f"{exc.colno} (truncated output?)") from None
+    except (ValueError, RecursionError) as exc:     # a huge integer, deep nesting
+        raise MalformedData(f"mimalloc stats JSON: {type(exc).__name__}: {exc}") from None
     if not isinstance(doc, dict) or "mimalloc_version" not in doc:
         raise MalformedData("mimalloc stats JSON: no \"mimalloc_version\" key "
                             "(not mi_stats_get_json output?)")
@@ -185,13 +201,19 @@ def parse_stats_json(text):
                    "malloc_bins", "page_bins", "chunk_bins"):
             continue
         if isinstance(val, dict) and {"total", "peak", "current"} <= set(val):
-            counts[key] = {k: int(val[k]) for k in ("total", "peak", "current")}
+            try:
+                counts[key] = {k: int(val[k]) for k in ("total", "peak", "current")}
+            except (ValueError, TypeError, OverflowError):      # null, text, 1e309
+                raise MalformedData(f"mimalloc stats JSON: {key} holds a non-number: "
+                                    f"{str(val)[:80]}") from None
         elif isinstance(val, int) and not isinstance(val, bool):
             counters[key] = val
     for needed in ("reserved", "committed"):
         if needed not in counts:
             raise MalformedData(f"mimalloc stats JSON: no {needed!r} count")
     bins = doc.get("malloc_bins") or []
+    if not isinstance(bins, list):
+        raise MalformedData("mimalloc stats JSON: malloc_bins is not a list")
     tracked = any(counts.get(k, {}).get("total") for k in ("malloc_normal", "malloc_huge")) or \
         any(isinstance(b, dict) and b.get("total") for b in bins)
     return {"format": "json", "stat_version": version,

@@ -14,12 +14,16 @@ import functools
 import os
 from collections import namedtuple
 
-from collectors.errors import AccessDenied, NoSuchProcess
+from collectors.errors import AccessDenied, MalformedData, NoSuchProcess, Unsupported
 from diag.model import CgroupMemory, ProcessMemory
 
 _READ_CHUNK = 1 << 17
 AT_SECURE = 23
 AT_BASE = 7
+# include/linux/sched.h: "I am a kernel thread" (task->flags, field 9 of /proc/PID/stat)
+PF_KTHREAD = 0x00200000
+# fs/proc/array.c task_state_array: a task that exited and awaits its parent's wait()
+ZOMBIE_STATES = (b"Z", b"X")
 
 # Environment variables that configure allocators.  DESIGN.md "Secrets": only
 # these are ever read out of a process's environment; everything else is
@@ -93,6 +97,10 @@ class ProcFS:
                 raise NoSuchProcess(pid) from None
             if isinstance(exc, FileNotFoundError):
                 raise
+            if isinstance(exc, ProcessLookupError) and name not in ("status", "stat"):
+                # ESRCH with /proc/PID still there: a kernel thread or a
+                # zombie has no mm; say which (raises), else "no such process".
+                self.check_user_process(pid)
             raise _translate(pid, exc, f"/proc/{pid}/{name}") from None
 
     def pids(self):
@@ -111,6 +119,35 @@ class ProcFS:
         if not out:
             raise NoSuchProcess(pid)
         return out
+
+    def is_kernel_thread(self, pid, status=None):
+        """True for a kernel thread (kthreadd, kworker/...): no user address
+        space, so no allocator.  ``Kthread:`` in status (Linux 6.10+), else
+        PF_KTHREAD in the flags field of /proc/PID/stat."""
+        st = status if status is not None else self.status(pid)
+        flag = st.get(b"Kthread")
+        if flag is not None:
+            return flag == b"1"
+        fields = self.read(pid, "stat").rpartition(b")")[2].split()
+        try:
+            return bool(int(fields[6]) & PF_KTHREAD)   # fields[0] is field 3, state
+        except (IndexError, ValueError):
+            return False
+
+    def check_user_process(self, pid, status=None):
+        """Raise what a snapshot of PID cannot be: a zombie (NoSuchProcess,
+        exit 3: it has exited, only its parent's wait() is missing) or a
+        kernel thread (Unsupported, exit 5: it has no allocator).  Both would
+        otherwise fail later, on smaps_rollup, as a bare "no such process"."""
+        st = status if status is not None else self.status(pid)
+        name = st.get(b"Name", b"?").decode(errors="replace")
+        if st.get(b"State", b"")[:1] in ZOMBIE_STATES:
+            ppid = st.get(b"PPid", b"?").decode(errors="replace")
+            raise NoSuchProcess(pid, f"{name} is a zombie: it has exited and its parent (pid "
+                                     f"{ppid}) has not reaped it yet; nothing is left to read")
+        if self.is_kernel_thread(pid, st):
+            raise Unsupported(f"{name} is a kernel thread: it has no user-space memory and no "
+                              "allocator to read", pid=pid)
 
     # -- memory ------------------------------------------------------------
 
@@ -145,7 +182,7 @@ class ProcFS:
         fields = dict(rss=kb(b"VmRSS"), rss_anon=kb(b"RssAnon"), rss_file=kb(b"RssFile"),
                       rss_shmem=kb(b"RssShmem"), vm_size=kb(b"VmSize"), swap=kb(b"VmSwap"))
         threads = st.get(b"Threads")
-        fields["threads"] = int(threads) if threads else None
+        fields["threads"] = _status_int(b"Threads", threads) if threads else None
         source = "status"
         if rollup:
             try:
@@ -222,7 +259,7 @@ class ProcFS:
                 out[""] = path
             for c in controllers.split(b","):
                 if c:
-                    out[c.decode()] = path
+                    out[c.decode(errors="replace")] = path
         return out
 
 
@@ -270,8 +307,10 @@ def cgroup_memory(paths, cgroup_root="/sys/fs/cgroup"):
 # -- parsing helpers (pure, exported for tests) -------------------------------
 
 def parse_maps(data):
+    """/proc/PID/maps bytes -> [Mapping]; a line that is not a mapping (a
+    damaged capture) raises MalformedData naming it."""
     out = []
-    for line in data.split(b"\n"):
+    for lineno, line in enumerate(data.split(b"\n"), 1):
         if not line:
             continue
         parts = line.split(None, 5)
@@ -283,9 +322,12 @@ def parse_maps(data):
         deleted = path.endswith(b" (deleted)")
         if deleted:
             path = path[:-10]
-        out.append(Mapping(int(start, 16), int(end, 16), perms.decode(), int(offset, 16),
-                           dev.decode(), int(inode),
-                           path.decode(errors="surrogateescape") if path else None, deleted))
+        try:
+            out.append(Mapping(int(start, 16), int(end, 16), perms.decode(), int(offset, 16),
+                               dev.decode(), int(inode),
+                               path.decode(errors="surrogateescape") if path else None, deleted))
+        except ValueError:      # UnicodeDecodeError included
+            raise MalformedData(f"maps line {lineno}: not a mapping: {line[:100]!r}") from None
     return out
 
 
@@ -320,7 +362,15 @@ def _kb_field(status, key):
     v = status.get(key)
     if not v or not v.endswith(b" kB"):
         return None
-    return int(v[:-3]) * 1024
+    return _status_int(key, v[:-3]) * 1024
+
+
+def _status_int(key, text):
+    try:
+        return int(text)
+    except ValueError:
+        raise MalformedData(f"status {key.decode(errors='replace')}: not a number: "
+                            f"{text[:40]!r}") from None
 
 
 def _sum_present(d, *keys):

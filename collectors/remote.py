@@ -36,6 +36,10 @@ call_timeout_s=1.0, block_signals=True)``
 ``Call.call(func_addr, *args, timeout_s=None) -> int``   the function's return value (rax)
 ``Call.read(addr, n) -> bytes`` / ``Call.write(addr, data)``   target memory
 ``Call.scratch(n) -> int``   n bytes on the borrowed thread's stack below the red zone
+    (small: names and out-values, at most ``MAX_SCRATCH`` bytes in all)
+``Call.buffer(n) -> int``   n bytes for an output buffer, starting with a NUL: an
+    anonymous mapping the borrowed thread makes with libc ``mmap`` (unmapped
+    before it is released), or its stack when the measured room holds it
 ``Call.cstring(addr, limit=1<<20) -> bytes``   NUL-terminated string
 ``Call.tid``, ``Call.kind`` ("idle" or "running"), ``Call.syscall`` (wait name or None),
 ``Call.category`` ("restartable", "epoll", "futex" or "running")
@@ -83,7 +87,15 @@ Safety rules implemented here
   signal-delivery-stop (SETSIGINFO + DETACH with the signal), others requeued
   by injecting them while blocked (the kernel queues them with their siginfo).
   Nothing is ever re-sent with kill().
-- Scratch memory is stack below the red zone: nothing to free.
+- Stack bounds (``collectors.stackbounds``): every byte written on the
+  borrowed stack -- red zone kept, scratch, call frame, alignment -- and the
+  callee's own measured stack need (``stack_need``) lie inside the thread's
+  own stack mapping above its lowest page and a margin; a thread without
+  that room is not a candidate (candidates are ranked by room, and the next
+  one is tried).  ``Call.write`` writes only into scratch or buffers the
+  borrow made.  Inventory of every write: docs/target-writes.md.
+- Small scratch is stack below the red zone (nothing to free); big output
+  buffers are anonymous mappings, unmapped before the thread is released.
 - No PTRACE_O_EXITKILL: if allocdiag dies the target continues.
 """
 
@@ -98,7 +110,7 @@ import threading
 import time
 from collections import namedtuple
 
-from collectors import memory, ptrace, safepoints, unwind
+from collectors import memory, ptrace, safepoints, stackbounds, unwind
 from collectors.ranges import Ranges
 from collectors.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,
                                RemoteCallError, Unsupported)
@@ -107,6 +119,18 @@ __all__ = ["RemoteProcess", "Call", "is_quarantined", "quarantine_reason",
            "text_ranges"]
 
 PAGE_SIZE = 4096
+# What the engine itself puts on a borrowed stack, at most: the red zone it
+# skips (128), 64 bytes of gap, MAX_SCRATCH of small scratch, the call frame
+# (return address and stack arguments) and alignment.
+MAX_SCRATCH = 3 * 1024
+FRAME_BUDGET = 4 * 1024
+# The callee's own stack need when the caller declares none (calls whose
+# need was not measured: keep the engine's historical 16 KiB head-room).
+DEFAULT_STACK_NEED = 16 * 1024
+# mmap(2) arguments for Call.buffer (asm-generic/mman-common.h)
+PROT_READ, PROT_WRITE = 1, 2
+MAP_PRIVATE, MAP_ANONYMOUS = 0x02, 0x20
+MAP_FAILED_MIN = (1 << 64) - 4096   # mmap returns -errno (as unsigned) on failure
 CSTRING_CHUNK = 64 * 1024   # bytes per process_vm_readv in Call.cstring (page-aligned ends)
 
 # Architectures with an arch module.  (aarch64 is described in
@@ -295,6 +319,18 @@ atexit.register(_reap_orphans_at_exit)
 
 # ---- /proc helpers ------------------------------------------------------------
 
+def _read_bytes(path, pid, tid=None):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ptrace.translate_errno(e.errno, pid, f"read {path}", tid) from None
+
+
+def _kib(n):
+    return f"{n / 1024:.0f} KiB" if n >= 1024 else f"{n} bytes"
+
+
 def _read_text(path, pid, tid=None):
     try:
         with open(path, "rb") as f:
@@ -357,7 +393,10 @@ class _Stopped:
         self.calls = 0
         self.scratch_top = None
         self.scratch_low = None
-        self.probed = set()
+        self.bounds = None        # stackbounds.Bounds of its stack
+        self.callee_need = 0      # stack the callee may use below the frame
+        self.buffers = []         # [(addr, size)] mappings made by Call.buffer
+        self.stack_buffers = 0    # bytes of Call.buffer carved from a roomy stack
         self.category = None      # safepoints.RESTARTABLE | EPOLL | FUTEX | RUNNING
         self.restart_rax = None   # rax to restore instead of the saved one (EINTR -> restart)
 
@@ -374,11 +413,13 @@ class _Stopped:
 class RemoteProcess:
     """See the module docstring."""
 
-    MAX_SCRATCH = 64 * 1024
+    MAX_SCRATCH = MAX_SCRATCH
+    # Stack left free below an output buffer put on a roomy stack (Call.buffer).
+    STACK_BUFFER_SPARE = 16 * 1024
 
     def __init__(self, pid, *, forbidden_ranges=(), deadline_s=2.0, procfs="/proc",
                  call_timeout_s=1.0, block_signals=True, boost=True, stack_window=2048,
-                 stack_headroom=16 * 1024, _unsafe=()):
+                 stack_need=DEFAULT_STACK_NEED, mapper=None, _unsafe=()):
         self.pid = int(pid)
         self.procfs = procfs
         self.arch = _load_arch()
@@ -387,7 +428,15 @@ class RemoteProcess:
         self.block_signals = bool(block_signals)
         self.boost = bool(boost)
         self.stack_window = int(stack_window)
-        self.stack_headroom = int(stack_headroom)
+        # Bytes of stack the called functions use below the frame (measured
+        # per allocator entry point, written beside the gather code).
+        self.stack_need = int(stack_need)
+        # (mmap, munmap) addresses in the target's libc for Call.buffer.
+        self.mapper = mapper
+        self._stackmaps = None    # stackbounds.StackMaps of the current round
+        self._round_sps = ()      # ((tid, sp), ...) of the current round
+        self._parked = False      # no thread of the current round was running
+        self._room = {}           # tid -> room seen this borrow (refusal message)
         rs = sorted((int(s), int(e), str(n)) for s, e, n in forbidden_ranges)
         self._forbidden = rs
         self._in_forbidden = Ranges(rs)     # addr -> the forbidden object's name, or None
@@ -503,14 +552,30 @@ class RemoteProcess:
             if only_tid not in tids:
                 raise RemoteCallError(f"thread {only_tid} does not exist", pid=self.pid)
             tids = [only_tid]
+        facts_of = {}
         for tid in tids:
             try:
-                state, nr, args, sp, pc, comm = self._thread_facts(tid)
+                facts_of[tid] = self._thread_facts(tid)
             except (NoSuchProcess, AccessDenied):
                 raise
             except RemoteCallError:
                 continue            # thread vanished
-            facts = {"nr": nr, "args": args, "sp": sp, "pc": pc, "comm": comm}
+        # Every thread's stack pointer (blocked threads show it without a
+        # stop), and the mappings: a candidate's room is known before it is
+        # stopped.  The other threads of the process are listed too (only_tid).
+        sps = {tid: f[3] for tid, f in facts_of.items()}
+        if only_tid is not None:
+            for t in os.listdir(f"{self.procfs}/{self.pid}/task"):
+                if int(t) != only_tid:
+                    with contextlib.suppress(AllocdiagError):
+                        sps[int(t)] = self._thread_facts(int(t))[3]
+        self._round_sps = tuple(sps.items())
+        # True when no thread runs: every one blocked (in a wait or not)
+        self._parked = all(f[0] not in ("R", "D") and f[1] != -1 for f in facts_of.values())
+        self._stackmaps = stackbounds.StackMaps(stackbounds.parse_maps(
+            _read_bytes(f"{self.procfs}/{self.pid}/maps", self.pid)))
+        for tid, (state, nr, args, sp, pc, comm) in facts_of.items():
+            facts = {"nr": nr, "args": args, "sp": sp, "pc": pc, "comm": comm, "room": None}
             if comm in safepoints.BACKGROUND_THREAD_COMMS:
                 why[tid] = f"{comm}: the allocator's own background thread"
             elif state == "S" and nr >= 0:
@@ -540,8 +605,42 @@ class RemoteProcess:
             else:
                 why[tid] = f"{self.arch.SYSCALL_NAMES.get(nr, f'syscall {nr}')} " \
                            f"(state {state})"
-        cands.sort(key=lambda c: safepoints.CATEGORY_ORDER[c[1]])
+        # A safe point whose stack has no room for the call is no candidate.
+        # (Running threads show no stack pointer: judged once stopped.)
+        fits = []
+        for tid, cat, facts in cands:
+            if facts["sp"] is not None and cat != safepoints.RUNNING:
+                facts["room"], why_not = self._room_at(tid, facts["sp"])
+                if why_not:
+                    why[tid] = f"{facts.get('words', 'waiting')}: {why_not}"
+                    continue
+            fits.append((tid, cat, facts))
+        cands = fits
+        # Best category first; within one, the most room below the stack
+        # pointer first (unknown room -- running threads -- last).
+        cands.sort(key=lambda c: (safepoints.CATEGORY_ORDER[c[1]],
+                                  -(c[2]["room"] if c[2]["room"] is not None else -1)))
         return cands, why
+
+    def _need(self):
+        """Bytes a call needs below the red zone: the engine's frame budget
+        and the callee's own measured stack use."""
+        return FRAME_BUDGET + self.stack_need
+
+    def _room_at(self, tid, sp, fs_base=None):
+        """(room in bytes, None) of thread TID with stack pointer SP, or
+        (None, why it is no candidate): outside a provable stack mapping, or
+        less room than the call needs."""
+        others = tuple((t, s) for t, s in self._round_sps if t != tid)
+        bounds, why = self._stackmaps.bounds(sp, fs_base, others)
+        if bounds is None:
+            return None, why
+        room = stackbounds.room(bounds, sp, self.arch.RED_ZONE)
+        self._room[tid] = room
+        if room < self._need():
+            return None, (f"has {_kib(max(room, 0))} of its stack free below the stack "
+                          f"pointer; the call needs {_kib(self._need())}")
+        return room, None
 
     def _where(self, pc, sp):
         """' inside X' for a refused wait when a walk with CFI parsed already
@@ -589,6 +688,9 @@ class RemoteProcess:
     # 2 ms spin per round trip made a 40-call jemalloc snapshot stop its
     # thread ~190 ms (measured; see bench/pause.py).
     SPIN_S = 0.0001
+    # Rounds after which a process whose threads are all parked, and whose
+    # safe points all lack stack room, is refused (_acquire).
+    PARKED_ROUNDS = 5
     SLEEP_S = 0.00005
     # When a CPU is free for the tracee, spinning takes nothing from it, and
     # sleeping costs the wake-up: a jemalloc stats print runs 0.1-0.3 ms
@@ -798,6 +900,9 @@ class RemoteProcess:
                 why = self._stack_judge().judge(unwind.regs_from_user(st.regs))
                 if why:
                     return f"{name}: {why}"
+            tight = self._fit(st)
+            if tight:
+                return f"{name}: {tight}"
             st.syscall = name
             st.category = cat
             st.boundary = ret not in ERESTART and st.restart_rax is None
@@ -822,8 +927,22 @@ class RemoteProcess:
             where = self._in_forbidden(word)
             if where:
                 return f"running: return address into {where} at sp+{addr - sp:#x}"
+        tight = self._fit(st)
+        if tight:
+            return f"running: {tight}"
         st.kind = "running"
         st.category = safepoints.RUNNING
+        return None
+
+    def _fit(self, st):
+        """None when the stopped thread's own stack mapping has room for
+        the call (its fs_base now known), with ST.bounds set; else why not."""
+        sp = self.arch.sp(st.regs)
+        room, why = self._room_at(st.tid, sp, self.arch.thread_pointer(st.regs))
+        if why:
+            return why
+        st.bounds, _ = self._stackmaps.bounds(sp, self.arch.thread_pointer(st.regs))
+        st.callee_need = self.stack_need
         return None
 
     def _walk_running(self, st):
@@ -916,11 +1035,21 @@ class RemoteProcess:
         t_end = time.monotonic() + self.deadline_s
         last_why = {}
         rounds = 0
+        parked_rounds = 0
         fresh_maps = False
         while True:
             rounds += 1
             cands, why = self._candidates(only_tid)
             last_why.update(why)
+            if not cands and self._parked and any("the call needs" in r for r in why.values()):
+                # Every thread is parked and the safe points among them have
+                # too little stack: nothing changes before the program acts,
+                # so a few rounds decide it (no 2 s wait for the same answer).
+                parked_rounds += 1
+                if parked_rounds >= self.PARKED_ROUNDS:
+                    raise RemoteCallError(self._refusal(last_why, only_tid), pid=self.pid)
+            else:
+                parked_rounds = 0
             for tid, cat, facts in cands:
                 if cat == safepoints.FUTEX:
                     # Parse the CFI the walk needs now, before the stop (the
@@ -984,6 +1113,14 @@ class RemoteProcess:
         if len(why) > 12:
             detail += f"; ... ({len(why) - 12} more threads)"
         secs = f"{self.deadline_s:g}"
+        need = self._need()
+        if any("the call needs" in r for r in why.values()):
+            # Safe points existed but their stacks were too small: say so
+            # first (the per-thread detail follows).
+            head = (f"no thread has room for the call: largest room "
+                    f"{_kib(max(0, max(self._room.values(), default=0)))}, the call needs "
+                    f"{_kib(need)}")
+            return f"{head}: {detail}"
         if only_tid is not None:
             head = f"thread {only_tid} was never at a safe point for {secs} s"
             return f"{head}: {detail}" if detail else head
@@ -1037,15 +1174,7 @@ class RemoteProcess:
         if st.gone or st.orphaned:
             raise RemoteCallError(f"thread {st.tid} is no longer usable", pid=self.pid)
         new, writes, lowest = self.arch.prepare_call(st.regs, func, args, st.scratch_low)
-        probe = lowest - self.stack_headroom
-        if probe not in st.probed:
-            try:
-                memory.read(self.pid, probe, 8)
-            except memory.MemoryFault:
-                raise RemoteCallError(
-                    f"thread {st.tid} has less than {self.stack_headroom} bytes of stack "
-                    "below the call frame; no call made", pid=self.pid) from None
-            st.probed.add(probe)
+        self._check_frame(st, writes, lowest - st.callee_need)
         for addr, data in writes:
             memory.write(self.pid, addr, data)
         mask = self._call_mask(st)
@@ -1066,6 +1195,59 @@ class RemoteProcess:
         st.calls += 1
         self.stats["calls"] += 1
         return self.arch.return_value(regs)
+
+    def _check_frame(self, st, writes, lowest_used):
+        """Every frame byte, and the callee's stack use down to LOWEST_USED,
+        inside the thread's stack bounds and below its red zone; else no
+        call is made.  (Candidates were chosen with this room: a failure
+        here is a bug, refused before any write.)"""
+        top = self.arch.sp(st.regs) - self.arch.RED_ZONE
+        floor = st.bounds.floor if st.bounds is not None else None
+        for addr, data in writes:
+            if floor is None or addr < floor or addr + len(data) > top:
+                raise RemoteCallError(
+                    f"call frame at {addr:#x} outside thread {st.tid}'s stack bounds; "
+                    "no call made", pid=self.pid)
+        if lowest_used < floor:
+            raise RemoteCallError(
+                f"thread {st.tid}: the call needs {_kib(top - lowest_used)} of stack, "
+                f"only {_kib(max(top - floor, 0))} is free in its stack; no call made",
+                pid=self.pid)
+
+    def _buffer(self, st, n):
+        """N bytes for an output buffer, starting with a NUL.  On the stack
+        when the thread's measured room holds it, the callee's need and
+        STACK_BUFFER_SPARE below it (saves the mmap/munmap round trips,
+        ~70-110 us a stop: bench/pause.py --scratch); else a mapping."""
+        low = (st.scratch_low - int(n)) & ~(self.arch.STACK_ALIGN - 1)
+        if st.bounds is not None and \
+                low - st.callee_need - self.STACK_BUFFER_SPARE >= st.bounds.floor:
+            st.stack_buffers += st.scratch_low - low
+            st.scratch_low = low
+            memory.write(self.pid, low, b"\0")
+            return low
+        return self._map_buffer(st, n)
+
+    def _map_buffer(self, st, n):
+        """N zeroed bytes in a private anonymous mapping the borrowed thread
+        makes with libc mmap (async-signal-safe, takes no allocator lock)."""
+        if not self.mapper or not all(self.mapper):
+            raise RemoteCallError("no buffer outside the stack: libc mmap/munmap not "
+                                  "resolved in the target", pid=self.pid)
+        size = -(-int(n) // PAGE_SIZE) * PAGE_SIZE
+        mem = self._call(st, self.mapper[0], (0, size, PROT_READ | PROT_WRITE,
+                                              MAP_PRIVATE | MAP_ANONYMOUS, (1 << 64) - 1, 0), None)
+        if mem == 0 or mem >= MAP_FAILED_MIN:
+            raise RemoteCallError(f"mmap of {size} bytes failed in the target "
+                                  f"(errno {(-mem) & 0xFFF if mem else '?'})", pid=self.pid)
+        st.buffers.append((mem, size))
+        return mem
+
+    def _unmap_buffers(self, st):
+        """munmap every Call.buffer mapping, newest first, before the release."""
+        while st.buffers and not (st.gone or st.orphaned):
+            mem, size = st.buffers.pop()
+            self._call(st, self.mapper[1], (mem, size), None)
 
     def _timeout(self, st, func, timeout):
         why = (f"a call to {func:#x} on thread {st.tid} did not return within "
@@ -1100,7 +1282,8 @@ class RemoteProcess:
     def _retrap(self, st):
         """Bring the thread to a signal-delivery-stop (needed to inject a
         signal) by letting it 'call' address 0: it faults at once."""
-        new, writes, _ = self.arch.prepare_call(st.regs, 0, (), st.scratch_low)
+        new, writes, lowest = self.arch.prepare_call(st.regs, 0, (), st.scratch_low)
+        self._check_frame(st, writes, lowest)
         for addr, data in writes:
             memory.write(self.pid, addr, data)
         self.arch.set_regs(st.tid, self.pid, new)
@@ -1190,6 +1373,7 @@ class RemoteProcess:
         self.pause_us = []
         self.held_signals = []
         self.last = None
+        self._room = {}
         ptrace.set_timerslack_ns(1000)
         self._preflight()
         self._spin_s = self._spin_budget()
@@ -1204,8 +1388,11 @@ class RemoteProcess:
             yield Call(self, st)
         finally:
             try:
-                _unboost(st.tid, boosted)
-                self._release(st)
+                try:
+                    self._unmap_buffers(st)
+                finally:
+                    _unboost(st.tid, boosted)
+                    self._release(st)
             finally:
                 base = (st.syscall or "").split(" ")[0]
                 if base in self.arch.RESTART_BLOCK_SLEEPS and not st.boundary:
@@ -1279,18 +1466,39 @@ class Call:
         return memory.read(self._rp.pid, addr, n)
 
     def write(self, addr, data):
+        """Write DATA at ADDR, which must lie in this borrow's scratch or
+        buffers (the only target memory allocdiag writes outside a call
+        frame: docs/target-writes.md)."""
+        st, n = self._st, len(data)
+        inside = st.scratch_low <= addr and addr + n <= st.scratch_top or any(
+            m <= addr and addr + n <= m + size for m, size in st.buffers)
+        if not inside:
+            raise RemoteCallError(f"refusing to write {n} bytes at {addr:#x}: not in this "
+                                  "call's scratch or buffers", pid=self._rp.pid)
         memory.write(self._rp.pid, addr, data)
 
     def scratch(self, n):
         """Address of N bytes (16-aligned) on the thread's stack below the red
-        zone; valid until the borrow ends; nothing to free."""
+        zone; valid until the borrow ends; nothing to free.  For small things
+        (names, out-values): MAX_SCRATCH bytes in all; output buffers come
+        from ``buffer``."""
         st = self._st
         low = (st.scratch_low - int(n)) & ~(self._rp.arch.STACK_ALIGN - 1)
-        if st.scratch_top - low > self._rp.MAX_SCRATCH:
-            raise RemoteCallError(f"scratch limit {self._rp.MAX_SCRATCH} bytes exceeded",
+        if st.scratch_top - low - st.stack_buffers > self._rp.MAX_SCRATCH:
+            raise RemoteCallError(f"stack scratch limit {self._rp.MAX_SCRATCH} bytes "
+                                  "exceeded (use Call.buffer for output buffers)",
                                   pid=self._rp.pid)
         st.scratch_low = low
         return low
+
+    def buffer(self, n):
+        """Address of N bytes for an output buffer, starting with a NUL:
+        a private anonymous mapping the thread makes (one mmap call),
+        unmapped (one munmap call) before the thread is released -- or,
+        when the thread's measured stack room holds the buffer with the
+        callee's need and STACK_BUFFER_SPARE to spare, below the scratch on
+        its stack.  Never a stack without that room."""
+        return self._rp._buffer(self._st, n)
 
     def cstring(self, addr, limit=1 << 20):
         """The NUL-terminated string at ADDR, cut at LIMIT bytes.  Each read

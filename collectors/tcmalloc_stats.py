@@ -48,10 +48,28 @@ _SPANS_LINE = re.compile(
 MiB = 1 << 20
 
 
-def _mib(text):
+def _mib(lineno, text):
     """A "%6.1f MiB" amount of the level-2 sections, in bytes (to the
     0.1 MiB the text has: these lines are detail, the summary is exact)."""
-    return round(float(text) * MiB)
+    try:
+        return round(float(text) * MiB)
+    except (ValueError, OverflowError):
+        raise MalformedData(f"tcmalloc stats line {lineno}: not an amount: {text[:40]!r}") from None
+
+
+def _int(lineno, text):
+    try:
+        return int(text)
+    except ValueError:      # more digits than int() takes (sys.get_int_max_str_digits)
+        raise MalformedData(f"tcmalloc stats line {lineno}: not a number: "
+                            f"{text[:40]!r}...") from None
+
+
+def _float(lineno, text):
+    try:
+        return float(text)
+    except ValueError:
+        raise MalformedData(f"tcmalloc stats line {lineno}: not a number: {text[:40]!r}") from None
 
 
 def _slug(label):
@@ -92,9 +110,9 @@ def parse_getstats(text):
                 raise MalformedData(f"tcmalloc stats line {lineno}: cannot parse {line!r}")
             label = m.group("label")
             if "." in m.group("num"):
-                value = float(m.group("num"))     # google's "Realized fragmentation (%)"
+                value = _float(lineno, m.group("num"))   # google's "Realized fragmentation (%)"
             else:
-                value = int(m.group("num"))
+                value = _int(lineno, m.group("num"))
             key = _slug(label)
             if key.startswith("bytes_in_use_by_application"):
                 key = "bytes_in_use_by_app"
@@ -120,20 +138,22 @@ def parse_getstats(text):
             continue
         m = _CLASS_LINE.match(line)
         if m:
-            size_classes.append({"class": int(m.group("cl")), "size": int(m.group("size")),
-                                 "objects": int(m.group("objs")),
-                                 "bytes": int(m.group("objs")) * int(m.group("size"))})
+            size, objs = _int(lineno, m.group("size")), _int(lineno, m.group("objs"))
+            size_classes.append({"class": _int(lineno, m.group("cl")), "size": size,
+                                 "objects": objs, "bytes": objs * size})
             continue
         m = _PAGEHEAP_LINE.match(line)
         if m:
-            pageheap = {"sizes": int(m.group("sizes")), "free_bytes": _mib(m.group("free")),
-                        "unmapped_bytes": _mib(m.group("unmapped"))}
+            pageheap = {"sizes": _int(lineno, m.group("sizes")),
+                        "free_bytes": _mib(lineno, m.group("free")),
+                        "unmapped_bytes": _mib(lineno, m.group("unmapped"))}
             continue
         m = _SPANS_LINE.match(line)
         if m:
             spans.append({"pages": m.group("pages").replace(" ", ""),
-                          "spans": int(m.group("spans")), "bytes": _mib(m.group("mib")),
-                          "unmapped_bytes": _mib(m.group("unm"))})
+                          "spans": _int(lineno, m.group("spans")),
+                          "bytes": _mib(lineno, m.group("mib")),
+                          "unmapped_bytes": _mib(lineno, m.group("unm"))})
     if "bytes_in_use_by_app" not in summary:
         raise MalformedData("tcmalloc stats: no 'MALLOC: ... Bytes in use by application' line "
                             "(not GetStats output?)")

@@ -107,7 +107,8 @@ class CfiTable:
         except UnwindError:
             raise
         except (ELFError, ValueError, KeyError, IndexError, TypeError, AssertionError,
-                EOFError, AttributeError, struct.error) as exc:
+                EOFError, AttributeError, struct.error,
+                RecursionError) as exc:     # an FDE whose CIE pointer leads back to itself
             raise UnwindError(f"{path}: .eh_frame unreadable "
                               f"({type(exc).__name__}: {exc})") from None
 

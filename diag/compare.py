@@ -122,7 +122,7 @@ def _kind_of_library(path):
 def _close(name):
     import difflib
     m = difflib.get_close_matches(name, list(ALLOCATORS), n=1)
-    return f"; did you mean {m[0]}?" if m else ""
+    return f" (did you mean {m[0]}?)" if m else ""
 
 
 def knob_env(allocator, knobs):
@@ -164,11 +164,54 @@ def knob_env(allocator, knobs):
     return env
 
 
+def _valid_variants():
+    return (f"valid variants: {', '.join(ALLOCATORS)} (installed here: "
+            f"{', '.join(installed())}), a library path /path/to/libX.so, each optionally "
+            "with :KNOB=VALUE,...")
+
+
+def split_variants(words):
+    """The variant specs in WORDS (the --variants arguments), which may be
+    separated by spaces or commas: ``glibc,jemalloc`` is two variants.  A
+    comma also separates the knobs of one variant
+    (``jemalloc:dirty_decay_ms=1000,muzzy_decay_ms=0``), so a comma-separated
+    piece that is ``KEY=VALUE`` (no ``:`` or ``/`` before its ``=``) belongs to
+    the variant before it when that variant has knobs."""
+    specs = []
+    for word in words:
+        for i, piece in enumerate(p.strip() for p in word.split(",")):
+            key = piece.partition("=")[0]
+            if i and "=" in piece and not any(c in key for c in ":/") and ":" in specs[-1]:
+                specs[-1] += "," + piece
+            elif piece:
+                specs.extend(piece.split())
+    return specs
+
+
+def parse_variants(words):
+    """Variants of the --variants arguments WORDS (see ``split_variants``).
+
+    Raises CompareError (a usage error, before anything is started) for an
+    empty set and for an unknown allocator name, listing the valid ones."""
+    specs = split_variants(words)
+    if not specs:
+        raise CompareError(f"--variants: no variant given; {_valid_variants()}")
+    variants = [parse_variant(s) for s in specs]
+    names = [v.name for v in variants]
+    if len(set(names)) != len(names):
+        raise CompareError("--variants: a variant is named twice")
+    if all(v.skip_reason for v in variants):
+        raise CompareError("--variants: none of them can run here ("
+                           + "; ".join(v.skip_reason for v in variants) + f"); {_valid_variants()}")
+    return variants
+
+
 def parse_variant(spec):
     """``ALLOCATOR[:k=v,k=v]`` or ``/path/to/lib.so[:k=v,...]`` -> Variant.
 
-    An unknown allocator name is not an error: the variant is kept, not run,
-    and excluded with the reason (a typo should not cost the other runs)."""
+    An unknown allocator name raises CompareError listing the valid ones
+    (nothing has been started yet).  A known allocator whose library is not
+    installed is kept, not run, and excluded with the reason."""
     head, _, tail = spec.partition(":")
     knobs = []
     for item in filter(None, (s.strip() for s in tail.split(","))):
@@ -182,9 +225,7 @@ def parse_variant(spec):
         kind = _kind_of_library(head)
         return Variant(spec, alloc, lib, kind, knob_env(alloc, knobs))
     if head not in ALLOCATORS:
-        return Variant(spec, head, None, None, {},
-                       skip_reason=f"unknown allocator {head!r} (known: "
-                                   f"{', '.join(ALLOCATORS)}){_close(head)}")
+        raise CompareError(f"unknown variant {spec!r}{_close(head)}; {_valid_variants()}")
     lib, kind = ALLOCATORS[head]
     v = Variant(spec, head, lib, kind, knob_env(head, knobs))
     if lib and not os.path.exists(lib):

@@ -4,6 +4,7 @@ each error class; the CLI, --help texts and docs read them from here.  Like
 diag.model it imports nothing of allocdiag's, so collectors may import it."""
 
 import enum
+import textwrap
 
 
 class ExitCode(enum.IntEnum):
@@ -20,11 +21,16 @@ class ExitCode(enum.IntEnum):
 MEANINGS = {
     ExitCode.OK: "ok",
     ExitCode.INTERNAL: "internal error (a bug: please report it with the traceback from --debug)",
-    ExitCode.USAGE: "usage error (also a named file that does not exist or is a directory)",
-    ExitCode.NO_PROCESS: "no such process (or it exited while being read)",
+    ExitCode.USAGE: "usage error; also a named file that does not exist, is a directory or is "
+                    "not what the command reads (the message says what was expected), and a "
+                    "missing optional package (the message names the pip install line)",
+    ExitCode.NO_PROCESS: "no such process (or it exited while being read, or is a zombie)",
     ExitCode.DENIED: "permission denied (run as root, or grant CAP_SYS_PTRACE; see the message)",
-    ExitCode.UNSUPPORTED: "allocator not detected, or unsupported for what was asked",
+    ExitCode.UNSUPPORTED: "allocator not detected, or unsupported for what was asked (a kernel "
+                          "thread has none)",
     ExitCode.PARTIAL: "partial: some collectors failed; the document is still printed",
 }
 
-HELP = "exit codes:\n" + "".join(f"  {int(c)}  {m}\n" for c, m in MEANINGS.items())
+HELP = "exit codes:\n" + "".join(
+    textwrap.fill(m, 88, initial_indent=f"  {int(c)}  ", subsequent_indent="     ") + "\n"
+    for c, m in MEANINGS.items())

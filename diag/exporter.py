@@ -19,7 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Optional
 
-from collectors.errors import AccessDenied, AllocdiagError, Unsupported
+from collectors.errors import AccessDenied, AllocdiagError, MissingExtra
 from diag.exitcodes import ExitCode
 from diag import hostlive, hostscan, metrics as M
 
@@ -30,7 +30,6 @@ try:        # an optional extra: the command names the install line when it is m
 except ImportError:
     prometheus_client = None
 
-INSTALL_HINT = "pip install 'allocdiag[exporter]'"
 
 GROUP_BY = ("comm", "exe", "user")
 TEXTFILE_NAME = "allocdiag.prom"
@@ -284,11 +283,10 @@ class TextfileError(AllocdiagError):
 
 
 def require_client():
-    """Raise Unsupported (exit 5) naming the install line when
+    """Raise MissingExtra (exit 2) naming the install line when
     prometheus_client is missing."""
     if prometheus_client is None:
-        raise Unsupported(f"the exporter needs the Python package prometheus_client, which is "
-                          f"not installed: {INSTALL_HINT}")
+        raise MissingExtra("the exporter", "prometheus_client", "exporter")
 
 
 def write_textfile(path, reg):

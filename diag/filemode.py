@@ -5,18 +5,20 @@ Recognised by content, not by name: glibc ``malloc_info`` XML, jemalloc
 text, mimalloc ``mi_stats_print`` text; each parsed by its allocator's
 module (collectors.allocators) into the native shape live and self mode
 produce.  Anything else, or a file that claims a format but does not parse,
-is a clear error (exit 5).
+is BadInput saying what was expected (exit 2: the user named the wrong file).
 """
 
 import json
 import os
 
 from collectors import allocators
-from collectors.errors import AccessDenied, AllocdiagError, BadPath, MalformedData, Unsupported
+from collectors.errors import AccessDenied, AllocdiagError, BadInput, BadPath
 from diag.fields import STATS_FIELDS
 from diag.model import Allocator, CollectorStatus, Snapshot, Value
 
 MAX_BYTES = 64 << 20
+EXPECTED = ("expected malloc_info XML, jemalloc stats JSON (malloc_stats_print opts 'J'), "
+            "gperftools MallocExtension_GetStats text or mimalloc stats text")
 
 
 def detect_format(data):
@@ -36,7 +38,8 @@ def snapshot_from_file(path):
     try:
         size = os.path.getsize(path)
         if size > MAX_BYTES:
-            raise Unsupported(f"{path}: {size} bytes is larger than any stats file ({MAX_BYTES})")
+            raise BadInput(f"{path}: {size} bytes is larger than any stats file ({MAX_BYTES}; "
+                           f"{EXPECTED})")
         with open(path, "rb") as f:
             data = f.read()
     except PermissionError:
@@ -45,8 +48,7 @@ def snapshot_from_file(path):
         raise BadPath.from_oserror(exc, path) from None
     kind = detect_format(data)
     if kind is None:
-        raise Unsupported(f"{path}: not a recognised stats file (expected malloc_info XML, "
-                          "jemalloc stats JSON, tcmalloc GetStats text or mimalloc stats text)")
+        raise BadInput(f"{path}: not a recognised stats file ({EXPECTED})")
     mod = allocators.module(kind)
     try:
         # The allocator's module parses into the same native shape the live
@@ -54,9 +56,9 @@ def snapshot_from_file(path):
         native = mod.parse_file(data)
         stats = mod.normalise(native)
     except AllocdiagError as exc:
-        raise MalformedData(f"{path}: looks like {kind} stats but does not parse: {exc.msg}") from None
+        raise BadInput(f"{path}: looks like {kind} stats but does not parse: {exc.msg}") from None
     except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
-        raise MalformedData(f"{path}: looks like {kind} stats but does not parse: {exc}") from None
+        raise BadInput(f"{path}: looks like {kind} stats but does not parse: {exc}") from None
     full = {name: Value() for name in STATS_FIELDS}
     full.update(stats)
     return Snapshot(pid=None, comm=None, exe=None, taken_at=os.path.getmtime(path),

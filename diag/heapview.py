@@ -50,7 +50,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from collectors import heapprofile
-from collectors.errors import AccessDenied, BadPath, MalformedData, Unsupported
+from collectors.errors import AccessDenied, BadInput, BadPath, MalformedData, Unsupported
 from collectors.symbolize import DEBUG_ROOT, Symbolizer, drop_allocator_frames
 from diag.render import human_bytes, table
 
@@ -123,7 +123,7 @@ def _os_error(exc, path):
 def load(path, root=None, pid=None, debug_root=DEBUG_ROOT):
     """Parse and symbolize the heap profile at PATH.  ROOT: read the mapped
     objects under this directory (``/proc/PID/root``); PID: also check them
-    against ``/proc/PID/map_files``.  Raises MalformedData on bad input,
+    against ``/proc/PID/map_files``.  Raises BadInput on bad input,
     AccessDenied/Unsupported when the file cannot be read."""
     try:
         with open(path, "rb") as f:
@@ -133,7 +133,9 @@ def load(path, root=None, pid=None, debug_root=DEBUG_ROOT):
     try:
         prof = heapprofile.parse(data)
     except MalformedData as exc:
-        raise MalformedData(f"{path}: {exc.msg}") from None
+        # the user named a file that is not a heap profile: a usage error
+        raise BadInput(f"{path}: {exc.msg} (expected a gperftools or jemalloc heap "
+                       "profile, e.g. from allocdiag heap dump)") from None
     return view_of(prof, path=path, root=root, pid=pid, debug_root=debug_root)
 
 

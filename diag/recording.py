@@ -12,8 +12,9 @@ document ``doc`` read from a recording,
 Snapshot whose ``taken_at`` had finer precision comes back rounded to the
 microsecond; ``native`` comes back as JSON has it: lists, string keys.)
 
-A file that is not such a recording raises ``collectors.errors.MalformedData``
-naming the line, never a bare JSON or gzip traceback.
+A file that is not such a recording raises ``collectors.errors.BadInput`` (a
+MalformedData with the usage exit code: the user named the wrong file)
+naming the line and what was expected, never a bare JSON or gzip traceback.
 
 Event lines: a recording may also hold lines that are not snapshots but
 something that happened to the process while it was recorded -- today only
@@ -32,16 +33,19 @@ import json
 import time
 import zlib
 
-from collectors.errors import MalformedData, NoSuchProcess
+from collectors.errors import BadInput, MalformedData, NoSuchProcess
 from diag.model import (SCHEMA_VERSION, Allocator, AllocatorRef, Binding, CgroupMemory,
                         CollectorStatus, Finding, Knob, Preload, ProcessMemory, Runtime,
                         Snapshot, Value)
 
 __all__ = ["Recorder", "read_recording", "read_recording_events", "snapshot_from_json",
-           "record", "release_event", "append_event", "EVENT_KEY"]
+           "record", "RecordInterrupted", "release_event", "append_event", "EVENT_KEY"]
 
 # The key that marks an event line (see the module docstring).
 EVENT_KEY = "event"
+# What a reader of a recording expects, said in every BadInput about one.
+EXPECTED = ("expected a recording made by allocdiag record: one JSON snapshot per line, "
+            "gzip-compressed when the name ends in .gz")
 
 
 def open_text(path, mode="r"):
@@ -280,7 +284,7 @@ def _snapshot(doc):
 def read_recording(path):
     """All snapshots of the recording at PATH, in order (event lines skipped).
 
-    Raises MalformedData (with the line number) for a file that is not a
+    Raises BadInput (with the line number) for a file that is not a
     recording, a truncated line, or an empty file; OSError when it cannot be
     opened at all.
     """
@@ -328,26 +332,28 @@ def read_recording_events(path):
                 truncated = not line.endswith("\n")
                 try:
                     doc = json.loads(line)
-                except ValueError as exc:
+                except (ValueError, RecursionError) as exc:
                     what = "truncated (the recording was cut off?)" if truncated else \
                         f"not JSON ({exc})"
                     if lineno == 1 and not truncated:
-                        raise MalformedData(f"{path}: not a recording (allocdiag record writes "
-                                            "one JSON document per line; line 1 is not JSON)") \
-                            from None
-                    raise MalformedData(f"{path}: line {lineno}: {what}") from None
-                if isinstance(doc, dict) and EVENT_KEY in doc:
-                    events.append(_event(doc, f"{path}: line {lineno}"))
-                    continue
+                        raise BadInput(f"{path}: not a recording ({EXPECTED}; line 1 is "
+                                       "not JSON)") from None
+                    raise BadInput(f"{path}: line {lineno}: {what}") from None
                 try:
-                    out.append(snapshot_from_json(doc))
+                    if isinstance(doc, dict) and EVENT_KEY in doc:
+                        events.append(_event(doc, f"{path}: line {lineno}"))
+                    else:
+                        out.append(snapshot_from_json(doc))
                 except MalformedData as exc:
-                    raise MalformedData(f"{path}: line {lineno}: {exc.msg}") from None
+                    where = "" if exc.msg.startswith(f"{path}: ") else f"{path}: line {lineno}: "
+                    # nothing read yet: the file is not a recording at all
+                    hint = "" if out or events else f" ({EXPECTED})"
+                    raise BadInput(where + exc.msg + hint) from None
     except (EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError) as exc:
-        raise MalformedData(f"{path}: after line {lineno}: not a readable recording "
-                            f"({exc.__class__.__name__}: {exc})") from None
+        raise BadInput(f"{path}: after line {lineno}: not a readable recording ({EXPECTED}; "
+                       f"{exc.__class__.__name__}: {exc})") from None
     if not out:
-        raise MalformedData(f"{path}: no snapshots in the recording")
+        raise BadInput(f"{path}: no snapshots in the recording ({EXPECTED})")
     return out, events
 
 
@@ -380,7 +386,7 @@ def _default_sampler(no_attach):
 
 
 def record(pid, path, interval=2.0, duration=None, progress_cb=None, no_attach=False,
-           sampler=None, stop=None, events=()):
+           sampler=None, stop=None, events=(), interrupt=None):
     """Sample PID every INTERVAL seconds into the recording PATH.
 
     Stops after DURATION seconds (None: until interrupted or the process
@@ -393,33 +399,56 @@ def record(pid, path, interval=2.0, duration=None, progress_cb=None, no_attach=F
     or past AT_S seconds into the recording, ``fn(pid)`` is called once and
     the ``(kind, doc)`` it returns is written as an event line (e.g. a
     release: ``lambda pid: ("release", release_event(actions.release(pid)))``).
+    INTERRUPT: a ``threading.Event`` a signal handler sets (``record`` on
+    SIGTERM/SIGINT/SIGHUP): the sample being taken is finished and written,
+    the wait for the next one ends at once, and the count is returned.
+    A KeyboardInterrupt (a second Ctrl-C) leaves the file closed with whole
+    lines; the count it holds is then ``RecordInterrupted.count``.
     """
     sampler = sampler or _default_sampler(no_attach)
     pending = sorted(events, key=lambda e: e[0])
-    start = time.monotonic()
-    next_at = start
     with Recorder(path) as rec:
-        while True:
-            try:
-                snap = sampler(pid)
-            except NoSuchProcess:
-                if rec.count == 0:
-                    raise
-                break
-            rec.write(snap)
-            if progress_cb is not None:
-                progress_cb(rec.count, snap)
-            while pending and time.monotonic() - start >= pending[0][0]:
-                _at, fn = pending.pop(0)
-                rec.write_event(*fn(pid))
-            next_at += interval
-            now = time.monotonic()
-            if duration is not None and next_at - start > duration + 1e-9:
-                break
-            if stop is not None and stop():
-                break
-            if next_at > now:
-                time.sleep(next_at - now)
-            else:
-                next_at = now   # sampling is slower than the interval: don't burst
+        try:
+            _record_loop(rec, pid, sampler, interval, duration, progress_cb, stop, pending,
+                         interrupt)
+        except KeyboardInterrupt:
+            raise RecordInterrupted(rec.count) from None
         return rec.count
+
+
+class RecordInterrupted(KeyboardInterrupt):
+    """Ctrl-C inside ``record``: ``count`` snapshots are in the (closed) file."""
+
+    def __init__(self, count):
+        super().__init__(count)
+        self.count = count
+
+
+def _record_loop(rec, pid, sampler, interval, duration, progress_cb, stop, pending, interrupt):
+    start = next_at = time.monotonic()
+    while interrupt is None or not interrupt.is_set():
+        try:
+            snap = sampler(pid)
+        except NoSuchProcess:
+            if rec.count == 0:
+                raise
+            break
+        rec.write(snap)
+        if progress_cb is not None:
+            progress_cb(rec.count, snap)
+        while pending and time.monotonic() - start >= pending[0][0]:
+            _at, fn = pending.pop(0)
+            rec.write_event(*fn(pid))
+        next_at += interval
+        now = time.monotonic()
+        if duration is not None and next_at - start > duration + 1e-9:
+            break
+        if stop is not None and stop():
+            break
+        if next_at > now:
+            if interrupt is not None:
+                interrupt.wait(next_at - now)
+            else:
+                time.sleep(next_at - now)
+        else:
+            next_at = now   # sampling is slower than the interval: don't burst

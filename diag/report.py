@@ -33,7 +33,7 @@ import os
 import statistics
 import zlib
 
-from collectors.errors import MalformedData
+from collectors.errors import BadInput
 from diag import findings as findings_mod
 from diag import report_charts as charts
 from diag.fields import BY_NAME
@@ -73,9 +73,12 @@ def peak_settled(values, fraction=SETTLED_FRACTION):
 
 # -- input ----------------------------------------------------------------------------
 
+EXPECTED = ("expected a recording made by allocdiag record (JSON Lines, .gz allowed) or a "
+            "document saved with allocdiag compare --json")
+
 def load(path):
     """("compare", document) for a ``compare --json`` file, else ("recording",
-    (snapshots, events)).  MalformedData for anything else (OSError when it
+    (snapshots, events)).  BadInput for anything else (OSError when it
     cannot be opened)."""
     try:
         with open_text(path) as f:
@@ -83,25 +86,25 @@ def load(path):
             if first is not None:
                 try:
                     doc = json.loads(first)
-                except ValueError:
+                except (ValueError, RecursionError):
                     doc = None
                 if doc is None and first.strip() == "{":
                     # an indented document (compare --json): read it whole
                     f.seek(0)
                     try:
                         doc = json.load(f)
-                    except ValueError as exc:
-                        raise MalformedData(f"{path}: not a compare document or a "
-                                            f"recording: {exc}") from None
+                    except (ValueError, RecursionError) as exc:
+                        raise BadInput(f"{path}: not a compare document or a recording "
+                                       f"({EXPECTED}): {exc}") from None
                 if isinstance(doc, dict) and doc.get("kind") == "compare":
                     if not isinstance(doc.get("variants"), list):
-                        raise MalformedData(f"{path}: compare document without variants")
+                        raise BadInput(f"{path}: compare document without variants")
                     return "compare", doc
     except (EOFError, OSError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError) as exc:
         if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
             raise
-        raise MalformedData(f"{path}: not a readable recording "
-                            f"({exc.__class__.__name__}: {exc})") from None
+        raise BadInput(f"{path}: not a readable recording ({EXPECTED}; "
+                       f"{exc.__class__.__name__}: {exc})") from None
     return "recording", read_recording_events(path)
 
 

@@ -11,10 +11,9 @@ import io
 import itertools
 import re
 
-from collectors.errors import Unsupported
+from collectors.errors import MissingExtra
 from diag.fields import BY_NAME
 
-INSTALL_HINT = "pip install 'allocdiag[report]'"
 
 KiB = 1 << 10
 # Byte axes are drawn in the largest binary unit the data reaches at least
@@ -47,19 +46,18 @@ _counter = itertools.count(1)
 
 
 def _matplotlib():
-    """(Figure, rc_context), or Unsupported naming the extra to install."""
+    """(Figure, rc_context), or MissingExtra naming the extra to install."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         from matplotlib.figure import Figure
     except ImportError:
-        raise Unsupported("the HTML report needs matplotlib, which is not installed",
-                          remediation=f"install it with: {INSTALL_HINT}") from None
+        raise MissingExtra("the HTML report", "matplotlib", "report") from None
     return Figure, matplotlib.rc_context
 
 
 def check_available():
-    """Raise Unsupported (with the pip command) when matplotlib is missing."""
+    """Raise MissingExtra (with the pip command) when matplotlib is missing."""
     _matplotlib()
 
 

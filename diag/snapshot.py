@@ -109,6 +109,7 @@ def take(pid, procfs=None, cgroup_root="/sys/fs/cgroup", expect=None, rollup=Tru
     col = Collected()
     taken_at = time.time()
     status = procfs.status(pid)
+    procfs.check_user_process(pid, status)     # a zombie or a kernel thread: said as such
     process = col.run("procfs", lambda: procfs.memory(pid, status=status, rollup=rollup),
                       ProcessMemory())
     cgroup = col.run("cgroup", lambda: cgroup_memory(procfs.cgroup_paths(pid), cgroup_root),

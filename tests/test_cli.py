@@ -156,9 +156,12 @@ def test_parallel_scan_matches_serial(monkeypatch):
         pids = [a.pid, b.pid, c.pid]
         serial = hostscan.scan(pids=pids)
         parallel = hostscan.scan(pids=pids, workers=2)
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("rss", "rss_anon", "lazyfree")}
-                          for r in rows]
-    assert strip(parallel.rows) == strip(sorted(serial.rows, key=lambda r: r["pid"]))
+    # Only what does not change between two scans is compared: CPU%, RSS and
+    # LazyFree of a live process do (CPU% made this fail one run in three).
+    stable = ("pid", "comm", "exe", "user", "allocator", "preload", "threads")
+    keep = lambda rows: [{k: r[k] for k in stable} for r in sorted(rows, key=lambda r: r["pid"])]
+    assert keep(parallel.rows) == keep(serial.rows)
+    assert {k for r in parallel.rows for k in r} == {k for r in serial.rows for k in r}
     kinds = {r["pid"]: r["allocator"]["kind"] for r in parallel.rows}
     assert kinds[a.pid] == "jemalloc" and kinds[b.pid] == "tcmalloc"
 

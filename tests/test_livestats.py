@@ -202,14 +202,16 @@ def test_inspect_from_file(fixture, kind):
                                      "malloc_info-xxe-text.hand-written.xml"])
 def test_inspect_from_malformed_file(fixture):
     r = run_cli("inspect", "--from", os.path.join(ROOT, "tests", "fixtures", fixture))
-    assert r.returncode == 5 and "Traceback" not in r.stderr and r.stderr.strip()
+    # the user named a file that is not a stats file: a usage error saying what was expected
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "does not parse" in r.stderr
 
 
 def test_inspect_from_unknown_or_missing_file(tmp_path):
     p = tmp_path / "notes.txt"
     p.write_text("hello\n")
     r = run_cli("inspect", "--from", str(p))
-    assert r.returncode == 5 and "not a recognised stats file" in r.stderr
+    assert r.returncode == 2 and "not a recognised stats file" in r.stderr
+    assert "expected malloc_info XML" in r.stderr
     # a missing file is the user's to fix: a usage error naming it
     r = run_cli("inspect", "--from", str(tmp_path / "nope"))
     assert r.returncode == 2 and f"{tmp_path / 'nope'}: No such file" in r.stderr
@@ -353,14 +355,13 @@ def test_live_self_and_file_have_the_same_native_keys(allocator):
 def _stats_print_bytes(pid):
     """Length of the JSON one snapshot's malloc_stats_print wrote."""
     from collectors import allocators
-    from collectors.remote import RemoteProcess
     image = ProcessImage(pid)
     det = detect(image)
     mod = allocators.module("jemalloc")
     mod.forget_general()
     opts = {"per_arena": False}
     a = mod.plan(livestats.Resolver(image), det.serving, det.allocator, opts)
-    rp = RemoteProcess(pid, forbidden_ranges=livestats.forbidden_ranges(image, det))
+    rp = livestats.open_remote(image, det, stack_need=mod.STACK_NEED)
     with rp.borrow() as c:
         raw = mod.gather(c, a, opts)
     return len(raw["json"])

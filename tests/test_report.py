@@ -9,7 +9,8 @@ text (self-contained, the sections, the numbers), then rendered by headless
 Chromium with networking unavailable: the DOM holds the SVG charts, the
 screenshot's chart region is not blank, and Chromium's net log shows no
 request made by the page.  A short real ``compare`` run gives the compare
-page.  Bad input ends with exit 5 and one message, never a traceback.
+page.  Bad input ends with exit 2 (the wrong file named) and one message
+saying what was expected, never a traceback.
 """
 
 import gzip
@@ -209,7 +210,7 @@ def test_plain_and_gzip_recordings_give_the_same_page(recorded, tmp_path):
 
 # -- bad input ------------------------------------------------------------------------------
 
-def test_bad_input_exit_5_without_traceback(recorded, tmp_path, capsys):
+def test_bad_input_exit_2_says_what_was_expected(recorded, tmp_path, capsys):
     from diag.cli import main      # in process: seven cases, one matplotlib import
     with gzip.open(recorded[0], "rt") as f:
         real = f.read()
@@ -227,7 +228,8 @@ def test_bad_input_exit_5_without_traceback(recorded, tmp_path, capsys):
         p.write_bytes(data)
         code = main(["report", str(p), "-o", str(tmp_path / "x.html")])
         err = capsys.readouterr().err
-        assert code == 5, (name, err)
+        assert code == 2, (name, err)       # the wrong file named: a usage error
+        assert "expected a recording" in err or "truncated (the recording was cut off" in err, name
         assert "Traceback" not in err and err.startswith("allocdiag: "), name
         assert str(p) in err, name
     assert not (tmp_path / "x.html").exists()
@@ -243,7 +245,7 @@ def test_missing_matplotlib_names_the_extra(recorded, tmp_path):
     res = subprocess.run([sys.executable, "-c", _without("matplotlib"), "report",
                           str(recorded[0]), "-o", str(tmp_path / "x.html")],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert res.returncode == 5 and "Traceback" not in res.stderr
+    assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "pip install 'allocdiag[report]'" in res.stderr and "matplotlib" in res.stderr
 
 

@@ -244,7 +244,7 @@ def test_missing_textual_serve_names_the_extra():
     res = allocdiag("serve", "--port", str(free_port()), code=(
         "import sys; sys.modules['textual_serve'] = None; sys.modules['textual_serve.server'] "
         "= None\nfrom diag.cli import main; sys.exit(main(sys.argv[1:]))"))
-    assert res.returncode == 5 and "Traceback" not in res.stderr
+    assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "pip install 'allocdiag[serve]'" in res.stderr
 
 
@@ -254,6 +254,6 @@ def test_bad_view_and_bad_recording_fail_before_serving(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("not a recording\n")
     res = allocdiag("serve", "--port", str(free_port()), "replay", str(bad))
-    assert res.returncode == 5 and str(bad) in res.stderr and "Traceback" not in res.stderr
+    assert res.returncode == 2 and str(bad) in res.stderr and "Traceback" not in res.stderr
     res = allocdiag("serve", "--port", str(free_port()), "watch", "999999999")
     assert res.returncode == 3

@@ -3,12 +3,8 @@ scratch memory, and reading text the allocator wrote."""
 
 from collectors.errors import MalformedData, RemoteCallError, Unsupported
 
-SCRATCH_TEXT = 48 * 1024      # bytes of stack scratch for text/XML outputs
+SCRATCH_TEXT = 48 * 1024      # bytes of the buffer (Call.buffer, never the stack) for text/XML
 IONBF = 2                     # stdio.h _IONBF: no stdio buffer (nothing malloc'd for it)
-PROT_READ, PROT_WRITE = 1, 2
-MAP_PRIVATE, MAP_ANONYMOUS = 0x02, 0x20
-MAP_FAILED_MIN = (1 << 64) - 4096   # mmap returns -errno on failure
-U64 = (1 << 64) - 1
 
 
 def need(addr, name, kind):
@@ -19,6 +15,11 @@ def need(addr, name, kind):
 
 def libc_stdio(res):
     return {n: need(res.libc(n), n, "libc") for n in ("fmemopen", "setvbuf", "fclose", "fputs")}
+
+
+def mapper(res):
+    """(mmap, munmap) of the target's libc, for the engine's Call.buffer."""
+    return (res.libc("mmap"), res.libc("munmap"))
 
 
 def fmemopen(c, addrs, buf, size):
@@ -45,15 +46,6 @@ def text_at(c, addr, size, first=None):
         data += c.read(addr + len(data), size - len(data))
         end = data.find(b"\0")
     return (data, False) if end < 0 else (data[:end], True)
-
-
-def mmap_buffer(c, addrs, size):
-    """A private anonymous mapping of SIZE bytes in the target (not malloc:
-    no allocator side effect), or None.  Caller must munmap."""
-    if not (addrs.get("mmap") and addrs.get("munmap")):
-        return None
-    mem = c.call(addrs["mmap"], 0, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, U64, 0)
-    return None if mem == 0 or mem >= MAP_FAILED_MIN else mem
 
 
 def signed(v):

@@ -106,9 +106,18 @@ MI_BINS_MAX = 10 + 127
 MI_ARENA_MAX = MI_BINS_MAX * MI_ROW_MAX + 512
 MI_TOTALS_MAX = 1024
 HEAP_MAX_SIZE = 64 << 20      # arena.c: a non-main arena's heaps are aligned to this
-# Size of the private mapping used when the bound exceeds the stack scratch:
+# Size of the private mapping used when the bound exceeds SCRATCH_TEXT:
 # untouched pages cost nothing, and one fixed size lets tests find leftovers.
 LARGE_TEXT = 4 << 20
+
+
+# Stack the gather's calls use below the engine's frame on the borrowed thread
+# (collectors.remote stack_need): the high-water mark measured by
+# tests/targets/stack_need.c (pattern-filled 1 MiB stack, the larger of two calls,
+# Debian 12 packages; tests/test_stack_bounds.py re-measures and checks it):
+#   fmemopen 3,303 B (first call: lazy binding), malloc_info 14,887 B (vfprintf),
+#   fclose 512 B, mallinfo2 3,303 B.
+STACK_NEED = 20 * 1024
 
 
 def output_bound(narenas):
@@ -131,7 +140,6 @@ def plan(res, obj, alloc, opts):
     stdio = {n: res.libc(n) for n in ("fmemopen", "setvbuf", "fclose")}
     if a["malloc_info"] and all(stdio.values()):
         a.update(stdio)
-        a["mmap"], a["munmap"] = res.libc("mmap"), res.libc("munmap")
         a["bound"] = output_bound(count_arenas(res.maps()))
     else:
         a["malloc_info"] = None
@@ -146,14 +154,17 @@ def gather(c, a, opts):
         c.call(a["mallinfo2"], out)
         return {"mallinfo2": c.read(out, glibc_stats.MALLINFO2_SIZE)}
     raw = {}
-    if a["bound"] <= common.SCRATCH_TEXT:
-        _malloc_info(c, a, c.scratch(common.SCRATCH_TEXT), common.SCRATCH_TEXT, raw)
-    else:
-        _malloc_info_mmap(c, a, max(LARGE_TEXT, a["bound"]), raw)
+    # The XML goes into a buffer outside the borrowed stack (Call.buffer:
+    # an anonymous mapping, unmapped before the thread is released).
+    size = common.SCRATCH_TEXT if a["bound"] <= common.SCRATCH_TEXT else \
+        max(LARGE_TEXT, a["bound"])
+    _malloc_info(c, a, c.buffer(size), size, raw)
     if raw.get("truncated"):
         # An arena the maps did not show (created meanwhile): once more,
         # into a mapping with room for four times as many.
-        _malloc_info_mmap(c, a, 4 * max(LARGE_TEXT, a["bound"]), raw)
+        size = 4 * max(LARGE_TEXT, a["bound"])
+        _malloc_info(c, a, c.buffer(size), size, raw)
+    raw["mmap"] = size
     return raw
 
 
@@ -164,21 +175,6 @@ def _malloc_info(c, a, buf, size, raw):
     raw["xml"], terminated = common.text_at(c, buf, size, first=common.SCRATCH_TEXT // 3)
     raw["truncated"] = not terminated or len(raw["xml"]) >= size - 1
     raw["size"] = size
-
-
-def _malloc_info_mmap(c, a, size, raw):
-    """malloc_info into a private anonymous mapping (not malloc: no
-    allocator side effect), unmapped again before the thread is released."""
-    mem = common.mmap_buffer(c, a, size)
-    if mem is None:
-        if "xml" not in raw:
-            _malloc_info(c, a, c.scratch(common.SCRATCH_TEXT), common.SCRATCH_TEXT, raw)
-        return
-    try:
-        raw["mmap"] = size
-        _malloc_info(c, a, mem, size, raw)
-    finally:
-        c.call(a["munmap"], mem, size)
 
 
 def parse(raw, alloc):

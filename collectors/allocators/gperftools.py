@@ -103,7 +103,15 @@ NOT_PRINTED = tuple(n for n, _, _ in PROPERTIES if n not in FROM_GETSTATS)
 # (opts["per_arena"], the CLI's --arenas "more detail" switch): each is one
 # more call, ~0.1 ms of stop.  Not read, they are None (unknown).
 EVERY_SNAPSHOT = ("tcmalloc.max_total_thread_cache_bytes", "tcmalloc.aggressive_memory_decommit")
-GETSTATS_BUF = common.SCRATCH_TEXT     # >= 10000: DumpStats level 2 (size classes, spans)
+GETSTATS_BUF = common.SCRATCH_TEXT     # >= 10000: DumpStats level 2 (size classes, spans); Call.buffer
+
+
+# Stack the gather's calls use below the engine's frame on the borrowed thread
+# (collectors.remote stack_need): the high-water mark measured by
+# tests/targets/stack_need.c (pattern-filled 1 MiB stack, the larger of two calls,
+# Debian 12 packages; tests/test_stack_bounds.py re-measures and checks it):
+#   MallocExtension_GetStats(buf, 48 KiB) 6,887 B, GetNumericProperty 3,431 B.
+STACK_NEED = 10 * 1024
 
 
 # Within one allocdiag process (TUI, record) the knob properties are read
@@ -144,8 +152,7 @@ def properties(c, get, names, with_length=False):
 
 
 def stats_text(c, fn, size=GETSTATS_BUF):
-    buf = c.scratch(size)
-    c.write(buf, b"\0")
+    buf = c.buffer(size)              # zeroed, outside the borrowed stack
     c.call(fn, buf, size)
     return common.text_at(c, buf, size)[0]
 

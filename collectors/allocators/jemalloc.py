@@ -154,7 +154,7 @@ STATS_STRINGS_MAX = 24                  # string values (5.3 prints 16)
 STATS_STRING_MAX = 255 + 2              # emitter BUF_SIZE - 1, quoted
 STATS_BOUND = (STATS_SIZE_CLASSES_MAX * STATS_BIN_MAX + STATS_KEYS_MAX * (STATS_KEY_MAX +
                STATS_NUMBER_MAX) + STATS_STRINGS_MAX * STATS_STRING_MAX)
-STATS_BUF = 56 * 1024                   # > STATS_BOUND (about 47 KiB); stack scratch
+STATS_BUF = 56 * 1024                   # > STATS_BOUND (about 47 KiB); Call.buffer, not the stack
 STATS_READ_FIRST = 16 * 1024            # > the ~9 KiB printed on 5.3: usually one read
 assert STATS_BUF > STATS_BOUND
 # Versions whose option letters and JSON layout this was checked against.
@@ -179,6 +179,15 @@ _constant_cache = {}
 _ifunc_cache = {}
 _general_cache = {}            # process key -> (monotonic time, {mallctl: value}, opt/config)
 _print_broken = {}             # process key -> why its malloc_stats_print JSON did not parse
+
+
+# Stack the gather's calls use below the engine's frame on the borrowed thread
+# (collectors.remote stack_need): the high-water mark measured by
+# tests/targets/stack_need.c (pattern-filled 1 MiB stack, the larger of two calls,
+# Debian 12 packages; tests/test_stack_bounds.py re-measures and checks it):
+#   malloc_stats_print(strcat, buf, "Jdablxeh") 13,143 B (also with "g"),
+#   mallctl epoch + a read 1,655 B.
+STACK_NEED = 18 * 1024
 
 
 def forget_general(process_key=None):
@@ -252,11 +261,10 @@ def gather(c, a, opts):
         else:
             print_opts = STATS_OPTS
         raw["process_key"] = key
-        buf = c.scratch(STATS_BUF)
+        # BUF is zeroed memory outside the stack: strcat appends at its start.
+        buf = c.buffer(STATS_BUF)
         opt_at = c.scratch(len(print_opts) + 1)
-        # One write: the options string, padding, and the NUL at the start
-        # of BUF that strcat appends after (scratch grows down: OPT_AT < BUF).
-        c.write(opt_at, (print_opts + b"\0").ljust(buf - opt_at, b"\0") + b"\0")
+        c.write(opt_at, print_opts + b"\0")
         strcat = a["strcat"]
         if a.get("strcat_ifunc"):
             # The symbol is glibc's IFUNC resolver: ask it for this CPU's

@@ -154,6 +154,15 @@ OPTIONS_2_0 = (
 )
 
 
+# Stack the gather's calls use below the engine's frame on the borrowed thread
+# (collectors.remote stack_need): the high-water mark measured by
+# tests/targets/stack_need.c (pattern-filled 1 MiB stack, the larger of two calls,
+# Debian 12 packages; tests/test_stack_bounds.py re-measures and checks it):
+#   mi_stats_print_out(fputs, fmemopen stream) 3,375 B, mi_process_info 1,671 B,
+#   mi_option_get 1,607 B (and fmemopen 3,303 B, fclose 512 B as for glibc).
+STACK_NEED = 6 * 1024
+
+
 def option_names(version):
     return OPTIONS_2_0 if (version or "").startswith("2.0") else ()
 
@@ -186,7 +195,7 @@ def gather(c, a, opts):
             if a["mi_free"]:
                 c.call(a["mi_free"], ptr)
             return raw
-    buf = c.scratch(common.SCRATCH_TEXT)
+    buf = c.buffer(common.SCRATCH_TEXT)     # outside the borrowed stack
     f = common.fmemopen(c, a, buf, common.SCRATCH_TEXT)
     c.call(a["mi_stats_print_out"], a["fputs"], f)
     c.call(a["fclose"], f)

@@ -10,7 +10,7 @@ from diag.exitcodes import ExitCode
 NAME = "compare"
 
 VARIANT_HELP = """\
-variants (--variants, space-separated; default: every installed allocator):
+variants (--variants, separated by spaces or commas; default: every installed allocator):
   glibc | jemalloc | tcmalloc | tcmalloc_minimal | mimalloc
         the allocator (LD_PRELOAD of its Debian library under /usr/lib/x86_64-linux-gnu;
         none for glibc)
@@ -22,9 +22,12 @@ variants (--variants, space-separated; default: every installed allocator):
     mimalloc:purge_delay=0         -> MIMALLOC_PURGE_DELAY=0 (+ MIMALLOC_DECOMMIT_DELAY, its
                                       mimalloc 2.0 name; decommit_delay likewise)
     tcmalloc:release_rate=10       -> TCMALLOC_RELEASE_RATE=10
-  A variant whose preload does not take effect (typo, wrong path, malloc bound elsewhere) is
-  run, marked and excluded from the ranking with the reason; an unknown allocator name is
-  not run and excluded likewise.
+  --variants glibc,jemalloc is the same as --variants glibc jemalloc; a comma followed by
+  KEY=VALUE continues the knob set before it.  An unknown allocator name or an empty list
+  is a usage error (exit 2, before anything is started).  A variant whose preload does not
+  take effect (typo in a path, malloc bound elsewhere) is run, marked and excluded from the
+  ranking with the reason; an allocator that is not installed is not run and excluded
+  likewise.
 
 presets (the field's two standard experiments, from examples/):
   footprint   examples/footprint.py: build 40000 dict-of-lists records, drop the older half;
@@ -62,7 +65,7 @@ def add_parser(sub):
             "--load 'wrk -d10 http://127.0.0.1:8080/' --ready 'listening' -- ./server",
             "allocdiag compare --json --idle-after READY -- python3 myjob.py > compare.json",
             "allocdiag compare --preset footprint --html footprint.html"])
-    p.add_argument("--variants", nargs="+", action="extend", metavar="VARIANT",
+    p.add_argument("--variants", nargs="*", action="extend", metavar="VARIANT",
                    help="allocators / knob sets to run (default: every installed allocator)")
     p.add_argument("--preset", choices=("footprint", "staircase"),
                    help="one of the standard experiments from examples/ (no COMMAND needed)")
@@ -147,13 +150,10 @@ def run(args):
         if not user.get(k):
             setattr(settings, k, v)
     try:
-        variants = ([compare.parse_variant(v) for v in args.variants] if args.variants
+        variants = (compare.parse_variants(args.variants) if args.variants is not None
                     else compare.default_variants())
     except compare.CompareError as exc:
         raise UsageError(str(exc.msg)) from None
-    names = [v.name for v in variants]
-    if len(set(names)) != len(names):
-        raise UsageError("a variant is named twice")
     if args.html:
         from diag import report_charts
         report_charts.check_available()     # before the runs, not after them

@@ -47,9 +47,9 @@ See docs/exporter.md and examples/deploy/."""
 
 EXIT_NOTES = """
 in this command:
-  2  also a --listen address that cannot be bound, a --textfile directory that is missing
+  2  also a --listen address that cannot be bound, a --textfile directory that is missing,
+     prometheus_client not installed (pip install 'allocdiag[exporter]')
   4  the --textfile cannot be written
-  5  prometheus_client is not installed (pip install 'allocdiag[exporter]')
   6  a one-shot run (--once, or --textfile without --interval) left a live target
      unread; the metrics are still printed or written
 """

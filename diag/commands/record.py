@@ -1,6 +1,9 @@
 """``allocdiag record``: snapshots of a process to JSON Lines."""
 
+import contextlib
+import signal
 import sys
+import threading
 import time
 
 from diag import render
@@ -67,30 +70,64 @@ def _release_events(args):
     return ((args.release_at, release),)
 
 
+# Signals that end a recording cleanly: Ctrl-C, `kill`, a closed terminal or ssh session.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(event):
+    """While recording: the first of STOP_SIGNALS sets EVENT (the sample being
+    taken is finished and written, then the recording ends); a second one
+    raises KeyboardInterrupt (the file is still closed with whole lines)."""
+    got = []
+
+    def handler(signum, _frame):
+        got.append(signal.Signals(signum).name)
+        if event.is_set():
+            raise KeyboardInterrupt
+        event.set()
+    old = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    try:
+        yield got
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def run(args):
     from diag import recording
     events = _release_events(args)
     tty = sys.stderr.isatty()
     t0 = time.monotonic()
-    written = 0             # what the recording holds, also after Ctrl-C
+    written = 0             # what the recording holds, also after a signal
 
     def progress(count, snap):
         nonlocal written
         written = count
         msg = (f"{count} snapshots, {time.monotonic() - t0:.0f} s, "
                f"RSS {render.human_bytes(snap.process.rss)} -> {args.output}")
-        if tty:
-            print("\r" + msg, end="", file=sys.stderr, flush=True)
-        elif count == 1 or count % 30 == 0:
-            print(msg, file=sys.stderr)
+        try:
+            if tty:
+                print("\r" + msg, end="", file=sys.stderr, flush=True)
+            elif count == 1 or count % 30 == 0:
+                print(msg, file=sys.stderr)
+        except OSError:
+            pass    # the terminal is gone (SIGHUP): recording goes on to a clean end
 
+    interrupt = threading.Event()
+    with _stop_on_signals(interrupt) as got:
+        try:
+            written = recording.record(args.pid, args.output, interval=args.interval,
+                                       duration=args.duration, progress_cb=progress,
+                                       no_attach=args.no_attach, events=events,
+                                       interrupt=interrupt)
+        except recording.RecordInterrupted as exc:
+            written = exc.count     # the recorder closed the file; this is what it holds
+    how = f" (stopped by {got[0]})" if got else ""
     try:
-        written = recording.record(args.pid, args.output, interval=args.interval,
-                                   duration=args.duration, progress_cb=progress,
-                                   no_attach=args.no_attach, events=events)
-    except KeyboardInterrupt:
-        pass                # the recorder closed the file; `written` is what it holds
-    if tty:
-        print(file=sys.stderr)
-    print(f"recorded {written} snapshots of pid {args.pid} to {args.output}", file=sys.stderr)
+        print(("\n" if tty else "") +
+              f"recorded {written} snapshots of pid {args.pid} to {args.output}{how}",
+              file=sys.stderr, flush=True)
+    except OSError:
+        pass        # the terminal is gone (SIGHUP of a closed session): the file is complete
     return ExitCode.OK

@@ -12,7 +12,7 @@ import os
 import shlex
 import sys
 
-from collectors.errors import NoSuchProcess, Unsupported
+from collectors.errors import MissingExtra, NoSuchProcess
 from diag.commands.common import UsageError, add_command
 from diag.exitcodes import ExitCode
 
@@ -57,8 +57,7 @@ def _server_class():
     try:
         from textual_serve.server import Server
     except ImportError:
-        raise Unsupported("allocdiag serve needs textual-serve, which is not installed",
-                          remediation=f"install it with: {INSTALL_HINT}") from None
+        raise MissingExtra("allocdiag serve", "textual-serve", "serve") from None
     return Server
 
 
