@@ -71,8 +71,16 @@ def _live(col, image, det, per_arena, deadline_s):
     except AllocdiagError as exc:
         col.status["remote"] = CollectorStatus(False, exc.msg, time.perf_counter() - t0)
         return None
-    col.status["remote"] = CollectorStatus(True, None, time.perf_counter() - t0,
-                                           pause_us=max(live.pause_us) if live.pause_us else None)
+    pause = max(live.pause_us) if live.pause_us else None
+    if all(v.value is None for v in live.stats.values()):
+        # The call ran but brought back no number: not ok (never a remote
+        # ok without stats), with the allocator module's reason.
+        why = (live.native or {}).get("error") or (live.native or {}).get("stats_error") \
+            or "the allocator's stats call gave no numbers"
+        col.status["remote"] = CollectorStatus(False, why, time.perf_counter() - t0,
+                                               pause_us=pause)
+        return live
+    col.status["remote"] = CollectorStatus(True, None, time.perf_counter() - t0, pause_us=pause)
     return live
 
 
