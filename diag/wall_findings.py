@@ -4,9 +4,10 @@ has a test that starts a target showing it, applies the knob and sees the
 named figure move the promised way (tests/test_wall_findings.py); a rule
 without such a test is not here.
 
-- ``wall-arena-lock`` (glibc): threads blocked on arena locks (>= LOCK_SHARE
-  of thread time) while the process has fewer arenas than allocating
-  threads -> MALLOC_ARENA_MAX / glibc.malloc.arena_max at least the thread
+- ``wall-arena-lock`` (glibc): threads blocked on arena locks (on average
+  >= LOCK_THREADS threads waiting at any moment of the window: a share of all
+  thread time would be diluted by idle threads) while the process has fewer
+  arenas than threads -> MALLOC_ARENA_MAX / glibc.malloc.arena_max at least the thread
   count.  Checked: glibc MALLOC_ARENA_MAX=1 vs 8, 4 threads.
 - ``wall-arena-lock`` (jemalloc): the same under jemalloc -> narenas at
   least the thread count (or percpu_arena:percpu).  Checked: narenas:1 vs
@@ -25,8 +26,7 @@ without such a test is not here.
 
 from diag.model import Finding, Knob
 
-LOCK_SHARE = 0.05               # of all thread time
-LOCK_MIN_S = 0.05
+LOCK_THREADS = 0.1              # allocator_lock_s / window duration
 CHURN_PER_S = 500.0
 HOT_SHARE = 0.20
 HOT_TOP = 3
@@ -49,8 +49,8 @@ def rules(wall, env=None):
     out = []
     off = wall.off_cpu
     threads = _threads(wall)
-    if off is not None and (off.allocator_lock_share or 0) >= LOCK_SHARE and \
-            off.allocator_lock_s >= LOCK_MIN_S:
+    duration = wall.window.duration_s or 0.0
+    if off is not None and duration and off.allocator_lock_s / duration >= LOCK_THREADS:
         ev = {"allocator_lock_share": round(off.allocator_lock_share, 4),
               "allocator_lock_s": round(off.allocator_lock_s, 3), "threads": threads}
         top = [s.function for s in sorted(wall.sites, key=lambda s: -s.lock_wait_s)
