@@ -372,3 +372,21 @@ def test_static_jemalloc_is_attributed_by_name():
     hot = next(f for f in w.findings if f.id == "wall-hot-sites") \
         if w.cpu.allocator_share >= 0.2 else None
     assert hot is None or "alloc_batch" in hot.evidence["sites"]
+
+
+def test_no_allocator_stats_still_gets_cpu_fault_and_syscall_figures(tmp_path):
+    # musl: detected, but no stats interface -> counters missing, the rest measured
+    deps.need("musl-gcc")
+    exe = tmp_path / "wall_target_musl"
+    subprocess.run(["musl-gcc", "-O1", "-static", "-o", str(exe),
+                    os.path.join(targets.SOURCES, "wall_target.c"), "-lpthread"], check=True)
+    with targets.start([str(exe), "mix", "1"]) as t:
+        Lines(t)
+        w = wall_take.take(t.pid, duration_s=1.0)
+    assert w.window.allocator == "musl"
+    assert any(m.figure == "counters" for m in w.window.missing)
+    assert w.cpu.samples > 0 and w.faults.minor is not None
+    assert w.syscalls["mmap"].count is not None
+    # static musl has no CFI for its malloc: those walks stop at once and are
+    # counted as unknown, not as application time
+    assert w.cpu.unknown_samples > 0
