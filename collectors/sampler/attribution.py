@@ -14,8 +14,10 @@ the exported symbols: 20.9 % vs 36.1 % measured), so the walk decides.
 
 A walk that stopped early (collectors.unwind ``tolerant``) still counts as
 application time when it reached the program's own code (an allocator does
-not call back into it); otherwise the sample is ``unknown`` -- never
-application time by default.
+not call back into it): a named function outside the system libraries whose
+name is not reserved (no leading underscore: static executables carry their
+libc); otherwise the sample is ``unknown`` -- never application time by
+default.
 
 Names come from collectors.symbolize (``.symtab``, the debug file by
 build-id such as libc6-dbg's, else ``.dynsym``) and collectors.demangle.  An
@@ -76,6 +78,16 @@ def is_allocator(frame):
     return is_entry(frame.function)
 
 
+def _program_code(frame):
+    """FRAME is the program's own code: a named function outside the system
+    libraries whose name is not reserved to the implementation (a leading
+    underscore: a static executable carries libc -- musl's __lock, glibc's
+    __libc_* -- inside it)."""
+    return bool(frame.object and frame.function and not frame.function.startswith("_")
+                and not SYSTEM_RE.search(frame.object)
+                and not ALLOCATOR_OBJECT_RE.search(frame.object))
+
+
 class Attribution:
     """What one stack says; shared by equal stacks (cached by the caller)."""
 
@@ -128,8 +140,7 @@ class Attributor:
             site_frames = tuple(f.text for f in frames[outer + 1:outer + 1 + SITE_FRAMES])
             site = site_frames[0] if site_frames else UNKNOWN_SITE
             return Attribution(ALLOCATOR, fn, entry, site, site_frames, folded)
-        if complete or any(f.object and not SYSTEM_RE.search(f.object)
-                           and not ALLOCATOR_OBJECT_RE.search(f.object) for f in frames):
+        if complete or any(_program_code(f) for f in frames):
             return Attribution(APPLICATION, None, None, None, (), folded)
         return Attribution(UNKNOWN, None, None, None, (), folded or ("[unknown]",))
 
