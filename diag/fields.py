@@ -183,6 +183,9 @@ WALL_FIELD_ROWS = (
     Field("window.threads_seen", "wall", "count", "threads",
           "threads sampled at some point of the window (new ones found by a rescan of "
           "/proc/PID/task)", "/proc/PID/task"),
+    Field("window.pause_us", "wall", "microseconds", "pause",
+          "each stop of one borrowed thread to read the allocator's counters (window start "
+          "and end); sampling itself stops no thread", "remote call pause_us"),
     Field("window.missing", "wall", "text", "missing",
           "figures that could not be measured, with the reason and the fix", "allocdiag"),
     Field("cpu.allocator_share", "wall", "ratio", "allocator CPU",

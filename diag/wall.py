@@ -81,6 +81,7 @@ class Window:
     allocator: Optional[str] = None  # the kind that serves malloc (diag.model.Allocator.kind)
     reader_cpu_s: Optional[float] = None  # allocdiag's own CPU time for the window
     missing: tuple = ()             # (Missing, ...)
+    pause_us: tuple = ()            # each stop of a borrowed thread for the counters (us)
 
     def to_json(self):
         return {"pid": self.pid, "comm": self.comm, "allocator": self.allocator,
@@ -89,6 +90,7 @@ class Window:
                 "switch_samples": self.switch_samples, "lost": self.lost,
                 "threads_seen": self.threads_seen, "threads_exited": self.threads_exited,
                 "ended": self.ended, "reader_cpu_s": _round(self.reader_cpu_s, 3),
+                "pause_us": list(self.pause_us),
                 "missing": [m.to_json() for m in self.missing]}
 
 

@@ -76,7 +76,8 @@ def take(pid, duration_s=10.0, hz=DEFAULT_HZ, procfs="/proc", tick=None, counter
                                                 "no end reading"))
     cpu, off, faults, sc, sites, stacks = session.parts()
     w = wall.Wall(session.window(duration_s, ended, comm=_comm(procfs, pid), allocator=kind,
-                                 extra_missing=missing),
+                                 extra_missing=missing,
+                                 pause_us=reader.pause_us if reader is not None else ()),
                   cpu=cpu, off_cpu=off, faults=faults, syscalls=sc,
                   counters=counters_mod.deltas(start, end, duration) if end else
                   counters_mod.deltas(start, {}, duration) if start else {},

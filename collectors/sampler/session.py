@@ -564,14 +564,16 @@ class Session:
         """A counter summed over every closed thread, None when none had it."""
         return self.final_counts.get(key)
 
-    def window(self, requested_s, ended, comm=None, allocator=None, extra_missing=()):
+    def window(self, requested_s, ended, comm=None, allocator=None, extra_missing=(),
+               pause_us=()):
         duration = ((self.t1_ns or time.monotonic_ns()) - self.t0_ns) / 1e9
         return wall.Window(
             pid=self.pid, start=self.start_wall, duration_s=duration, requested_s=requested_s,
             hz=self.hz, samples=self.samples, switch_samples=self.switch_samples,
             lost=self.lost, threads_seen=len(self.threads), threads_exited=self.exited,
             ended=ended, comm=comm, allocator=allocator, reader_cpu_s=self.reader_cpu_s,
-            missing=tuple(self.missing.values()) + tuple(extra_missing))
+            missing=tuple(self.missing.values()) + tuple(extra_missing),
+            pause_us=tuple(pause_us))
 
     def parts(self):
         """(cpu, off_cpu, faults, syscalls, sites, stacks) for diag.wall.Wall."""
