@@ -122,5 +122,5 @@ def timed_read(reader):
     t0 = time.monotonic()
     try:
         return reader.read(), None
-    except AllocdiagError as exc:
+    except (AllocdiagError, OSError) as exc:      # OSError: the process vanished mid-read
         return {}, f"{exc} ({time.monotonic() - t0:.2f} s)"

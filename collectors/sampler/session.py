@@ -375,7 +375,9 @@ class Session:
         t.fds, t.faults, t.syscalls, t.ring = [], {}, {}, None
 
     def stop(self):
-        """Disable, drain and close everything; fix the window's end."""
+        """Disable, drain and close everything; fix the window's end (once)."""
+        if self.t1_ns is not None:
+            return
         now = time.monotonic_ns()
         for t in self.threads.values():
             for fd in t.fds:
@@ -541,6 +543,10 @@ class Session:
         """start(), poll for DURATION_S (Ctrl-C ends early), stop(); returns
         the way the window ended (diag.wall COMPLETE / INTERRUPTED / EXITED)."""
         self.start()
+        return self.run_started(duration_s, tick)
+
+    def run_started(self, duration_s, tick=None):
+        """The polling loop of run() for a session already started."""
         ended = wall.COMPLETE
         deadline = time.monotonic() + duration_s
         try:
@@ -576,7 +582,10 @@ class Session:
             pause_us=tuple(pause_us))
 
     def parts(self):
-        """(cpu, off_cpu, faults, syscalls, sites, stacks) for diag.wall.Wall."""
+        """(cpu, off_cpu, faults, syscalls, sites, stacks) for diag.wall.Wall;
+        of a running session, what was gathered so far (faults and syscall
+        counts only once stopped: the counters are read when a thread is
+        closed)."""
         duration = ((self.t1_ns or time.monotonic_ns()) - self.t0_ns) / 1e9
         secs = self.cpu_ns / 1e9
         per_sample = secs / self.samples if self.samples else 0.0
@@ -593,7 +602,8 @@ class Session:
                            kernel_samples=self.cpu_kernel,
                            by_function=fn_times(self.cpu_fn, self.samples or 1, per_sample),
                            by_entry=fn_times(self.cpu_entry, self.samples or 1, per_sample))
-        thread_s = sum(((t.end_ns or self.t1_ns) - max(t.start_ns, self.t0_ns)) / 1e9
+        end_ns = self.t1_ns or time.monotonic_ns()      # a running session: so far
+        thread_s = sum(((t.end_ns or end_ns) - max(t.start_ns, self.t0_ns)) / 1e9
                        for t in self.threads.values())
         off = None
         if "off_cpu" not in self.missing:
