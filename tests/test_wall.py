@@ -299,21 +299,21 @@ def test_unprivileged_user_on_its_own_process_gets_what_it_can(exe):
     assert all(s["per_s"] is None for s in doc["syscalls"].values())
 
 
-def _example_wall(workload, allocator, env, args):
+def _example_wall(workload, allocator, env, args, seconds=1.5):
     import sys
     sys.path.insert(0, os.path.dirname(targets.HERE))
     from examples import launch
     proc = launch.start(workload, allocator, env=env, args=args)
     try:
         launch.wait_ready(proc, timeout=60)
-        return wall_take.take(proc.pid, duration_s=1.5, syscalls=())
+        return wall_take.take(proc.pid, duration_s=seconds, syscalls=())
     finally:
         launch.stop(proc)
 
 
 def test_arena_sprawl_example_shows_its_wall():
     w = _example_wall("arena_sprawl", "glibc", {"MALLOC_ARENA_MAX": "1"},
-                      ["--threads", "6", "--busy"])
+                      ["--threads", "8", "--busy"], seconds=2.0)
     # idle (parked) threads dilute the share: the wait in threads on average
     assert w.off_cpu.allocator_lock_s / w.window.duration_s > 0.1, w.off_cpu
     assert any(f.id == "wall-arena-lock" for f in w.findings)
