@@ -52,10 +52,13 @@ SWITCH_STACK_BYTES = 2048       # enough to pass __lll_lock_wait* and reach mall
 SWITCH_HZ = 200
 SYSCALL_STACK_BYTES = 8192
 SYSCALL_HZ = 200                # sampled calls per second per thread and syscall, at most
-RING_PAGES = 256                # 1 MiB per thread: kept up with 999 Hz x 16 KiB
+MAX_THREADS = 512
+# 256 pages = 1 MiB per thread kept up with 999 Hz x 16 KiB (reference).  Rings
+# are locked kernel memory: smaller per thread when there are many (a LOST
+# count says when one overflowed).  (threads at most, pages)
+RING_PAGES_BY_THREADS = ((16, 256), (128, 64), (MAX_THREADS, 32))
 DRAIN_S = 0.05
 RESCAN_S = 0.2
-MAX_THREADS = 512
 MAX_STACKS = 4096
 MAX_SITES = 1024
 MAX_CACHE = 50000
@@ -152,6 +155,7 @@ class Session:
         self._prewarm()
         if self.want_syscalls:
             self._tracepoints()
+        _raise_nofile()
         self._rusage0 = resource.getrusage(resource.RUSAGE_SELF)
         self.start_wall = time.time()
         self.t0_ns = time.monotonic_ns()
@@ -256,6 +260,10 @@ class Session:
                 self._miss(figure, f"the kernel refused {what}: {exc.strerror}")
             return None
 
+    def _ring_pages(self):
+        n = len(self.threads) + 1
+        return next(pages for most, pages in RING_PAGES_BY_THREADS if n <= most)
+
     def _flags(self, extra=0):
         return _BASE_FLAGS | extra | (perf.F_EXCLUDE_KERNEL if self.exclude_kernel else 0)
 
@@ -270,7 +278,7 @@ class Session:
             t.fds.append(fd)
             try:
                 if t.ring is None:
-                    t.ring = perf.Ring(fd, RING_PAGES)
+                    t.ring = perf.Ring(fd, self._ring_pages())
                     rings.append(fd)
                 else:
                     perf.ioctl(fd, perf.PERF_EVENT_IOC_SET_OUTPUT, rings[0])
@@ -643,6 +651,18 @@ class Session:
         stacks = tuple(wall.Stack(folded, w, kind, alloc)
                        for (kind, alloc, folded), w in self.stacks.most_common() if w > 0)
         return cpu, off, faults, syscalls, tuple(sites), stacks
+
+
+def _raise_nofile():
+    """Up to 9 descriptors per thread: lift allocdiag's own soft limit on
+    open files to the hard one (EMFILE is still reported as missing)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 9 * MAX_THREADS + 64)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            pass
 
 
 def _with_exclude_kernel(buf):
