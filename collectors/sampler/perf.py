@@ -14,8 +14,6 @@ import mmap
 import os
 import struct
 
-from collectors.errors import AccessDenied, NoSuchProcess, Unsupported
-
 # perf_event.h: enum perf_type_id
 PERF_TYPE_SOFTWARE, PERF_TYPE_TRACEPOINT = 1, 2
 # enum perf_sw_ids
@@ -128,16 +126,6 @@ def tracepoint_id(name):
         except FileNotFoundError as exc:
             last = exc
     raise last
-
-
-def translate(exc, pid, what):
-    """A PerfError from opening an event as the project's error, with the fix."""
-    if exc.errno == errno.ESRCH:
-        return NoSuchProcess(pid)
-    if exc.errno in (errno.EACCES, errno.EPERM):
-        return AccessDenied(pid, msg=f"perf_event_open refused for {what}: {exc.strerror}",
-                            remediation=PERMISSION_FIX)
-    return Unsupported(f"the kernel refused {what}: {exc.strerror}", pid=pid)
 
 
 PERMISSION_FIX = ("sampling needs root, CAP_PERFMON (or CAP_SYS_ADMIN), or "

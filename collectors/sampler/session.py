@@ -7,9 +7,10 @@ PERF_EVENT_IOC_SET_OUTPUT:
 
 - CPU-clock samples at HZ with the user registers and a STACK_BYTES copy of
   the user stack (unwound with collectors.unwind, CFI parsed once per file);
-- context-switch samples (period 1, SWITCH_STACK_BYTES copy) plus
-  ``context_switch`` SWITCH records: the stack at every switch-out and the
-  time until the switch-in, split voluntary (blocked) / preempted;
+- context-switch samples (at most SWITCH_HZ per thread, SWITCH_STACK_BYTES
+  copy) plus ``context_switch`` SWITCH records for every switch: the time
+  until the switch-in, split voluntary (blocked) / preempted, and for the
+  sampled switch-outs the stack, weighted by the switch-outs each stands for;
 - ``syscalls:sys_enter_<name>`` tracepoints for SYSCALLS: the count read
   from the fd, a frequency-limited sample of the calls' stacks for the
   "from the allocator" split;
@@ -38,7 +39,7 @@ from collections import Counter, defaultdict
 from collectors import unwind
 from collectors.errors import AccessDenied, NoSuchProcess
 from collectors.sampler import perf, records
-from collectors.sampler.attribution import ALLOCATOR, APPLICATION, UNKNOWN, Attributor
+from collectors.sampler.attribution import ALLOCATOR, UNKNOWN, Attributor
 from diag import wall
 
 DEFAULT_HZ = 99
