@@ -30,6 +30,20 @@ def exe():
     return targets.build_c("wall_target.c", "-lpthread")
 
 
+TRACEFS = "/sys/kernel/tracing"
+
+
+@pytest.fixture
+def tracefs():
+    """The syscall tracepoints' ids live in tracefs; mount it when absent, as
+    perf itself does (libapi tracefs__mount), or skip saying why."""
+    if not os.path.isdir(os.path.join(TRACEFS, "events")):
+        r = subprocess.run(["mount", "-t", "tracefs", "nodev", TRACEFS], capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            pytest.skip(f"tracefs not mounted and mount failed: {r.stderr.strip()}")
+
+
 class Lines:
     """Collects the target's T lines in a thread (the pipe never fills)."""
 
@@ -164,7 +178,7 @@ def _perf_rates(proc, seconds):
     return out
 
 
-def test_fault_and_syscall_rates_agree_with_perf_stat(exe):
+def test_fault_and_syscall_rates_agree_with_perf_stat(exe, tracefs):
     env = {"MALLOC_MMAP_THRESHOLD_": "131072"}
     with targets.start([exe, "churn", "1"], env=env) as t:
         Lines(t)
@@ -187,7 +201,7 @@ def test_fault_and_syscall_rates_agree_with_perf_stat(exe):
     assert w.syscalls["munmap"].from_allocator_share > 0.9
 
 
-def test_mmap_churn_finding_and_its_knob(exe):
+def test_mmap_churn_finding_and_its_knob(exe, tracefs):
     def churn(threshold):
         with targets.start([exe, "churn", "1"], env={"MALLOC_MMAP_THRESHOLD_": threshold}) as t:
             Lines(t)
@@ -201,7 +215,7 @@ def test_mmap_churn_finding_and_its_knob(exe):
     assert not [f for f in after.findings if f.id == "wall-mmap-churn"]
 
 
-def test_jemalloc_madvise_churn_finding_and_its_knob(exe):
+def test_jemalloc_madvise_churn_finding_and_its_knob(exe, tracefs):
     def churn(conf):
         with targets.start([exe, "churn", "1"], allocator="jemalloc",
                            env={"MALLOC_CONF": conf}) as t:
@@ -279,7 +293,7 @@ def test_unprivileged_user_on_a_root_process_is_told_the_fix(exe):
     assert "CAP_PERFMON" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_unprivileged_user_on_its_own_process_gets_what_it_can(exe):
+def test_unprivileged_user_on_its_own_process_gets_what_it_can(exe, tracefs):
     prog = unpriv.executable(exe)
     code = ("import json, subprocess, time\n"
             "from diag import wall_take\n"
@@ -381,7 +395,7 @@ def test_static_jemalloc_is_attributed_by_name():
     assert hot is None or "alloc_batch" in hot.evidence["sites"]
 
 
-def test_no_allocator_stats_still_gets_cpu_fault_and_syscall_figures(tmp_path):
+def test_no_allocator_stats_still_gets_cpu_fault_and_syscall_figures(tmp_path, tracefs):
     # musl: detected, but no stats interface -> counters missing, the rest measured
     deps.need("musl-gcc")
     exe = tmp_path / "wall_target_musl"
