@@ -169,6 +169,91 @@ EXPORTER_FIELD_ROWS = (
 EXPORTER_BY_NAME = {f.name: f for f in EXPORTER_FIELD_ROWS}
 
 
+# -- the allocation wall (``allocdiag wall``; diag.wall) ---------------------------------
+# Names are the dotted paths of the wall JSON document; looked up with WALL_BY_NAME.
+# ``syscalls.NAME.*`` rows stand for each of diag.wall.SYSCALLS; ``counters.NAME`` for
+# every allocator counter (its own name and source are in the document).
+_SAMPLING = "perf_event_open"
+WALL_FIELD_ROWS = (
+    Field("window.duration_s", "wall", "seconds", "window",
+          "how long the process was sampled (shorter than asked when ended early)",
+          "allocdiag's clock"),
+    Field("window.hz", "wall", "hertz", "rate",
+          "CPU-clock samples per second of each thread's CPU time", "--hz"),
+    Field("window.samples", "wall", "count", "samples",
+          "CPU samples decoded", _SAMPLING + " PERF_COUNT_SW_CPU_CLOCK"),
+    Field("window.lost", "wall", "count", "lost",
+          "records the kernel dropped because a ring was full", "PERF_RECORD_LOST"),
+    Field("window.threads_seen", "wall", "count", "threads",
+          "threads sampled at some point of the window (new ones found by a rescan of "
+          "/proc/PID/task)", "/proc/PID/task"),
+    Field("window.pause_us", "wall", "microseconds", "pause",
+          "each stop of one borrowed thread to read the allocator's counters (window start "
+          "and end); sampling itself stops no thread", "remote call pause_us"),
+    Field("window.missing", "wall", "text", "missing",
+          "figures that could not be measured, with the reason and the fix", "allocdiag"),
+    Field("cpu.allocator_share", "wall", "ratio", "allocator CPU",
+          "share of on-CPU samples whose user stack holds an allocator entry point or "
+          "allocator library frame", _SAMPLING + " user stack + .eh_frame unwind"),
+    Field("cpu.application_share", "wall", "ratio", "application CPU",
+          "share of on-CPU samples outside the allocator (walk complete or reached the "
+          "program's own code)", "derived"),
+    Field("cpu.unknown_share", "wall", "ratio", "unknown CPU",
+          "share of on-CPU samples whose stack walk stopped before it could tell: counted "
+          "neither as allocator nor as application", "derived"),
+    Field("cpu.unwound_share", "wall", "ratio", "unwound",
+          "share of on-CPU samples whose stack walk reached the thread's first frame",
+          ".eh_frame unwind"),
+    Field("cpu.kernel_share", "wall", "ratio", "in kernel",
+          "share of on-CPU samples taken in kernel mode (charged to the user stack at "
+          "kernel entry, so a madvise inside free counts as allocator time)",
+          "PERF_RECORD_MISC_KERNEL"),
+    Field("cpu.allocator_s", "wall", "seconds", "allocator CPU s",
+          "CPU seconds inside the allocator: samples x period x allocator share", "derived"),
+    Field("cpu.by_function", "wall", "ratio", "by function",
+          "allocator CPU by the innermost allocator function a symbol names ('glibc malloc "
+          "(internal)' when stripped glibc has no name for it)", "symbols, debug files"),
+    Field("cpu.by_entry", "wall", "ratio", "by entry",
+          "allocator CPU by the outermost allocator entry point (malloc, free, operator new...)",
+          "symbols"),
+    Field("off_cpu.thread_s", "wall", "seconds", "thread time",
+          "sum over threads of the time each was observed in the window", "allocdiag's clock"),
+    Field("off_cpu.blocked_s", "wall", "seconds", "blocked",
+          "time threads were switched out voluntarily (futex, I/O, sleep), switch-out to "
+          "switch-in, run-queue wait after the wake-up included",
+          _SAMPLING + " PERF_RECORD_SWITCH"),
+    Field("off_cpu.preempted_s", "wall", "seconds", "preempted",
+          "time threads were switched out while still runnable (CPU contention, not waiting)",
+          "PERF_RECORD_MISC_SWITCH_OUT_PREEMPT"),
+    Field("off_cpu.allocator_lock_s", "wall", "seconds", "allocator lock wait",
+          "blocked time whose stack at switch-out holds an allocator frame (arena/mutex "
+          "waits such as __lll_lock_wait_private under malloc)",
+          _SAMPLING + " PERF_COUNT_SW_CONTEXT_SWITCHES user stack"),
+    Field("off_cpu.allocator_lock_share", "wall", "ratio", "allocator lock wait",
+          "allocator_lock_s / thread_s", "derived"),
+    Field("faults.minor_per_s", "wall", "per second", "minor faults/s",
+          "minor page faults per second, all sampled threads", "PERF_COUNT_SW_PAGE_FAULTS_MIN"),
+    Field("faults.major_per_s", "wall", "per second", "major faults/s",
+          "major page faults (disk read) per second", "PERF_COUNT_SW_PAGE_FAULTS_MAJ"),
+    Field("syscalls.NAME.per_s", "wall", "per second", "calls/s",
+          "calls of the syscall per second, all sampled threads",
+          "tracepoint syscalls:sys_enter_NAME"),
+    Field("syscalls.NAME.from_allocator_share", "wall", "ratio", "from allocator",
+          "share of the sampled calls whose user stack holds an allocator frame",
+          "tracepoint samples + .eh_frame unwind"),
+    Field("counters.NAME", "wall", "count", "counter",
+          "one of the allocator's own counters: start, end, delta and per_s over the window",
+          "borrowed call (collectors.livestats)"),
+    Field("sites.allocator_cpu_s", "wall", "seconds", "allocator CPU",
+          "allocator CPU seconds charged to the call site (first frame outside the allocator)",
+          "derived"),
+    Field("sites.lock_wait_s", "wall", "seconds", "lock wait",
+          "allocator lock wait charged to the call site", "derived"),
+)
+
+WALL_BY_NAME = {f.name: f for f in WALL_FIELD_ROWS}
+
+
 # -- findings' evidence -------------------------------------------------------------------
 # Evidence keys are field names (units above) or the derived quantities below,
 # declared here once so every view shows them in their unit.  Keys whose values
@@ -190,9 +275,14 @@ EVIDENCE_UNITS = {
     "dirty_pct_of_resident": _PCT, "idle_pct_of_resident": _PCT, "lazyfree_pct_of_rss": _PCT,
     "outside_pct_of_anon": _PCT, "ratio": "ratio", "narenas": "count", "samples": "count",
     "steps_up": "count", "seconds": "seconds",
+    # the allocation wall's rules (diag.wall_findings)
+    "allocator_lock_share": "ratio", "allocator_lock_s": "seconds", "arenas": "count",
+    "allocator_share": "ratio", "sites_share": "ratio", "mmap_munmap_per_s": "per second",
+    "madvise_per_s": "per second", "faults_per_s": "per second",
+    "dirty_purged_per_s": "per second",
 }
 EVIDENCE_TEXT = frozenset(("background_thread", "cause", "kind", "linkage", "others", "path",
-                           "prefix", "reasons", "requested", "serving"))
+                           "prefix", "reasons", "requested", "serving", "sites"))
 
 
 def evidence_unit(key):
