@@ -377,8 +377,20 @@ def _default_sampler(no_attach):
     return lambda pid: snapshot_mod.take(pid, **kwargs)[0]
 
 
+def _record_wall(rec, wall, pid, seconds, stop):
+    """One wall window of SECONDS written as a wall line; a process that
+    exits during it ends the window (the next snapshot ends the recording)."""
+    from diag import wallfile
+    try:
+        w = wall(pid, seconds, stop)
+    except NoSuchProcess:
+        return
+    if w is not None:
+        rec.write_event(wallfile.EVENT, wallfile.wall_event(w))
+
+
 def record(pid, path, interval=2.0, duration=None, progress_cb=None, no_attach=False,
-           sampler=None, stop=None, events=()):
+           sampler=None, stop=None, events=(), wall=None):
     """Sample PID every INTERVAL seconds into the recording PATH.
 
     Stops after DURATION seconds (None: until interrupted or the process
@@ -391,6 +403,10 @@ def record(pid, path, interval=2.0, duration=None, progress_cb=None, no_attach=F
     or past AT_S seconds into the recording, ``fn(pid)`` is called once and
     the ``(kind, doc)`` it returns is written as an event line (e.g. a
     release: ``lambda pid: ("release", release_event(actions.release(pid)))``).
+    WALL (``record --wall``): ``wall(pid, seconds, stop) -> diag.wall.Wall``
+    samples the process's allocation wall; it is called instead of sleeping
+    between two samples, so the windows cover the recording, and each is
+    written as a wall line (diag.wallfile) after the snapshot it follows.
     """
     sampler = sampler or _default_sampler(no_attach)
     pending = sorted(events, key=lambda e: e[0])
@@ -416,6 +432,9 @@ def record(pid, path, interval=2.0, duration=None, progress_cb=None, no_attach=F
                 break
             if stop is not None and stop():
                 break
+            if wall is not None and next_at > now:
+                _record_wall(rec, wall, pid, next_at - now, stop)
+                now = time.monotonic()
             if next_at > now:
                 time.sleep(next_at - now)
             else:

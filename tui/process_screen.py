@@ -22,6 +22,7 @@ from collectors.errors import AccessDenied, NoSuchProcess
 from tui import layers
 from tui import process_tabs as tabs
 from tui.heap_tab import HeapTab
+from tui.wall_tab import WallTab
 from tui.process_tabs import FindingsPane
 from tui.widgets import HistoryLegend, LayerHistory, NativeTables, StackPanel, ViewStatic, ViewTable
 
@@ -53,6 +54,7 @@ class ProcessScreen(Screen):
         Binding("3", "tab('findings')", "Findings", show=False),
         Binding("4", "tab('process')", "Process", show=False),
         Binding("5", "tab('heap')", "Heap", show=False),
+        Binding("6", "tab('wall')", "Time", show=False),
         # the Heap tab's keys, offered while it is the active tab
         Binding("s", "heap('status')", "Heap start"),
         Binding("d", "heap('dump')", "Dump"),
@@ -124,6 +126,8 @@ class ProcessScreen(Screen):
                                     cursor_type="none").data_bind(bound)
             with TabPane("Heap", id="heap"):
                 yield HeapTab(self.source, self._source_lock, id="heap-tab")
+            with TabPane("Time", id="wall"):
+                yield WallTab(self.source, id="wall-tab").data_bind(bound)
         yield Static("", id="proc-status", classes="status")
         yield Footer()
 
@@ -314,6 +318,12 @@ class ProcessScreen(Screen):
     @on(TabbedContent.TabActivated, "#tabs")
     def _tab_activated(self, event):
         self.refresh_bindings()     # the Heap tab's keys come and go with it
+        # the Time tab samples only while it is open
+        wall = self.query_one(WallTab)
+        if self._active_tab() == "wall" and self.ended is None:
+            wall.start()
+        else:
+            wall.stop()
 
     def action_heap(self, what):
         self.query_one(HeapTab).request(what)
