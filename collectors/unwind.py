@@ -38,7 +38,8 @@ from elftools.elf.elffile import ELFFile
 from collectors import elf
 from collectors.ranges import Ranges
 
-__all__ = ["UnwindError", "CfiTable", "Frame", "Unwinder", "cfi_table", "DWARF_REGS"]
+__all__ = ["UnwindError", "CfiTable", "Frame", "Unwinder", "cfi_table", "DWARF_REGS",
+           "PagedMemory", "StackCopy", "BeyondCopy", "Walk"]
 
 # DWARF register numbers of x86-64 (System V psABI, figure 3.36) -> the
 # user_regs_struct field.  16 is the return address column.
@@ -256,9 +257,10 @@ class _Mapping:
         self.bias = None
 
 
-class _StackCache:
-    """Stack words read page by page: a walk reads a handful of pages, not one
-    syscall per saved register."""
+class PagedMemory:
+    """Stack words of a live process read page by page through READ(addr, n)
+    (bytes or None): a walk reads a handful of pages, not one syscall per
+    saved register.  The memory reader a walk uses by default."""
 
     def __init__(self, read):
         self._read = read
@@ -284,6 +286,35 @@ class _StackCache:
         return data[off:off + n]
 
 
+_StackCache = PagedMemory       # the old name
+
+
+class BeyondCopy(UnwindError):
+    """A walk needed a stack word outside a sampled stack copy."""
+
+
+class StackCopy:
+    """Stack words from a copy of a thread's stack taken at a sample
+    (perf's PERF_SAMPLE_STACK_USER: DATA holds the bytes from address BASE,
+    the sampled sp, upward).  A word outside the copy is read from FALLBACK
+    (another reader, e.g. PagedMemory over /proc/PID/mem: stale by then,
+    right for outer frames that have not returned) or raises BeyondCopy, so
+    ``Unwinder.walk(..., tolerant=True)`` ends the walk there quietly."""
+
+    __slots__ = ("base", "data", "fallback")
+
+    def __init__(self, base, data, fallback=None):
+        self.base, self.data, self.fallback = base, data, fallback
+
+    def word(self, addr):
+        off = addr - self.base
+        if 0 <= off and off + WORD <= len(self.data):
+            return int.from_bytes(self.data[off:off + WORD], "little")
+        if self.fallback is not None:
+            return self.fallback.word(addr)
+        raise BeyondCopy(f"stack word at {addr:#x} beyond the sampled copy")
+
+
 class Unwinder:
     """Walks threads of one process.  ``maps_text`` is /proc/PID/maps text;
     ``read(addr, n)`` returns bytes or None (process memory); ``procfs`` and
@@ -307,6 +338,11 @@ class Unwinder:
         self._maps = maps
         self.mapping = Ranges((m.start, m.end, m) for m in maps)   # pc -> _Mapping or None
 
+    def object_starts(self):
+        """The first address of each executable file mapping (to load tables
+        ahead of a walk)."""
+        return [m.start for m in self._maps]
+
     def _bias(self, m):
         if m.bias is None:
             try:
@@ -329,17 +365,37 @@ class Unwinder:
             raise t
         return t
 
-    def walk(self, regs, *, parse=False, partial=False):
+    def walk(self, regs, *, parse=False, partial=False, memory=None, tolerant=False,
+             max_frames=MAX_FRAMES):
         """Frames from REGS ({DWARF regnum: value}; at least rip and rsp)
         outward to the thread's first frame.  ``parse=False``: use only
         tables parsed already (raises NeedsParse naming the object that is
         missing).  ``partial=True``: stop quietly (instead of raising) when a
         register the rules need is unknown -- for a look-ahead walk from
-        /proc/PID/task/TID/syscall, which gives only pc and sp."""
-        regs = dict(regs)
-        stack = _StackCache(self._read)
+        /proc/PID/task/TID/syscall, which gives only pc and sp.  ``memory``:
+        the reader of stack words (an object with ``word(addr)``; default
+        PagedMemory over the process memory given to the constructor; a
+        StackCopy for a sampled stack).  ``tolerant=True``: never raise;
+        return a Walk (the frames found, whether the walk reached the
+        thread's first frame, and why it stopped) -- a walk that raises would
+        lose every frame it found.  ``max_frames``: stop (complete=False)
+        after that many frames."""
+        if tolerant:
+            frames = []
+            try:
+                complete = self._walk(regs, parse, partial, memory, frames, max_frames)
+            except UnwindError as exc:
+                return Walk(frames, False, str(exc))
+            return Walk(frames, complete, None)
         frames = []
-        for depth in range(MAX_FRAMES):
+        self._walk(regs, parse, partial, memory, frames, MAX_FRAMES)
+        return frames
+
+    def _walk(self, regs, parse, partial, memory, frames, max_frames):
+        """Appends to FRAMES; True when the walk reached the thread's first frame."""
+        regs = dict(regs)
+        stack = memory if memory is not None else PagedMemory(self._read)
+        for depth in range(max_frames):
             pc = regs.get(RA)
             if pc is None:
                 raise UnwindError("return address unknown")
@@ -359,7 +415,7 @@ class Unwinder:
             if base is None:
                 if partial:
                     frames.append(Frame(pc, m.path, vaddr, None))
-                    return frames
+                    return False
                 raise UnwindError(f"register {DWARF_REGS.get(cfa_rule.reg)} unknown at "
                                   f"{os.path.basename(m.path)}+{vaddr:#x}")
             cfa = (base + cfa_rule.offset) & ((1 << 64) - 1)
@@ -382,7 +438,7 @@ class Unwinder:
                 elif t == RegisterRule.UNDEFINED:
                     new.pop(reg, None)
                     if reg == RA:
-                        return frames          # the outermost frame (_start, clone3)
+                        return True            # the outermost frame (_start, clone3)
                 else:
                     raise UnwindError(f"register rule {t} at "
                                       f"{os.path.basename(m.path)}+{vaddr:#x}")
@@ -392,10 +448,12 @@ class Unwinder:
                                   f"{os.path.basename(m.path)}+{vaddr:#x}")
             new[RSP] = cfa
             if not new.get(RA):
-                return frames                  # return address 0: end of stack
+                return True                    # return address 0: end of stack
             if cfa <= regs[RSP]:
                 raise UnwindError(f"stack does not grow outward at frame {depth}")
             regs = new
+        if max_frames < MAX_FRAMES:
+            return False
         raise UnwindError(f"more than {MAX_FRAMES} frames")
 
     def prepare(self, pc, sp):
@@ -407,6 +465,17 @@ class Unwinder:
             return self.walk({RA: pc, RSP: sp}, parse=True, partial=True)
         except UnwindError:
             return []
+
+
+class Walk:
+    """A tolerant walk's result: ``frames`` found (innermost first),
+    ``complete`` (reached the thread's first frame), ``error`` (why it
+    stopped early, or None)."""
+
+    __slots__ = ("frames", "complete", "error")
+
+    def __init__(self, frames, complete, error):
+        self.frames, self.complete, self.error = frames, complete, error
 
 
 class NeedsParse(UnwindError):

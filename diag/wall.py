@@ -171,6 +171,9 @@ class OffCpu:
     allocator_lock_s: float = 0.0   # blocked with an allocator frame on the stack
     allocator_lock_switches: int = 0
     by_function: tuple = ()         # (FunctionTime, ...): the wait's allocator frame
+    # switch-outs whose stack was looked at; the allocator_lock_* figures are
+    # those intervals scaled by all / sampled (exact when equal)
+    switches_sampled: int = 0
 
     @property
     def allocator_lock_share(self):
@@ -189,6 +192,7 @@ class OffCpu:
                 "allocator_lock_s": _round(self.allocator_lock_s),
                 "allocator_lock_share": _round(self.allocator_lock_share),
                 "allocator_lock_switches": self.allocator_lock_switches,
+                "switches_sampled": self.switches_sampled,
                 "by_function": [f.to_json() for f in self.by_function]}
 
 

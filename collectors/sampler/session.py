@@ -1,0 +1,600 @@
+"""One sampling window over every thread of a process (issue 20 item 2).
+
+Per thread (``pid = tid, cpu = -1``; reference/cpu-wall.md "Covering every
+thread": an inherited per-task event cannot have a ring, and a per-task ring
+takes only its own task's events), all sharing the thread's one ring through
+PERF_EVENT_IOC_SET_OUTPUT:
+
+- CPU-clock samples at HZ with the user registers and a STACK_BYTES copy of
+  the user stack (unwound with collectors.unwind, CFI parsed once per file);
+- context-switch samples (period 1, SWITCH_STACK_BYTES copy) plus
+  ``context_switch`` SWITCH records: the stack at every switch-out and the
+  time until the switch-in, split voluntary (blocked) / preempted;
+- ``syscalls:sys_enter_<name>`` tracepoints for SYSCALLS: the count read
+  from the fd, a frequency-limited sample of the calls' stacks for the
+  "from the allocator" split;
+- counting events for minor and major page faults (no ring).
+
+Threads created during the window are found by a rescan of /proc/PID/task
+every RESCAN_S (each new thread's first <= RESCAN_S is not seen; the
+reference measured per-CPU inherit as the alternative, which needs a ring
+per CPU and sees other processes' records filtered only by pid).  Rings are
+drained every DRAIN_S.  Memory is bounded whatever the duration: stacks,
+sites and caches are capped (MAX_STACKS, MAX_SITES, MAX_CACHE) and overflow
+into an "[other]" bucket.
+
+Switch samples can arrive at tens of thousands per second under lock
+contention; each one's classification is cached by the first CACHE_FRAMES
+pcs of its stack (a short walk), so only new stack prefixes pay for a full
+walk and symbolization.
+"""
+
+import errno
+import os
+import resource
+import time
+from collections import Counter, defaultdict
+
+from collectors import unwind
+from collectors.errors import AccessDenied, NoSuchProcess
+from collectors.sampler import perf, records
+from collectors.sampler.attribution import ALLOCATOR, APPLICATION, UNKNOWN, Attributor
+from diag import wall
+
+DEFAULT_HZ = 99
+STACK_BYTES = 16384             # reference: covers the outermost allocator frame in 100 %
+SWITCH_STACK_BYTES = 2048       # enough to pass __lll_lock_wait* and reach malloc/free
+# Switch-outs whose stack is copied, per second per thread at most (frequency
+# mode): every SWITCH record (32 bytes) still times every interval, the
+# stacks of a sample of them say which were allocator waits.  Period 1 under
+# arena contention (27k switch-outs/s here) lost 40,000 records in 2 s and
+# cost the reader 29 % of a core.
+SWITCH_HZ = 200
+SYSCALL_STACK_BYTES = 8192
+SYSCALL_HZ = 200                # sampled calls per second per thread and syscall, at most
+RING_PAGES = 256                # 1 MiB per thread: kept up with 999 Hz x 16 KiB
+DRAIN_S = 0.05
+RESCAN_S = 0.2
+MAX_THREADS = 512
+MAX_STACKS = 4096
+MAX_SITES = 1024
+MAX_CACHE = 50000
+CACHE_FRAMES = 4
+OTHER = "[other]"
+_SAMPLE_TYPE = (perf.PERF_SAMPLE_IDENTIFIER | perf.PERF_SAMPLE_IP | perf.PERF_SAMPLE_TID |
+                perf.PERF_SAMPLE_TIME | perf.PERF_SAMPLE_PERIOD | perf.PERF_SAMPLE_REGS_USER |
+                perf.PERF_SAMPLE_STACK_USER)
+_BASE_FLAGS = perf.F_DISABLED | perf.F_SAMPLE_ID_ALL | perf.F_USE_CLOCKID | perf.F_EXCLUDE_HV
+CPU, SWITCH = "cpu", "switch"
+TRACEFS_FIX = ("mount tracefs and run as root: mount -t tracefs nodev /sys/kernel/tracing "
+               "(its events/*/id files are readable by root only)")
+
+
+class _Thread:
+    __slots__ = ("tid", "fds", "ring", "faults", "syscalls", "start_ns", "end_ns",
+                 "out_ns", "out_preempt", "out_cls", "pending")
+
+    def __init__(self, tid, start_ns):
+        self.tid, self.start_ns, self.end_ns = tid, start_ns, None
+        self.fds, self.ring = [], None
+        self.faults = {}            # "minor"/"major" -> fd
+        self.syscalls = {}          # name -> fd
+        self.out_ns = None          # switched out since (SWITCH out record)
+        self.out_preempt = False
+        self.out_cls = None         # the attribution of the switch-out stack
+        self.pending = None         # a switch sample that came before its SWITCH record
+
+
+class Session:
+    """Sampling of PID.  ``start()``, then ``poll()`` until done, then
+    ``stop()`` and ``result()``; or ``run(duration_s)``."""
+
+    def __init__(self, pid, hz=DEFAULT_HZ, procfs="/proc", switches=True,
+                 syscalls=wall.SYSCALLS):
+        self.pid, self.hz, self.procfs = pid, hz, procfs
+        self.want_switches, self.want_syscalls = switches, tuple(syscalls)
+        self.threads = {}
+        self.by_ident = {}          # event id -> (kind, syscall name or None)
+        self.missing = {}           # figure -> wall.Missing
+        self.exclude_kernel = False
+        self.lost = 0
+        self.samples = self.switch_samples = 0
+        self.exited = 0
+        self.tp_ids = {}
+        # aggregates
+        self.cpu_ns = 0
+        self.cpu = Counter()          # ALLOCATOR / APPLICATION / UNKNOWN -> samples
+        self.cpu_unwound = self.cpu_kernel = 0
+        self.cpu_fn = Counter()       # allocator function -> samples
+        self.cpu_entry = Counter()
+        self.site_cpu = Counter()     # site -> samples
+        self.site_entry = defaultdict(Counter)
+        self.site_frames = {}
+        self.site_lock_ns = Counter()
+        self.site_lock_n = Counter()
+        self.stacks = Counter()       # (kind, allocator, folded) -> weight
+        self.blocked_ns = self.preempted_ns = 0
+        self.blocked_n = self.preempted_n = 0
+        self.switches_sampled = 0
+        self.lock_ns = 0
+        self.lock_n = 0
+        self.lock_fn = Counter()      # leaf function -> ns
+        self.lock_fn_n = Counter()
+        self.sys_sampled = Counter()
+        self.sys_alloc = Counter()
+        self.sys_unknown = Counter()
+        self.final_counts = defaultdict(int)   # faults/syscalls of closed threads
+        self._cache = {}
+        self._mem_fd = None
+        self._last_scan = 0.0
+        self.t0_ns = self.t1_ns = None
+        self.start_wall = None
+        self._rusage0 = None
+        self.reader_cpu_s = None
+
+    # -- setup ---------------------------------------------------------------
+    def start(self):
+        pid = self.pid
+        try:
+            with open(os.path.join(self.procfs, str(pid), "maps"), "rb") as f:
+                maps = f.read().decode("utf-8", "surrogateescape")
+        except FileNotFoundError:
+            raise NoSuchProcess(pid) from None
+        except PermissionError:
+            raise AccessDenied(pid, msg=f"cannot read /proc/{pid}/maps",
+                               remediation=perf.PERMISSION_FIX) from None
+        try:
+            self._mem_fd = os.open(os.path.join(self.procfs, str(pid), "mem"), os.O_RDONLY)
+        except OSError:
+            self._mem_fd = None        # words beyond a stack copy then end the walk
+        self.unwinder = unwind.Unwinder(pid, maps, self._read_mem, self.procfs)
+        self.attributor = Attributor(pid, maps, self.procfs)
+        self._prewarm()
+        if self.want_syscalls:
+            self._tracepoints()
+        self._rusage0 = resource.getrusage(resource.RUSAGE_SELF)
+        self.start_wall = time.time()
+        self.t0_ns = time.monotonic_ns()
+        self._scan(first=True)
+        if not self.threads:
+            raise NoSuchProcess(pid)
+        self._last_scan = time.monotonic()
+
+    def _prewarm(self):
+        """Parse the CFI and symbol tables of every mapped object now, before
+        the rings fill: the first classification otherwise pays for them
+        (libc's debug file: ~0.3 s) while records pile up."""
+        for pc in self.unwinder.object_starts():
+            try:
+                self.unwinder.walk({unwind.RA: pc, unwind.RSP: 0}, parse=True, tolerant=True,
+                                   max_frames=1)
+            except Exception:       # a broken object only costs its own frames later
+                pass
+            self.attributor.name(pc)
+
+    def _tracepoints(self):
+        for name in self.want_syscalls:
+            try:
+                self.tp_ids[name] = perf.tracepoint_id(f"sys_enter_{name}")
+            except PermissionError:
+                self._miss("syscalls", "tracefs event ids are readable by root only",
+                           TRACEFS_FIX)
+                self.tp_ids.clear()
+                return
+            except (FileNotFoundError, ValueError):
+                self._miss("syscalls", "tracefs is not mounted (no syscalls:sys_enter_* ids)",
+                           TRACEFS_FIX)
+                self.tp_ids.clear()
+                return
+
+    def _miss(self, figure, reason, fix=None):
+        self.missing.setdefault(figure, wall.Missing(figure, reason, fix))
+
+    def _read_mem(self, addr, n):
+        if self._mem_fd is None:
+            return None
+        try:
+            return os.pread(self._mem_fd, n, addr)
+        except OSError:
+            return None
+
+    def _tids(self):
+        try:
+            return {int(t) for t in os.listdir(os.path.join(self.procfs, str(self.pid), "task"))}
+        except FileNotFoundError:
+            return set()
+        except PermissionError:
+            raise AccessDenied(self.pid, msg=f"cannot list /proc/{self.pid}/task",
+                               remediation=perf.PERMISSION_FIX) from None
+
+    def _scan(self, first=False):
+        tids = self._tids()
+        now = time.monotonic_ns()
+        for tid in list(self.threads):
+            t = self.threads[tid]
+            if t.end_ns is None and tid not in tids:
+                self._retire(t, now)
+        for tid in sorted(tids - set(self.threads)):
+            if len(self.threads) >= MAX_THREADS:
+                self._miss("window.threads_seen", f"more than {MAX_THREADS} threads: the "
+                           "others are not sampled")
+                break
+            self._open_thread(tid, now, first)
+
+    def _open(self, buf, tid, what, figure):
+        """An event fd, or None with the figure marked missing (ESRCH: the
+        thread is gone, nothing missing)."""
+        try:
+            return perf.open_event(buf, tid)
+        except perf.PerfError as exc:
+            if exc.errno == errno.ESRCH:
+                return None
+            if exc.errno in (errno.EACCES, errno.EPERM) and not self.exclude_kernel:
+                # paranoid 2 lets a user sample its own processes in user mode only
+                self.exclude_kernel = True
+                self._miss("cpu.kernel_share", "kernel-mode samples not allowed "
+                           f"({exc.strerror}): time in the kernel is not sampled",
+                           perf.PERMISSION_FIX)
+                return self._open(_with_exclude_kernel(buf), tid, what, figure)
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                self._miss(figure, f"perf_event_open refused {what}: {exc.strerror}",
+                           perf.PERMISSION_FIX)
+            elif exc.errno == errno.EMFILE:
+                self._miss(figure, f"out of file descriptors opening {what}",
+                           "raise the open-files limit (ulimit -n)")
+            else:
+                self._miss(figure, f"the kernel refused {what}: {exc.strerror}")
+            return None
+
+    def _flags(self, extra=0):
+        return _BASE_FLAGS | extra | (perf.F_EXCLUDE_KERNEL if self.exclude_kernel else 0)
+
+    def _open_thread(self, tid, now, first):
+        t = _Thread(tid, now)
+        rings = []
+
+        def sampling(buf, kind, name, figure, what):
+            fd = self._open(buf, tid, what, figure)
+            if fd is None:
+                return None
+            t.fds.append(fd)
+            try:
+                if t.ring is None:
+                    t.ring = perf.Ring(fd, RING_PAGES)
+                    rings.append(fd)
+                else:
+                    perf.ioctl(fd, perf.PERF_EVENT_IOC_SET_OUTPUT, rings[0])
+                self.by_ident[perf.event_id(fd)] = (kind, name)
+            except (OSError, ValueError) as exc:
+                self._miss(figure, f"no ring for {what}: {exc}",
+                           "raise kernel.perf_event_mlock_kb or RLIMIT_MEMLOCK")
+                return None
+            return fd
+
+        if self.hz:
+            sampling(perf.attr(perf.PERF_TYPE_SOFTWARE, perf.PERF_COUNT_SW_CPU_CLOCK,
+                               freq=self.hz, sample_type=_SAMPLE_TYPE, flags=self._flags(),
+                               regs_user=perf.REGS_MASK, stack_user=STACK_BYTES),
+                     CPU, None, "cpu", "CPU-clock sampling")
+        if self.want_switches:
+            sampling(perf.attr(perf.PERF_TYPE_SOFTWARE, perf.PERF_COUNT_SW_CONTEXT_SWITCHES,
+                               freq=SWITCH_HZ, sample_type=_SAMPLE_TYPE,
+                               flags=self._flags(perf.F_CONTEXT_SWITCH),
+                               regs_user=perf.REGS_MASK, stack_user=SWITCH_STACK_BYTES),
+                     SWITCH, None, "off_cpu", "context-switch sampling")
+        for name, tp in self.tp_ids.items():
+            fd = sampling(perf.attr(perf.PERF_TYPE_TRACEPOINT, tp, freq=SYSCALL_HZ,
+                                    sample_type=_SAMPLE_TYPE, flags=self._flags(),
+                                    regs_user=perf.REGS_MASK, stack_user=SYSCALL_STACK_BYTES),
+                          "syscall", name, f"syscalls.{name}", f"the {name} tracepoint")
+            if fd is not None:
+                t.syscalls[name] = fd
+        for kind, config in (("minor", perf.PERF_COUNT_SW_PAGE_FAULTS_MIN),
+                             ("major", perf.PERF_COUNT_SW_PAGE_FAULTS_MAJ)):
+            fd = self._open(perf.attr(perf.PERF_TYPE_SOFTWARE, config, flags=self._flags()),
+                            tid, f"{kind} page-fault counting", f"faults.{kind}_per_s")
+            if fd is not None:
+                t.fds.append(fd)
+                t.faults[kind] = fd
+        if not t.fds:
+            return
+        for fd in t.fds:
+            try:
+                perf.ioctl(fd, perf.PERF_EVENT_IOC_ENABLE)
+            except perf.PerfError:
+                pass
+        self.threads[tid] = t
+
+    # -- the loop --------------------------------------------------------------
+    def poll(self):
+        """Drain every ring; rescan threads when due.  False once the process is gone."""
+        for t in list(self.threads.values()):
+            if t.ring is not None:
+                self._consume(t, t.ring.drain())
+        if time.monotonic() - self._last_scan >= RESCAN_S:
+            self._last_scan = time.monotonic()
+            self._scan()
+        return any(t.end_ns is None for t in self.threads.values())
+
+    def _retire(self, t, now):
+        if t.ring is not None:
+            self._consume(t, t.ring.drain())
+        self._close_interval(t, now)
+        t.end_ns = now
+        self.exited += 1
+        self._close_thread(t)
+
+    def _close_thread(self, t):
+        for kind, fd in t.faults.items():
+            self.final_counts["fault:" + kind] += perf.read_count(fd) or 0
+        for name, fd in t.syscalls.items():
+            self.final_counts["sys:" + name] += perf.read_count(fd) or 0
+        if t.ring is not None:
+            t.ring.close()
+        for fd in t.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        t.fds, t.faults, t.syscalls, t.ring = [], {}, {}, None
+
+    def stop(self):
+        """Disable, drain and close everything; fix the window's end."""
+        now = time.monotonic_ns()
+        for t in self.threads.values():
+            for fd in t.fds:
+                try:
+                    perf.ioctl(fd, perf.PERF_EVENT_IOC_DISABLE)
+                except perf.PerfError:
+                    pass
+        for t in self.threads.values():
+            if t.end_ns is None:
+                if t.ring is not None:
+                    self._consume(t, t.ring.drain())
+                self._close_interval(t, now)
+                t.end_ns = now
+                self._close_thread(t)
+        self.t1_ns = now
+        if self._mem_fd is not None:
+            os.close(self._mem_fd)
+            self._mem_fd = None
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        if self._rusage0 is not None:
+            self.reader_cpu_s = (r.ru_utime + r.ru_stime -
+                                 self._rusage0.ru_utime - self._rusage0.ru_stime)
+
+    # -- records -------------------------------------------------------------------
+    def _consume(self, t, data):
+        if not data:
+            return
+        for rec in records.decode(data):
+            if type(rec) is records.Sample:
+                kind, name = self.by_ident.get(rec.ident, (None, None))
+                if kind == CPU:
+                    self._cpu_sample(rec)
+                elif kind == SWITCH:
+                    self._switch_sample(t, rec)
+                elif kind == "syscall":
+                    self._syscall_sample(name, rec)
+            elif type(rec) is records.Switch:
+                self._switch(t, rec)
+            else:
+                self.lost += rec.count
+
+    def _attribute(self, rec, fallback, cache_prefix):
+        """Attribution of a sample's stack (None without registers)."""
+        if rec.regs is None:
+            return None
+        memory = unwind.StackCopy(*rec.stack) if rec.stack else None
+        if memory is not None and fallback and self._mem_fd is not None:
+            memory.fallback = unwind.PagedMemory(self._read_mem)
+        key = None
+        if cache_prefix:
+            head = self.unwinder.walk(rec.regs, parse=True, memory=memory, tolerant=True,
+                                      max_frames=CACHE_FRAMES)
+            key = tuple(f.pc for f in head.frames) or (rec.ip,)
+            if head.complete:
+                key += ("end",)
+            hit = self._cache.get(key)
+            if hit is not None:
+                return hit
+        w = self.unwinder.walk(rec.regs, parse=True, memory=memory, tolerant=True)
+        pcs = [f.pc for f in w.frames] or [rec.ip]
+        if key is None:
+            key = (tuple(pcs), w.complete)
+            hit = self._cache.get(key)
+            if hit is not None:
+                return hit
+        a = self.attributor.classify(pcs, w.complete)
+        if len(self._cache) < MAX_CACHE:
+            self._cache[key] = (a, w.complete)
+        return a, w.complete
+
+    def _cpu_sample(self, rec):
+        self.samples += 1
+        self.cpu_ns += rec.period
+        if rec.kernel:
+            self.cpu_kernel += 1
+        got = self._attribute(rec, True, False)
+        if got is None:
+            self.cpu[UNKNOWN] += 1
+            self._stack(CPU, False, ("[no user registers]",), 1)
+            return
+        a, complete = got
+        if complete:
+            self.cpu_unwound += 1
+        self.cpu[a.cls] += 1
+        self._stack(CPU, a.cls == ALLOCATOR, a.folded, 1)
+        if a.cls == ALLOCATOR:
+            self.cpu_fn[a.function] += 1
+            self.cpu_entry[a.entry] += 1
+            site = self._site(a)
+            self.site_cpu[site] += 1
+            self.site_entry[site][a.entry] += 1
+
+    def _site(self, a):
+        site = a.site
+        if site not in self.site_frames:
+            if len(self.site_frames) >= MAX_SITES:
+                return OTHER
+            self.site_frames[site] = a.site_frames
+        return site
+
+    def _stack(self, kind, alloc, folded, weight):
+        key = (kind, alloc, folded)
+        if key not in self.stacks and len(self.stacks) >= MAX_STACKS:
+            key = (kind, alloc, (OTHER,))
+        self.stacks[key] += weight
+
+    def _switch_sample(self, t, rec):
+        self.switch_samples += 1
+        got = self._attribute(rec, False, True)
+        # The kernel emits the switch sample before the SWITCH-out record
+        # (perf_event_task_sched_out: __perf_sw_event_sched, then
+        # __perf_event_task_sched_out -> perf_event_switch).
+        t.pending = ((got[0] if got else None), max(1, rec.period))
+
+    def _switch(self, t, rec):
+        if rec.out:
+            self._close_interval(t, rec.time)
+            t.out_ns, t.out_preempt = rec.time, rec.preempt
+            t.out_cls, t.pending = t.pending, None
+        else:
+            self._close_interval(t, rec.time)
+
+    def _close_interval(self, t, now_ns):
+        if t.out_ns is None:
+            return
+        dt = max(0, now_ns - max(t.out_ns, self.t0_ns))
+        # a sampled switch-out stands for PERIOD switch-outs (frequency mode)
+        a, weight = t.out_cls if t.out_cls is not None else (None, 0)
+        t.out_ns, t.out_cls = None, None
+        self.switches_sampled += weight > 0
+        if t.out_preempt:
+            self.preempted_ns += dt
+            self.preempted_n += 1
+            return
+        self.blocked_ns += dt
+        self.blocked_n += 1
+        if a is not None:
+            self._stack("off_cpu", a.cls == ALLOCATOR, a.folded, dt // 1000)
+        if a is not None and a.cls == ALLOCATOR:
+            self.lock_ns += dt * weight
+            self.lock_n += weight
+            self.lock_fn[a.function] += dt * weight
+            self.lock_fn_n[a.function] += weight
+            site = self._site(a)
+            self.site_lock_ns[site] += dt * weight
+            self.site_lock_n[site] += weight
+            self.site_entry[site][a.entry] += 0
+
+    def _syscall_sample(self, name, rec):
+        got = self._attribute(rec, True, True)
+        self.sys_sampled[name] += 1
+        if got is None or got[0].cls == UNKNOWN:
+            self.sys_unknown[name] += 1
+        elif got[0].cls == ALLOCATOR:
+            self.sys_alloc[name] += 1
+
+    # -- the result ------------------------------------------------------------
+    def run(self, duration_s, tick=None):
+        """start(), poll for DURATION_S (Ctrl-C ends early), stop(); returns
+        the way the window ended (diag.wall COMPLETE / INTERRUPTED / EXITED)."""
+        self.start()
+        ended = wall.COMPLETE
+        deadline = time.monotonic() + duration_s
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                time.sleep(min(DRAIN_S, left))
+                if not self.poll():
+                    ended = wall.EXITED
+                    break
+                if tick is not None:
+                    tick(duration_s - max(0.0, deadline - time.monotonic()))
+        except KeyboardInterrupt:
+            ended = wall.INTERRUPTED
+        finally:
+            self.stop()
+        return ended
+
+    def _count(self, key):
+        """A counter summed over every closed thread, None when none had it."""
+        return self.final_counts.get(key)
+
+    def window(self, requested_s, ended, comm=None, allocator=None, extra_missing=()):
+        duration = ((self.t1_ns or time.monotonic_ns()) - self.t0_ns) / 1e9
+        return wall.Window(
+            pid=self.pid, start=self.start_wall, duration_s=duration, requested_s=requested_s,
+            hz=self.hz, samples=self.samples, switch_samples=self.switch_samples,
+            lost=self.lost, threads_seen=len(self.threads), threads_exited=self.exited,
+            ended=ended, comm=comm, allocator=allocator, reader_cpu_s=self.reader_cpu_s,
+            missing=tuple(self.missing.values()) + tuple(extra_missing))
+
+    def parts(self):
+        """(cpu, off_cpu, faults, syscalls, sites, stacks) for diag.wall.Wall."""
+        duration = ((self.t1_ns or time.monotonic_ns()) - self.t0_ns) / 1e9
+        secs = self.cpu_ns / 1e9
+        per_sample = secs / self.samples if self.samples else 0.0
+
+        def fn_times(counter, total_samples, scale):
+            return tuple(wall.FunctionTime(f, n, n * scale, n / total_samples)
+                         for f, n in counter.most_common())
+
+        cpu = None
+        if "cpu" not in self.missing or self.samples:
+            cpu = wall.Cpu(samples=self.samples, seconds=secs,
+                           allocator_samples=self.cpu[ALLOCATOR],
+                           unknown_samples=self.cpu[UNKNOWN], unwound_samples=self.cpu_unwound,
+                           kernel_samples=self.cpu_kernel,
+                           by_function=fn_times(self.cpu_fn, self.samples or 1, per_sample),
+                           by_entry=fn_times(self.cpu_entry, self.samples or 1, per_sample))
+        thread_s = sum(((t.end_ns or self.t1_ns) - max(t.start_ns, self.t0_ns)) / 1e9
+                       for t in self.threads.values())
+        off = None
+        if "off_cpu" not in self.missing:
+            # Lock time: each sampled switch-out's interval weighted by the
+            # switch-outs its sample stands for (exact at period 1).
+            scale = min(1.0, self.blocked_ns / self.lock_ns) if self.lock_ns else 1.0
+            off = wall.OffCpu(
+                thread_s=thread_s, blocked_s=self.blocked_ns / 1e9,
+                preempted_s=self.preempted_ns / 1e9, blocked_switches=self.blocked_n,
+                preempted_switches=self.preempted_n,
+                allocator_lock_s=self.lock_ns * scale / 1e9,
+                allocator_lock_switches=self.lock_n,
+                switches_sampled=self.switches_sampled,
+                by_function=tuple(wall.FunctionTime(f, self.lock_fn_n[f], ns * scale / 1e9,
+                                                    ns * scale / 1e9 / thread_s if thread_s
+                                                    else 0.0)
+                                  for f, ns in self.lock_fn.most_common()))
+        faults = wall.Faults(minor=self._count("fault:minor"), major=self._count("fault:major"),
+                             duration_s=duration)
+        syscalls = {}
+        for name in self.want_syscalls:
+            syscalls[name] = wall.SyscallRate(
+                name, count=self._count("sys:" + name),
+                duration_s=duration, sampled=self.sys_sampled[name],
+                from_allocator=self.sys_alloc[name], unknown=self.sys_unknown[name])
+        names = set(self.site_cpu) | set(self.site_lock_ns)
+        sites = sorted(
+            (wall.Site(function=s, frames=self.site_frames.get(s, ()),
+                       entry=(self.site_entry[s].most_common(1)[0][0]
+                              if self.site_entry[s] else None),
+                       allocator_samples=self.site_cpu[s],
+                       allocator_cpu_s=self.site_cpu[s] * per_sample,
+                       lock_wait_s=self.site_lock_ns[s] * scale / 1e9,
+                       lock_switches=self.site_lock_n[s])
+             for s in names),
+            key=lambda s: -(s.allocator_cpu_s + s.lock_wait_s))
+        stacks = tuple(wall.Stack(folded, w, kind, alloc)
+                       for (kind, alloc, folded), w in self.stacks.most_common() if w > 0)
+        return cpu, off, faults, syscalls, tuple(sites), stacks
+
+
+def _with_exclude_kernel(buf):
+    import struct
+    flags, = struct.unpack_from("<Q", buf, 40)
+    struct.pack_into("<Q", buf, 40, flags | perf.F_EXCLUDE_KERNEL)
+    return buf
