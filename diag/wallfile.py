@@ -4,11 +4,12 @@
 A wall line is an event line of diag.recording (so every older reader skips
 it): ``{"event": "wall", "taken_at": ISO-8601 end of the window, "pid",
 "wall": Wall.to_json(stacks=True)}``.  ``wall_from_json`` is the inverse of
-``Wall.to_json``: ``wall_from_json(doc).to_json(stacks=True) == doc`` for a
-document the sampler wrote (the counts the document gives only as shares,
-e.g. ``cpu.allocator_samples``, come back as share x samples, exact for the
-six digits the document keeps; per-second figures are recomputed over the
-window's own duration).
+``Wall.to_json`` up to the document's rounding: counts and shares come back
+exactly (the counts it gives only as shares, e.g. ``cpu.allocator_samples``,
+as share x samples: exact for the six digits kept), while figures derived
+from the window's duration (``per_s``, ``cpu.allocator_s``) are recomputed
+over the duration as stored (to the millisecond), so they may differ in
+their last digit.
 
 Malformed wall documents raise ``collectors.errors.MalformedData``.
 """
@@ -95,7 +96,8 @@ def _off_cpu(doc):
     kw = {k: _num(doc.get(k), f"off_cpu.{k}", 0.0)
           for k in ("thread_s", "blocked_s", "preempted_s", "allocator_lock_s")}
     kw.update({k: _int(doc.get(k), f"off_cpu.{k}", 0) for k in
-               ("blocked_switches", "preempted_switches", "allocator_lock_switches")})
+               ("blocked_switches", "preempted_switches", "allocator_lock_switches",
+                "switches_sampled")})
     return W.OffCpu(by_function=_functions(doc.get("by_function"), "off_cpu.by_function"), **kw)
 
 

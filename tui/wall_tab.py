@@ -95,7 +95,7 @@ def cpu_segments(cpu, top=TOP_FUNCTIONS):
         named += f.share
     rest = (cpu.allocator_share or 0.0) - named
     if rest > 1e-9:
-        segs.append(("allocator, other functions", rest, (ALLOCATOR[-1], ALLOCATOR_GLYPH)))
+        segs.append(("other allocator functions", rest, (ALLOCATOR[-1], ALLOCATOR_GLYPH)))
     segs.append(("unknown (walk stopped early)", cpu.unknown_share or 0.0, UNKNOWN))
     return segs
 
@@ -111,6 +111,21 @@ def bar(segments, width):
         text.append(glyph * n, style=colour)
         done += n
     text.append(" " * (width - done))
+    return text
+
+
+def legend(items, width):
+    """ITEMS [(glyph, colour, text)] on as many lines of WIDTH as they need,
+    never broken inside an item."""
+    text, used = Text(), 0
+    for glyph, colour, piece in items:
+        need = 4 + len(piece)
+        if used and used + need > width:
+            text.append("\n")
+            used = 0
+        text.append(f"  {glyph} ", style=colour)
+        text.append(piece)
+        used += need
     return text
 
 
@@ -151,9 +166,8 @@ def cpu_text(w, width=BAR_WIDTH):
     text.append("▕", style="dim")
     text.append_text(bar(segs, width))
     text.append("▏\n", style="dim")
-    for label, share, (colour, glyph) in segs:
-        text.append(f"  {glyph} ", style=colour)
-        text.append(f"{label} {pct(share)}")
+    text.append_text(legend([(glyph, colour, f"{label} {pct(share)}")
+                             for label, share, (colour, glyph) in segs], width + 2))
     text.append("\n  ")
     text.append(KERNEL[1] + " ", style=KERNEL[0])
     text.append(f"in kernel {pct(cpu.kernel_share)} (charged to the user stack that entered "
@@ -281,8 +295,15 @@ class WallTab(Bound, VerticalScroll):
         yield self.state
         yield self.cpu
         yield self.lock
+        yield Static("faults and syscalls (per second of the window; from allocator: share "
+                     "of the calls whose stack holds an allocator frame)",
+                     classes="wall-title", id="wall-rates-title")
         yield self.rates
+        yield Static("call sites: the first frame outside the allocator",
+                     classes="wall-title", id="wall-sites-title")
         yield self.sites
+        yield Static("the allocator's own counters over the window", classes="wall-title",
+                     id="wall-counters-title")
         yield self.counters
         yield self.notes
 
@@ -368,7 +389,8 @@ class WallTab(Bound, VerticalScroll):
 
     # -- drawing ------------------------------------------------------------------------
     def _show_parts(self, on):
-        for w in (self.cpu, self.lock, self.rates, self.sites, self.counters, self.notes):
+        for w in (self.cpu, self.lock, self.rates, self.sites, self.counters, self.notes,
+                  *self.query(".wall-title")):
             w.display = on
 
     def show_wall(self, w, number=None, recorded=False):
@@ -382,5 +404,6 @@ class WallTab(Bound, VerticalScroll):
         fill_table(self.counters, COUNTER_COLUMNS, counter_rows(w), right=COUNTER_RIGHT)
         self.notes.update(notes_text(w))
         self._show_parts(True)
-        self.sites.display = bool(w.sites)
-        self.counters.display = bool(w.counters)
+        self.sites.display = self.query_one("#wall-sites-title").display = bool(w.sites)
+        self.counters.display = self.query_one("#wall-counters-title").display = \
+            bool(w.counters)
