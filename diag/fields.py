@@ -268,9 +268,14 @@ EVIDENCE_UNITS = {
     "dirty_pct_of_resident": _PCT, "idle_pct_of_resident": _PCT, "lazyfree_pct_of_rss": _PCT,
     "outside_pct_of_anon": _PCT, "ratio": "ratio", "narenas": "count", "samples": "count",
     "steps_up": "count", "seconds": "seconds",
+    # the allocation wall's rules (diag.wall_findings)
+    "allocator_lock_share": "ratio", "allocator_lock_s": "seconds", "arenas": "count",
+    "allocator_share": "ratio", "sites_share": "ratio", "mmap_munmap_per_s": "per second",
+    "madvise_per_s": "per second", "faults_per_s": "per second",
+    "dirty_purged_per_s": "per second",
 }
 EVIDENCE_TEXT = frozenset(("background_thread", "cause", "kind", "linkage", "others", "path",
-                           "prefix", "reasons", "requested", "serving"))
+                           "prefix", "reasons", "requested", "serving", "sites"))
 
 
 def evidence_unit(key):
