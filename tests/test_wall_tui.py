@@ -41,7 +41,7 @@ class WallProcess(FakeProcess):
     def wall_unavailable(self):
         return ProcessSource.wall_unavailable(self)
 
-    def wall(self, seconds, stop=None):
+    def wall(self, seconds, stop=None, lock=None):
         self.wall_calls += 1
         if self.walls_left:
             return self.walls_left.pop(0)

@@ -127,7 +127,7 @@ class ProcessScreen(Screen):
             with TabPane("Heap", id="heap"):
                 yield HeapTab(self.source, self._source_lock, id="heap-tab")
             with TabPane("Time", id="wall"):
-                yield WallTab(self.source, id="wall-tab").data_bind(bound)
+                yield WallTab(self.source, self._source_lock, id="wall-tab").data_bind(bound)
         yield Static("", id="proc-status", classes="status")
         yield Footer()
 

@@ -22,8 +22,9 @@ from constructed Snapshots):
     layers; None when it could not be read), ``call``, ``notes``,
     ``pause_us``.
     The allocation wall (the Time tab; ``diag.wallsample``): ``wall(seconds,
-    stop) -> diag.wall.Wall``, one window of perf_event_open sampling that
-    ends early when ``stop()`` is true; ``wall_unavailable() -> str or None``
+    stop, lock) -> diag.wall.Wall``, one window of perf_event_open sampling that
+    ends early when ``stop()`` is true (LOCK: held around its calls into the
+    process); ``wall_unavailable() -> str or None``
     (why this source cannot sample); ``walls() -> [(taken_at, Wall)]`` (the
     windows recorded with ``record --wall``; empty for a live process).
 
@@ -170,11 +171,11 @@ class ProcessSource:
     def wall_unavailable(self):
         return WALL_NO_ATTACH if self.no_attach else None
 
-    def wall(self, seconds, stop=None):
+    def wall(self, seconds, stop=None, lock=None):
         if self.no_attach:
             raise ActionUnavailable(WALL_NO_ATTACH, pid=self.pid)
         from diag import wallsample
-        return wallsample.sample(self.pid, seconds, stop=stop)
+        return wallsample.sample(self.pid, seconds, stop=stop, lock=lock)
 
     def walls(self):
         return []
@@ -229,7 +230,7 @@ class ReplaySource:
     def wall_unavailable(self):
         return None if self._walls else WALL_NOT_RECORDED
 
-    def wall(self, seconds, stop=None):
+    def wall(self, seconds, stop=None, lock=None):
         raise ActionUnavailable(self.wall_unavailable() or "a recording cannot be sampled")
 
     def walls(self):

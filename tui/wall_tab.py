@@ -271,13 +271,13 @@ def notes_text(w):
 
 class WallTab(Bound, VerticalScroll):
     """The Time tab.  SOURCE: the screen's source (``wall``, ``walls``,
-    ``wall_unavailable``).  ``start()``/``stop()`` follow the tab's
+    ``wall_unavailable``); LOCK: its one-call lock (the counter reads).  ``start()``/``stop()`` follow the tab's
     activation; bound to the screen's view, a replay shows the recorded
     window of the sample under the cursor."""
 
-    def __init__(self, source, **kwargs):
+    def __init__(self, source, lock=None, **kwargs):
         super().__init__(**kwargs)
-        self.source = source
+        self.source, self.lock = source, lock
         self.live = bool(getattr(source, "live", True))
         self.wall = None                    # the Wall on screen
         self.windows = 0                    # windows shown since the view opened
@@ -293,6 +293,7 @@ class WallTab(Bound, VerticalScroll):
 
     def compose(self):
         yield self.state
+        yield self.notes
         yield self.cpu
         yield self.lock
         yield Static("faults and syscalls (per second of the window; from allocator: share "
@@ -305,7 +306,6 @@ class WallTab(Bound, VerticalScroll):
         yield Static("the allocator's own counters over the window", classes="wall-title",
                      id="wall-counters-title")
         yield self.counters
-        yield self.notes
 
     def on_mount(self):
         self.state.update(Text(self.unavailable() or INTRO))
@@ -344,7 +344,7 @@ class WallTab(Bound, VerticalScroll):
     def _windows(self, stop, run):
         while not stop.is_set():
             try:
-                w = self.source.wall(WINDOW_S, stop=stop.is_set)
+                w = self.source.wall(WINDOW_S, stop=stop.is_set, lock=self.lock)
             except Exception as exc:        # shown in the tab; never a traceback
                 self.post_message(WallTaken(error=exc, run=run))
                 return
