@@ -157,6 +157,10 @@ class Session:
         self.t0_ns = time.monotonic_ns()
         self._scan(first=True)
         if not self.threads:
+            refused = [m for m in self.missing.values() if m.fix == perf.PERMISSION_FIX]
+            if refused and self._tids():
+                raise AccessDenied(pid, msg=f"perf_event_open refused every event: "
+                                            f"{refused[0].reason}", remediation=perf.PERMISSION_FIX)
             raise NoSuchProcess(pid)
         self._last_scan = time.monotonic()
 
@@ -199,7 +203,13 @@ class Session:
             return None
 
     def _tids(self):
+        """The live threads; none once the process is a zombie (its task
+        directory still lists the main thread until it is reaped)."""
         try:
+            with open(os.path.join(self.procfs, str(self.pid), "stat"), "rb") as f:
+                state = f.read().rpartition(b")")[2].split()[:1]
+            if state in ([b"Z"], [b"X"]):
+                return set()
             return {int(t) for t in os.listdir(os.path.join(self.procfs, str(self.pid), "task"))}
         except FileNotFoundError:
             return set()
@@ -392,14 +402,16 @@ class Session:
         if cache_prefix:
             head = self.unwinder.walk(rec.regs, parse=True, memory=memory, tolerant=True,
                                       max_frames=CACHE_FRAMES)
-            key = tuple(f.pc for f in head.frames) or (rec.ip,)
+            key = tuple(f.pc for f in head.frames) or (rec.regs.get(unwind.RA, rec.ip),)
             if head.complete:
                 key += ("end",)
             hit = self._cache.get(key)
             if hit is not None:
                 return hit
         w = self.unwinder.walk(rec.regs, parse=True, memory=memory, tolerant=True)
-        pcs = [f.pc for f in w.frames] or [rec.ip]
+        # no frame: classify by the user pc (rec.ip is the kernel's for a
+        # sample taken in kernel mode)
+        pcs = [f.pc for f in w.frames] or [rec.regs.get(unwind.RA, rec.ip)]
         if key is None:
             key = (tuple(pcs), w.complete)
             hit = self._cache.get(key)

@@ -16,7 +16,7 @@ import importlib
 
 # Order is the order of `allocdiag --help`.  Add a command by adding its module here.
 MODULES = ("top", "watch", "record", "replay", "demo", "ps", "inspect", "preload", "explain",
-           "release", "set", "compare", "heap", "exporter", "report", "serve")
+           "release", "set", "compare", "heap", "wall", "exporter", "report", "serve")
 
 
 def load():

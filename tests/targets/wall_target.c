@@ -10,6 +10,8 @@
  *                               (above glibc's tcache): arena lock contention
  *                               under glibc with MALLOC_ARENA_MAX=1, none with
  *                               an arena per thread;
+ *   wall_target late  THREADS   as mix, but the threads start 0.6 s after READY
+ *                               (threads created during a sampling window);
  *   wall_target churn THREADS   threads malloc a 256 KiB block, touch every
  *                               page, free it (mmap/munmap + faults with
  *                               MALLOC_MMAP_THRESHOLD_=131072).
@@ -134,14 +136,24 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: wall_target mix|lock|churn THREADS\n");
         return 2;
     }
-    void *(*fn)(void *) = !strcmp(argv[1], "mix") ? mix : !strcmp(argv[1], "lock") ? lock : churn;
+    int late = !strcmp(argv[1], "late");
+    void *(*fn)(void *) = (late || !strcmp(argv[1], "mix")) ? mix :
+                          !strcmp(argv[1], "lock") ? lock : churn;
     int n = atoi(argv[2]);
     pthread_t t;
+    if (late) {
+        printf("READY threads=%d late\n", n);
+        fflush(stdout);
+        struct timespec ts = {0, 600000000};
+        nanosleep(&ts, NULL);
+    }
     for (int i = 0; i < n; i++)
         if (pthread_create(&t, NULL, fn, (void *)(uintptr_t)(i * 7919 + 1)))
             return 1;
-    printf("READY threads=%d\n", n);
-    fflush(stdout);
+    if (!late) {
+        printf("READY threads=%d\n", n);
+        fflush(stdout);
+    }
     for (;;) {
         struct timespec ts = {0, 200000000};
         nanosleep(&ts, NULL);
