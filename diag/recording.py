@@ -379,14 +379,18 @@ def _default_sampler(no_attach):
 
 def _record_wall(rec, wall, pid, seconds, stop):
     """One wall window of SECONDS written as a wall line; a process that
-    exits during it ends the window (the next snapshot ends the recording)."""
-    from diag import wallfile
+    exits during it ends the window (the next snapshot ends the recording).
+    The sampler ends a window on Ctrl-C and returns it (``interrupted``):
+    it is written, then the interrupt goes on to end the recording."""
+    from diag import wall as wall_model, wallfile
     try:
         w = wall(pid, seconds, stop)
     except NoSuchProcess:
         return
     if w is not None:
         rec.write_event(wallfile.EVENT, wallfile.wall_event(w))
+        if w.window.ended == wall_model.INTERRUPTED and not (stop is not None and stop()):
+            raise KeyboardInterrupt
 
 
 def record(pid, path, interval=2.0, duration=None, progress_cb=None, no_attach=False,

@@ -145,3 +145,31 @@ def test_record_wall_with_no_attach_is_a_usage_error(tmp_path):
     res = _cli("record", str(os.getpid()), "-o", str(tmp_path / "x.jsonl"), "--wall",
                "--no-attach", "--duration", "1")
     assert res.returncode == 2 and "--no-attach" in res.stderr
+
+
+def test_ctrl_c_during_a_wall_window_ends_the_recording_with_the_window(tmp_path):
+    """The sampler ends a window on Ctrl-C and returns it; record writes it
+    and stops, instead of going on with the next snapshot."""
+    import signal
+    import time
+    from targets import build_c, start
+    exe = build_c("wall_ui.c", "-pthread")
+    path = tmp_path / "w.jsonl"
+    with start([exe, "2"]) as t:
+        proc = subprocess.Popen([sys.executable, "-m", "diag", "record", str(t.pid), "-o",
+                                 str(path), "--interval", "30", "--wall"], cwd=ROOT,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while (not path.exists() or not path.read_text()) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(1.5)                 # inside the first wall window
+            proc.send_signal(signal.SIGINT)
+            _out, err = proc.communicate(timeout=20)
+        finally:
+            proc.kill()
+    snaps, events = read_recording_events(str(path))
+    walls = wallfile.walls_of(events)
+    assert len(snaps) == 1 and len(walls) == 1, err
+    assert walls[0][1].window.ended == "interrupted"
+    assert "Traceback" not in err
