@@ -299,7 +299,8 @@ def wall_sums(walls):
         lock = _ratio(sum(o.allocator_lock_s for o in off), sum(o.thread_s for o in off))
         if lock is not None:
             out[M.WALL_LOCK_RATIO.name] = lock
-    for metric, attr in ((M.WALL_MINOR_FAULTS, "minor_per_s"), (M.WALL_MAJOR_FAULTS, "major_per_s")):
+    for metric, attr in ((M.WALL_MINOR_FAULTS, "minor_per_s"),
+                         (M.WALL_MAJOR_FAULTS, "major_per_s")):
         rates = [getattr(w.faults, attr) for w in walls if w.faults is not None]
         if any(r is not None for r in rates):
             out[metric.name] = sum(r for r in rates if r is not None)

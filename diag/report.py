@@ -436,8 +436,9 @@ def _wall_section(snaps, events):
             "Shares of CPU are of the process's on-CPU samples; the lock wait is time threads "
             "were blocked with an allocator frame on the stack, as a share of their time.")
     flame_note = ("Icicle: the outermost frame on top, each box as wide as its share of the "
-                  "allocator's CPU samples of every window; the allocator's frames in orange and red, the program's in blue.  The "
-                  "blue frame above the first orange one is the call site.")
+                  "allocator's CPU samples of every window; the allocator's frames in orange "
+                  "and red, the program's in blue.  The blue frame above the first orange one "
+                  "is the call site.")
     return ("<h2>The allocation wall</h2>\n" + _chart(over_time) +
             f'<p class="muted">{esc(note)}</p>\n' + _dl(pairs) +
             "<h3>Call sites</h3>\n" +

@@ -271,9 +271,9 @@ def notes_text(w):
 
 class WallTab(Bound, VerticalScroll):
     """The Time tab.  SOURCE: the screen's source (``wall``, ``walls``,
-    ``wall_unavailable``); LOCK: its one-call lock (the counter reads).  ``start()``/``stop()`` follow the tab's
-    activation; bound to the screen's view, a replay shows the recorded
-    window of the sample under the cursor."""
+    ``wall_unavailable``); LOCK: its one-call lock (the counter reads).
+    ``start()``/``stop()`` follow the tab's activation; bound to the screen's
+    view, a replay shows the recorded window of the sample under the cursor."""
 
     def __init__(self, source, lock=None, **kwargs):
         super().__init__(**kwargs)
