@@ -13,7 +13,10 @@
  * arena and leaves free chunks in it, keeps the live set, and parks: even
  * workers block in read() on a pipe nobody writes to, odd ones loop in
  * nanosleep().  The main thread also idles in nanosleep().  No thread parks in
- * epoll/futex only, so a remote stats call can always borrow one.
+ * epoll/futex only, so a remote stats call can always borrow one.  With
+ * --busy the odd workers keep replacing blocks after READY instead: their
+ * allocation wall (`allocdiag wall`: arena-lock waits under MALLOC_ARENA_MAX=1,
+ * none with an arena per thread).
  *
  * READY threads=N arenas=A heaps=H live=B rss=B vsz=B cpus=C
  *   heaps  = 64 MiB-aligned anonymous regions of /proc/self/maps whose first
@@ -52,6 +55,7 @@
 #define HEAP_MAX (64UL * 1024 * 1024)   /* glibc HEAP_MAX_SIZE on 64-bit */
 
 static long n_threads = 32, live_blocks = 64, ops = 20000;
+static int busy;                         /* --busy: odd workers keep churning after READY */
 static int park_pipe[2];
 static int parked;                       /* updated with __atomic builtins */
 static size_t live_total;
@@ -68,6 +72,21 @@ static void nap(long ms)
     nanosleep(&ts, NULL);
 }
 
+/* Replace one block of the live set by a new one of a random size. */
+static void replace_one(long id, uint64_t *r, char **blk, size_t *sz)
+{
+    *r ^= *r << 13;
+    *r ^= *r >> 7;
+    *r ^= *r << 17;
+    long k = (long)(*r % (uint64_t)live_blocks);
+    free(blk[k]);
+    sz[k] = 256 + (size_t)((*r >> 20) % (32 * 1024 - 256));
+    blk[k] = malloc(sz[k]);
+    if (!blk[k])
+        abort();
+    memset(blk[k], (int)id, sz[k]);
+}
+
 static void *worker(void *arg)
 {
     long id = (long)arg;
@@ -76,23 +95,16 @@ static void *worker(void *arg)
     size_t *sz = calloc((size_t)live_blocks, sizeof *sz);
     if (!blk || !sz)
         abort();
-    for (long i = 0; i < ops; i++) {
-        r ^= r << 13;
-        r ^= r >> 7;
-        r ^= r << 17;
-        long k = (long)(r % (uint64_t)live_blocks);
-        free(blk[k]);
-        sz[k] = 256 + (size_t)((r >> 20) % (32 * 1024 - 256));
-        blk[k] = malloc(sz[k]);
-        if (!blk[k])
-            abort();
-        memset(blk[k], (int)id, sz[k]);
-    }
+    for (long i = 0; i < ops; i++)
+        replace_one(id, &r, blk, sz);
     size_t live = 0;
     for (long k = 0; k < live_blocks; k++)
         live += blk[k] ? sz[k] : 0;
     __atomic_add_fetch(&live_total, live, __ATOMIC_RELAXED);
     __atomic_add_fetch(&parked, 1, __ATOMIC_RELEASE);
+    if (busy && id % 2 == 1)
+        for (;;)                         /* --busy: the allocation wall (allocdiag wall) */
+            replace_one(id, &r, blk, sz);
 
     /* Park, keeping the live set (blk stays reachable from this frame). */
     if (id % 2 == 0) {
@@ -177,8 +189,10 @@ int main(int argc, char **argv)
             live_blocks = atol(argv[++i]);
         else if (!strcmp(argv[i], "--ops") && i + 1 < argc)
             ops = atol(argv[++i]);
+        else if (!strcmp(argv[i], "--busy"))
+            busy = 1;
         else {
-            fprintf(stderr, "usage: %s [--threads N] [--live N] [--ops N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--threads N] [--live N] [--ops N] [--busy]\n", argv[0]);
             return 2;
         }
     }

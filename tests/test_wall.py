@@ -289,3 +289,31 @@ def test_unprivileged_user_on_its_own_process_gets_what_it_can(exe):
     missing = {m["figure"]: m for m in doc["window"]["missing"]}
     assert "syscalls" in missing and missing["syscalls"]["fix"]   # tracefs is root's
     assert all(s["per_s"] is None for s in doc["syscalls"].values())
+
+
+def _example_wall(workload, allocator, env, args):
+    import sys
+    sys.path.insert(0, os.path.dirname(targets.HERE))
+    from examples import launch
+    proc = launch.start(workload, allocator, env=env, args=args)
+    try:
+        launch.wait_ready(proc, timeout=60)
+        return wall_take.take(proc.pid, duration_s=1.5, syscalls=())
+    finally:
+        launch.stop(proc)
+
+
+def test_arena_sprawl_example_shows_its_wall():
+    w = _example_wall("arena_sprawl", "glibc", {"MALLOC_ARENA_MAX": "1"},
+                      ["--threads", "6", "--busy"])
+    assert w.off_cpu.allocator_lock_share > 0.05, w.off_cpu
+    assert any(f.id == "wall-arena-lock" for f in w.findings)
+    assert w.sites[0].function == "replace_one"
+
+
+def test_alloc_wall_example_shows_its_wall():
+    w = _example_wall("alloc_wall", "glibc", {"PYTHONMALLOC": "malloc"},
+                      ["--mode", "perrequest", "--seconds", "0.5", "--then", "busy"])
+    assert w.cpu.samples > 20
+    assert w.cpu.allocator_share > 0.05, w.cpu
+    assert w.sites
