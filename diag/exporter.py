@@ -107,6 +107,7 @@ class AllocdiagCollector:
         self._counter_lock = threading.Lock()   # the counters (HostLive's thread adds)
         self._group_of_pid = {}
         self.last_live_ok = True            # the last collection read every live target
+        self.last_wall_ok = True            # no live target's last wall window failed
         self._pause_s = defaultdict(float)  # group -> seconds
         self._reads = defaultdict(int)      # (group, state) -> reads
 
@@ -191,6 +192,8 @@ class AllocdiagCollector:
         self.last_live_ok = live_ok and not (self.sync and pending)
         fams[M.COLLECTOR_SUCCESS.name].add_metric(["procfs"], 1 if procfs_ok else 0)
         fams[M.COLLECTOR_SUCCESS.name].add_metric(["live"], 1 if live_ok else 0)
+        if self.wall_live is not None:
+            fams[M.COLLECTOR_SUCCESS.name].add_metric(["wall"], 1 if self.last_wall_ok else 0)
         with self._counter_lock:
             for group, s in sorted(self._pause_s.items()):
                 fams[M.TARGET_PAUSE.name].add_metric([group], s)
@@ -231,7 +234,7 @@ class AllocdiagCollector:
                 pass
             if self.wall_live is not None:
                 self.wall_live.step_all()
-        ok, pending = True, False
+        ok, pending, wall_ok = True, False, True
         sums = defaultdict(lambda: defaultdict(int))
         walls = defaultdict(list)       # (group, allocator) -> the targets' last Walls
         cgroups = {}
@@ -256,6 +259,8 @@ class AllocdiagCollector:
             w = self.wall_live.entry(pid) if self.wall_live is not None else None
             if w is not None and w.wall is not None:
                 walls[(group, kind)].append(w.wall)
+            wall_ok = wall_ok and (w is None or w.error is None)
+        self.last_wall_ok = wall_ok
         _emit_live(sums, cgroups, fams)
         _emit_walls(walls, fams)
         return ok, pending

@@ -46,6 +46,24 @@ def test_once_with_wall_exports_the_targets_wall_with_help_from_fields():
     assert 1.5 < samples(fams, "allocdiag_wall_window_seconds", **labels)[0].value < 3
     assert not [s for f in fams.values() for s in f.samples
                 if f.name in WALL_NAMES and "pid" in s.labels]
+    assert samples(fams, "allocdiag_collector_success", collector="wall")[0].value == 1
+
+
+def test_a_failed_window_sets_the_wall_collector_to_zero():
+    from collectors.errors import AccessDenied
+
+    def refused(pid, seconds, stop):
+        raise AccessDenied(pid, "perf_event_open: EACCES")
+    exe = build_c("wall_ui.c", "-pthread")
+    with start([exe, "1"]) as t:
+        collector = exporter.AllocdiagCollector(
+            exporter.Options(targets=(t.pid,), wall=True), sync=True)
+        collector.wall_live.sample = refused
+        fams = {f.name: f for f in collector.collect()}
+    assert collector.wall_live.entry(t.pid).error
+    assert [s.value for s in fams["allocdiag_collector_success"].samples
+            if s.labels["collector"] == "wall"] == [0]
+    assert not WALL_NAMES & {n for n, f in fams.items() if f.samples}
 
 
 def test_wall_metrics_are_opt_in():
