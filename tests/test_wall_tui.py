@@ -104,6 +104,31 @@ def test_time_tab_samples_while_open_and_stops_when_left():
     asyncio.run(go())
 
 
+def test_windows_go_into_the_recording_the_view_is_making(tmp_path):
+    from diag.recording import Recorder, read_recording_events
+    from diag.wallfile import walls_of
+    walls = captured_walls()
+    src = WallProcess(walls[:2])
+    path = tmp_path / "rec.jsonl"
+
+    async def go():
+        app = make_app(process_source=src, interval=1000)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot, app)
+            screen = app.screen
+            with screen._rec_lock:      # what the w key's dialog sets up
+                screen.recorder = Recorder(path)
+                screen.recorder.write(screen.snapshot)
+            await pilot.press("6")
+            tab = screen.query_one("#wall-tab")
+            await wait_for(pilot, lambda: tab.windows >= 2)
+            screen._stop_recording(quiet=True)
+    asyncio.run(go())
+    snaps, events = read_recording_events(str(path))
+    got = [w for _t, w in walls_of(events)]
+    assert len(snaps) == 1 and [w.to_json() for w in got] == [w.to_json() for w in walls[:2]]
+
+
 def test_time_tab_in_a_replay_of_a_wall_recording_follows_the_cursor():
     src = ReplaySource(WALL_RECORDING)
     walls = src.walls()

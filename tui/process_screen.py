@@ -127,7 +127,8 @@ class ProcessScreen(Screen):
             with TabPane("Heap", id="heap"):
                 yield HeapTab(self.source, self._source_lock, id="heap-tab")
             with TabPane("Time", id="wall"):
-                yield WallTab(self.source, self._source_lock, id="wall-tab").data_bind(bound)
+                yield WallTab(self.source, self._source_lock, record=self._record_wall,
+                              id="wall-tab").data_bind(bound)
         yield Static("", id="proc-status", classes="status")
         yield Footer()
 
@@ -177,6 +178,18 @@ class ProcessScreen(Screen):
                 except OSError as exc:
                     recorded = exc
         self.post_message(SampleTaken(snap, recorded))
+
+    def _record_wall(self, wall):
+        """A Time-tab window into the recording being made (a wall line, as
+        ``record --wall`` writes); called in the tab's worker.  A write error
+        shows with the next sample's write."""
+        from diag import wallfile
+        with self._rec_lock:
+            if self.recorder is not None:
+                try:
+                    self.recorder.write_event(wallfile.EVENT, wallfile.wall_event(wall))
+                except OSError:
+                    pass
 
     def on_sample_taken(self, msg):
         self._busy = False

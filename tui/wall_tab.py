@@ -271,13 +271,16 @@ def notes_text(w):
 
 class WallTab(Bound, VerticalScroll):
     """The Time tab.  SOURCE: the screen's source (``wall``, ``walls``,
-    ``wall_unavailable``); LOCK: its one-call lock (the counter reads).
+    ``wall_unavailable``); LOCK: its one-call lock (the counter reads);
+    RECORD(wall), called in the worker: the screen writes the window into
+    the recording it is making, if any.
     ``start()``/``stop()`` follow the tab's activation; bound to the screen's
     view, a replay shows the recorded window of the sample under the cursor."""
 
-    def __init__(self, source, lock=None, **kwargs):
+    def __init__(self, source, lock=None, record=None, **kwargs):
         super().__init__(**kwargs)
         self.source, self.lock = source, lock
+        self.record = record                # record(wall): the screen's recording, if any
         self.live = bool(getattr(source, "live", True))
         self.wall = None                    # the Wall on screen
         self.windows = 0                    # windows shown since the view opened
@@ -350,6 +353,8 @@ class WallTab(Bound, VerticalScroll):
                 return
             if stop.is_set():
                 return                      # left mid-window: nobody is looking
+            if self.record is not None:
+                self.record(w)
             self.post_message(WallTaken(w, run=run))
             if w.window.ended == W.EXITED:
                 return
