@@ -93,7 +93,14 @@ def test_time_tab_samples_while_open_and_stops_when_left():
                              table_column(app, "#wall-rates", 1)))
             assert rates["mmap"] == f"{walls[1].syscalls['mmap'].per_s:,.0f}"
             assert "window 2" in text_of(app, "#wall-state")
-            # WHEN the tab is left  THEN the window in progress is ended
+            # WHEN the view is paused  THEN the window in progress is ended
+            await pilot.press("space")
+            await wait_for(pilot, lambda: src.stopped)
+            assert not tab.sampling
+            # WHEN resumed  THEN sampling goes on; WHEN the tab is left  THEN it ends
+            src.stopped = False
+            await pilot.press("space")
+            await wait_for(pilot, lambda: tab.sampling and src.wall_calls >= 4)
             await pilot.press("1")
             await wait_for(pilot, lambda: src.stopped)
             await settle(pilot, app)

@@ -331,9 +331,12 @@ class ProcessScreen(Screen):
     @on(TabbedContent.TabActivated, "#tabs")
     def _tab_activated(self, event):
         self.refresh_bindings()     # the Heap tab's keys come and go with it
-        # the Time tab samples only while it is open
+        self._follow_wall()
+
+    def _follow_wall(self):
+        """The Time tab samples only while it is open and the view is not paused."""
         wall = self.query_one(WallTab)
-        if self._active_tab() == "wall" and self.ended is None:
+        if self._active_tab() == "wall" and self.ended is None and not self.paused:
             wall.start()
         else:
             wall.stop()
@@ -351,6 +354,7 @@ class ProcessScreen(Screen):
         self.paused = True
         if self._timer:
             self._timer.pause()
+        self._follow_wall()
         self.refresh_bindings()
         self.update_status()
 
@@ -358,6 +362,7 @@ class ProcessScreen(Screen):
         self.paused = False
         if self._timer:
             self._timer.resume()
+        self._follow_wall()
         self.refresh_bindings()
         self.take_sample()
         self.update_status()

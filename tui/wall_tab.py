@@ -4,7 +4,8 @@ While the tab is open, a worker thread samples the process in windows of
 WINDOW_S seconds (``source.wall``: perf_event_open through diag.wallsample,
 no thread stopped for the sampling) and posts ONE ``WallTaken`` per window
 with an immutable ``diag.wall.Wall``; the widgets only render it.  Leaving
-the tab (or the view) ends the window in progress and stops sampling.
+the tab (or the view), or pausing the view, ends the window in progress and
+stops sampling.
 
 A replay shows the windows a ``record --wall`` recording holds, the one that
 covers the sample under the cursor; a recording without them, and a view
