@@ -314,6 +314,32 @@ class Session:
             except perf.PerfError:
                 pass
         self.threads[tid] = t
+        if self.want_switches and t.ring is not None:
+            self._already_blocked(t, now)
+
+    def _already_blocked(self, t, now):
+        """A thread asleep when its events were enabled has no switch-out
+        record for this wait: open its interval at NOW, classified from the
+        stack at its syscall entry (/proc/PID/task/TID/syscall gives sp and
+        pc; the walk stops where a register it needs is unknown)."""
+        task = os.path.join(self.procfs, str(self.pid), "task", str(t.tid))
+        try:
+            with open(os.path.join(task, "stat"), "rb") as f:
+                state = f.read().rpartition(b")")[2].split()[:1]
+            if state not in ([b"S"], [b"D"]):
+                return
+            with open(os.path.join(task, "syscall"), "rb") as f:
+                fields = f.read().split()
+        except OSError:
+            return
+        a = None
+        if len(fields) == 9:                 # nr, 6 args, sp, pc (fs/proc/base.c)
+            sp, pc = int(fields[7], 16), int(fields[8], 16)
+            w = self.unwinder.walk({unwind.RA: pc, unwind.RSP: sp}, parse=True, partial=True,
+                                   tolerant=True)
+            if w.frames:
+                a = self.attributor.classify([f.pc for f in w.frames], w.complete)
+        t.out_ns, t.out_preempt, t.out_cls = now, False, (a, 1)
 
     # -- the loop --------------------------------------------------------------
     def poll(self):
@@ -468,7 +494,9 @@ class Session:
 
     def _switch(self, t, rec):
         if rec.out:
-            self._close_interval(t, rec.time)
+            # an interval still open lost its switch-in (a LOST record, or a
+            # thread that woke before its events were enabled): not counted
+            t.out_ns = t.out_cls = None
             t.out_ns, t.out_preempt = rec.time, rec.preempt
             t.out_cls, t.pending = t.pending, None
         else:
