@@ -7,7 +7,7 @@ tests/targets/wall_ui.c.
   ``MALLOC_ARENA_MAX=1`` and ``MALLOC_MMAP_THRESHOLD_=131072`` (allocator
   CPU, arena lock waits, mmap/munmap and faults from ``free``/``malloc``);
 - ``recording-wall-jemalloc.jsonl.gz``: ``allocdiag record PID -o ...
-  --interval 1 --duration 6 --wall`` of ``wall_ui 2`` under
+  --interval 2 --duration 8 --wall`` of ``wall_ui 4`` under
   ``LD_PRELOAD=libjemalloc.so.2`` (snapshot lines and wall lines).
 
 Run as root from the repository root:
@@ -47,9 +47,9 @@ def glibc_windows(exe):
 
 def jemalloc_recording(exe):
     path = os.path.join(FIXTURES, "recording-wall-jemalloc.jsonl.gz")
-    with start([exe, "2"], allocator="jemalloc") as t:
+    with start([exe, "4"], allocator="jemalloc") as t:
         subprocess.run([sys.executable, "-m", "diag", "record", str(t.pid), "-o", path,
-                        "--interval", "1", "--duration", "6", "--wall"], check=True, cwd=ROOT)
+                        "--interval", "2", "--duration", "8", "--wall"], check=True, cwd=ROOT)
     print(path)
 
 
