@@ -122,3 +122,37 @@ def test_wall_live_samples_each_target_once_per_period():
 def test_wall_window_without_wall_is_a_usage_error():
     r = allocdiag("exporter", "--once", "--wall-window", "2")
     assert r.returncode == ExitCode.USAGE and "--wall" in r.stderr
+
+
+def test_http_mode_samples_the_wall_in_the_background_and_stops_on_sigterm():
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from servers import free_port, wait_port
+    from test_exporter import ROOT
+    exe = build_c("wall_ui.c", "-pthread")
+    with start([exe, "2"], env=ARENA1) as t:
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "diag", "exporter", "--listen",
+                                 f"127.0.0.1:{port}", "--target", str(t.pid), "--wall",
+                                 "--wall-window", "1"], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_port(port, proc)
+            deadline = time.monotonic() + 30
+            while True:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                            timeout=10) as resp:
+                    fams = families(resp.read().decode())
+                if samples(fams, "allocdiag_allocator_cpu_ratio") or \
+                        time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(15)
+    assert code == ExitCode.OK
+    assert samples(fams, "allocdiag_allocator_cpu_ratio", allocator="glibc")[0].value > 0
+    assert samples(fams, "allocdiag_collector_success", collector="wall")[0].value == 1
