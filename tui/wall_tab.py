@@ -169,10 +169,14 @@ def cpu_text(w, width=BAR_WIDTH):
     text.append("▏\n", style="dim")
     text.append_text(legend([(glyph, colour, f"{label} {pct(share)}")
                              for label, share, (colour, glyph) in segs], width + 2))
-    text.append("\n  ")
-    text.append(KERNEL[1] + " ", style=KERNEL[0])
-    text.append(f"in kernel {pct(cpu.kernel_share)} (charged to the user stack that entered "
-                f"it: a madvise inside free is allocator time) · unwound to the first frame "
+    # kernel-mode samples overlap the split above (each is charged to the user
+    # stack that entered the kernel): their own bar, on the same scale
+    text.append("\n▕", style="dim")
+    text.append_text(bar([("in kernel", cpu.kernel_share or 0.0, KERNEL)], width))
+    text.append("▏", style="dim")
+    text.append(f" in kernel {pct(cpu.kernel_share)}\n")
+    text.append("  kernel samples are charged to the user stack that entered the kernel (a "
+                f"madvise inside free is allocator time) · unwound to the first frame "
                 f"{pct(cpu.unwound_share)}", style="dim")
     if cpu.by_entry:
         text.append("\n  by entry point: " + ", ".join(
