@@ -37,6 +37,7 @@ class WallProcess(FakeProcess):
         self.walls_left = list(walls)
         self.wall_calls = 0
         self.stopped = False
+        self.active = self.most_active = 0      # windows open at the same time
 
     def wall_unavailable(self):
         return ProcessSource.wall_unavailable(self)
@@ -45,11 +46,17 @@ class WallProcess(FakeProcess):
         self.wall_calls += 1
         if self.walls_left:
             return self.walls_left.pop(0)
-        deadline = time.monotonic() + 30
-        while not stop() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        self.stopped = stop()
-        return captured_walls()[0]
+        self.active += 1
+        self.most_active = max(self.most_active, self.active)
+        try:
+            deadline = time.monotonic() + 30
+            while not stop() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)             # a real window takes a moment to close
+            self.stopped = stop()
+            return captured_walls()[0]
+        finally:
+            self.active -= 1
 
     def walls(self):
         return []
@@ -109,6 +116,23 @@ def test_time_tab_samples_while_open_and_stops_when_left():
             await pilot.pause(0.3)
             assert src.wall_calls == calls
     asyncio.run(go())
+
+
+def test_pause_and_resume_at_once_never_runs_two_windows():
+    src = WallProcess([])
+
+    async def go():
+        app = make_app(process_source=src, interval=1000)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot, app)
+            await pilot.press("6")
+            await wait_for(pilot, lambda: src.active == 1)
+            await pilot.press("space", "space")         # pause, resume at once
+            await wait_for(pilot, lambda: src.wall_calls >= 2 and src.active == 1)
+            await pilot.press("1")
+            await wait_for(pilot, lambda: src.active == 0)
+    asyncio.run(go())
+    assert src.most_active == 1
 
 
 def test_windows_go_into_the_recording_the_view_is_making(tmp_path):

@@ -34,6 +34,7 @@ BAR_WIDTH = 60          # cells of the CPU split bar (fewer on a narrow terminal
 TOP_FUNCTIONS = 4       # allocator functions drawn as their own segment; the rest "other"
 TOP_SITES = 15
 TOP_COUNTERS = 30
+PREVIOUS_WAIT_S = 10.0  # at most this long for the previous worker's window to close
 
 # roles of the CPU bar: (colour, glyph); the glyph tells them apart without colour
 APPLICATION = ("#5f87ff", "█")
@@ -290,6 +291,8 @@ class WallTab(Bound, VerticalScroll):
         self.wall = None                    # the Wall on screen
         self.windows = 0                    # windows shown since the view opened
         self._stop = None                   # threading.Event of the running worker
+        self._done = threading.Event()      # set when the last worker has returned
+        self._done.set()
         self._run = 0                       # which start() a message belongs to
         self.state = Static(id="wall-state")
         self.cpu = Static(id="wall-cpu")
@@ -339,9 +342,10 @@ class WallTab(Bound, VerticalScroll):
             return
         self._run += 1
         self._stop = threading.Event()
+        previous, self._done = self._done, threading.Event()
         if self.wall is None:
             self.state.update(Text(f"sampling the first {WINDOW_S:g} s window…", style="italic"))
-        self._windows(self._stop, self._run)
+        self._windows(self._stop, self._run, previous, self._done)
 
     def stop(self):
         if self._stop is not None:
@@ -349,7 +353,16 @@ class WallTab(Bound, VerticalScroll):
             self._stop = None
 
     @work(thread=True, group="wall", exit_on_error=False)
-    def _windows(self, stop, run):
+    def _windows(self, stop, run, previous, done):
+        # a worker stopped a moment ago may still be closing its window: one
+        # sampling session on the process at a time
+        previous.wait(PREVIOUS_WAIT_S)
+        try:
+            self._window_loop(stop, run)
+        finally:
+            done.set()
+
+    def _window_loop(self, stop, run):
         while not stop.is_set():
             try:
                 w = self.source.wall(WINDOW_S, stop=stop.is_set, lock=self.lock)
