@@ -262,10 +262,15 @@ def _collect_findings(snaps):
 
 
 def _finding_html(f, count, snap, total, current):
-    rss = snap.process.rss
     seen = ("computed over the whole recording" if count is None else
             f"in {count} of {total} samples; last at {_when(snap.taken_at)}" +
             ("" if current else " (gone by the last sample)"))
+    return _finding_block(f, seen, snap.process.rss)
+
+
+def _finding_block(f, seen, rss):
+    """One finding: title, id, confidence, SEEN (where it was found), knob,
+    evidence (bytes also as a share of RSS)."""
     parts = [f'<h3 class="sev-{esc(f.severity)}">{esc(f.severity)}: {esc(f.title)}</h3>',
              f'<p class="muted">{esc(f.id)} · confidence {esc(f.confidence)} · {esc(seen)}'
              + (f" · at stake {esc(_bytes_cell(f.expected_effect_bytes))}"
@@ -390,6 +395,20 @@ def _allocator_frames(walls, stacks):
     return names
 
 
+def _wall_findings(walls):
+    """The windows' findings: each once (its last occurrence), with the
+    number of windows that had it."""
+    seen = {}
+    for taken_at, w in walls:
+        for f in w.findings:
+            seen[f.id] = (f, seen[f.id][1] + 1 if f.id in seen else 1, taken_at)
+    if not seen:
+        return "<h3>Findings of the windows</h3>\n<p>None: no wall rule fired.</p>"
+    return "<h3>Findings of the windows</h3>\n" + "\n".join(
+        _finding_block(f, f"in {n} of {len(walls)} windows; last at {_when(t)}", None)
+        for f, n, t in seen.values())
+
+
 def _wall_section(snaps, events):
     walls = wallfile.walls_of(events)
     if not walls:
@@ -440,7 +459,7 @@ def _wall_section(snaps, events):
                   "and red, the program's in blue.  The blue frame above the first orange one "
                   "is the call site.")
     return ("<h2>The allocation wall</h2>\n" + _chart(over_time) +
-            f'<p class="muted">{esc(note)}</p>\n' + _dl(pairs) +
+            f'<p class="muted">{esc(note)}</p>\n' + _dl(pairs) + _wall_findings(walls) +
             "<h3>Call sites</h3>\n" +
             _table(("call site (first frame outside the allocator)", "allocator CPU",
                     "lock wait", "entry point"), rows, numeric={1, 2}) +

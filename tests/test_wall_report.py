@@ -173,3 +173,26 @@ def test_ctrl_c_during_a_wall_window_ends_the_recording_with_the_window(tmp_path
     assert len(snaps) == 1 and len(walls) == 1, err
     assert walls[0][1].window.ended == "interrupted"
     assert "Traceback" not in err
+
+
+def test_report_lists_the_windows_findings_with_their_knob(tmp_path):
+    """A recording of the one-arena glibc target: the wall rules' findings
+    (arena lock wait, mmap churn) appear once each, with the knob."""
+    from diag.recording import Recorder
+    from fakes import glibc_snapshot
+    docs = glibc_docs()
+    path = tmp_path / "w.jsonl"
+    with Recorder(path) as rec:         # the captured windows between two snapshots
+        rec.write(glibc_snapshot(taken_at=docs[0]["window"]["start"] - 1))
+        for d in docs:
+            rec.write_event(wallfile.EVENT, wallfile.wall_event(wallfile.wall_from_json(d)))
+        rec.write(glibc_snapshot(taken_at=docs[-1]["window"]["start"] + 3))
+    out = tmp_path / "r.html"
+    report.render_file(str(path), str(out))
+    section = out.read_text().split("<h3>Findings of the windows</h3>")[1]
+    ids = {f["id"] for d in docs for f in d["findings"]}
+    assert "wall-arena-lock" in ids
+    for fid in ids:
+        assert section.count(f"{fid} · ") == 1
+    assert "<dt>knob</dt><dd>arena_max</dd>" in section
+    assert f"in {len(docs)} of {len(docs)} windows" in section
