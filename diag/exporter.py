@@ -21,7 +21,8 @@ from typing import Optional
 
 from collectors.errors import AccessDenied, AllocdiagError, MissingExtra
 from diag.exitcodes import ExitCode
-from diag import hostlive, hostscan, metrics as M
+from diag import hostlive, hostscan, metrics as M, walllive
+from diag.wall import SYSCALLS
 
 try:        # an optional extra: the command names the install line when it is missing
     import prometheus_client
@@ -52,6 +53,9 @@ class Options:
     min_gap_s: float = 1.0
     deadline_s: float = 0.5
     proc: str = "/proc"
+    wall: bool = False                  # the live targets' allocation wall (diag.walllive)
+    wall_window_s: float = walllive.WINDOW_S
+    wall_every_s: float = walllive.EVERY_S
 
 
 def _read(path, default=""):
@@ -96,10 +100,13 @@ class AllocdiagCollector:
             max_pause_ms_per_minute=self.o.max_pause_ms_per_minute, refresh_s=self.o.refresh_s,
             min_gap_s=self.o.min_gap_s, retry_s=self.o.retry_s, deadline_s=self.o.deadline_s)
         self.live.on_read = self._count_read
+        self.wall_live = (walllive.WallLive(self.o.wall_window_s, self.o.wall_every_s)
+                          if self.o.wall else None)
         self._lock = threading.Lock()           # one collection at a time
         self._counter_lock = threading.Lock()   # the counters (HostLive's thread adds)
         self._group_of_pid = {}
         self.last_live_ok = True            # the last collection read every live target
+        self.last_wall_ok = True            # no live target's last wall window failed
         self._pause_s = defaultdict(float)  # group -> seconds
         self._reads = defaultdict(int)      # (group, state) -> reads
 
@@ -147,9 +154,23 @@ class AllocdiagCollector:
         return out[:self.o.max_targets], by_pid
 
     # -- prometheus_client Collector protocol ----------------------------------------------
+    def metrics(self):
+        return M.ALL + (M.WALL if self.wall_live is not None else ())
+
+    def start(self):
+        """The background readers (HTTP and --interval modes)."""
+        self.live.start()
+        if self.wall_live is not None:
+            self.wall_live.start()
+
+    def stop(self):
+        self.live.stop()
+        if self.wall_live is not None:
+            self.wall_live.stop()
+
     def describe(self):
         """The families without samples, so the registry knows the names."""
-        return [_family(m) for m in M.ALL]
+        return [_family(m) for m in self.metrics()]
 
     def collect(self):
         with self._lock:
@@ -157,7 +178,7 @@ class AllocdiagCollector:
 
     def _collect(self):
         t0 = time.perf_counter()
-        fams = {m.name: _family(m) for m in M.ALL}
+        fams = {m.name: _family(m) for m in self.metrics()}
         procfs_ok = True
         try:
             scan = hostscan.scan(self.o.proc)
@@ -170,6 +191,8 @@ class AllocdiagCollector:
         self.last_live_ok = live_ok and not (self.sync and pending)
         fams[M.COLLECTOR_SUCCESS.name].add_metric(["procfs"], 1 if procfs_ok else 0)
         fams[M.COLLECTOR_SUCCESS.name].add_metric(["live"], 1 if live_ok else 0)
+        if self.wall_live is not None:
+            fams[M.COLLECTOR_SUCCESS.name].add_metric(["wall"], 1 if self.last_wall_ok else 0)
         with self._counter_lock:
             for group, s in sorted(self._pause_s.items()):
                 fams[M.TARGET_PAUSE.name].add_metric([group], s)
@@ -203,11 +226,16 @@ class AllocdiagCollector:
         pids, by_pid = self.select_targets(rows)
         self._group_of_pid = {p: groups[p] for p in pids if p in by_pid}
         self.live.annotate([{"pid": p} for p in self._group_of_pid])
+        if self.wall_live is not None:
+            self.wall_live.annotate(list(self._group_of_pid))
         if self.sync:
             while self.live.step():
                 pass
-        ok, pending = True, False
+            if self.wall_live is not None:
+                self.wall_live.step_all()
+        ok, pending, wall_ok = True, False, True
         sums = defaultdict(lambda: defaultdict(int))
+        walls = defaultdict(list)       # (group, allocator) -> the targets' last Walls
         cgroups = {}
         for pid in pids:
             row = by_pid.get(pid)
@@ -227,7 +255,13 @@ class AllocdiagCollector:
                 [group, str(pid), row.get("comm") or UNKNOWN, kind, state, reason], 1)
             if state == "ok" and e.snapshot is not None:
                 _add_snapshot(sums[(group, kind)], cgroups, (group, kind), e.snapshot)
+            w = self.wall_live.entry(pid) if self.wall_live is not None else None
+            if w is not None and w.wall is not None:
+                walls[(group, kind)].append(w.wall)
+            wall_ok = wall_ok and (w is None or w.error is None)
+        self.last_wall_ok = wall_ok
         _emit_live(sums, cgroups, fams)
+        _emit_walls(walls, fams)
         return ok, pending
 
 
@@ -247,6 +281,55 @@ def _emit_live(sums, cgroups, fams):
             vals = [c[name] for c in by_path.values() if c.get(name) is not None]
             if vals:
                 fams[m.name].add_metric(list(key), sum(vals))
+
+
+def _ratio(part, whole):
+    return part / whole if whole else None
+
+
+def wall_sums(walls):
+    """{metric name: value} of the last WALLS of one group's targets, which
+    ran side by side: rates add up; shares are weighted by CPU samples,
+    thread time or stacks looked at; unknown figures are left out."""
+    out = {}
+    cpu = [w.cpu for w in walls if w.cpu is not None and w.cpu.samples]
+    if cpu:
+        n = sum(c.samples for c in cpu)
+        out[M.WALL_CPU_RATIO.name] = sum(c.allocator_samples for c in cpu) / n
+        out[M.WALL_UNKNOWN_RATIO.name] = sum(c.unknown_samples for c in cpu) / n
+    off = [w.off_cpu for w in walls if w.off_cpu is not None]
+    if off:
+        out[M.WALL_LOCK_SECONDS.name] = sum(o.allocator_lock_s for o in off)
+        lock = _ratio(sum(o.allocator_lock_s for o in off), sum(o.thread_s for o in off))
+        if lock is not None:
+            out[M.WALL_LOCK_RATIO.name] = lock
+    for metric, attr in ((M.WALL_MINOR_FAULTS, "minor_per_s"),
+                         (M.WALL_MAJOR_FAULTS, "major_per_s")):
+        rates = [getattr(w.faults, attr) for w in walls if w.faults is not None]
+        if any(r is not None for r in rates):
+            out[metric.name] = sum(r for r in rates if r is not None)
+    for name in SYSCALLS:
+        rates = [w.syscalls[name] for w in walls if name in w.syscalls]
+        known = [r.per_s for r in rates if r.per_s is not None]
+        if known:
+            out[(M.WALL_SYSCALLS.name, name)] = sum(known)
+        share = _ratio(sum(r.from_allocator for r in rates),
+                       sum(r.sampled - r.unknown for r in rates))
+        if share is not None:
+            out[(M.WALL_SYSCALLS_ALLOCATOR.name, name)] = share
+    if walls:
+        out[M.WALL_WINDOW.name] = max(w.window.duration_s for w in walls)
+    return out
+
+
+def _emit_walls(walls, fams):
+    for key, ws in sorted(walls.items()):
+        for name, v in wall_sums(ws).items():
+            if isinstance(name, tuple):
+                name, syscall = name
+                fams[name].add_metric(list(key) + [syscall], v)
+            else:
+                fams[name].add_metric(list(key), v)
 
 
 def _add_snapshot(s, cgroups, key, snap):

@@ -20,7 +20,7 @@ target, and the number of targets is capped).
 from collections import namedtuple
 
 from diag import breakdown
-from diag.fields import BY_NAME, EXPORTER_BY_NAME, STATS_FIELDS
+from diag.fields import BY_NAME, EXPORTER_BY_NAME, STATS_FIELDS, WALL_BY_NAME
 
 Metric = namedtuple("Metric", "name type labels field")
 
@@ -67,6 +67,27 @@ COLLECTOR_SUCCESS = Metric(f"{PREFIX}collector_success", "gauge", ("collector",)
 ALL = (tuple(PROC_METRICS.values()) + (PROCESSES, SCAN_SKIPPED) + tuple(STATS_METRICS.values())
        + (MEMORY, TARGET_RSS) + tuple(CGROUP_METRICS.values())
        + (TARGET_INFO, TARGET_PAUSE, TARGET_READS, SCRAPE_DURATION, COLLECTOR_SUCCESS))
+
+
+# the allocation wall of the live targets (--wall), each group's last windows;
+# gauges: a window is a sample of the time, not a count since start
+def _wall_metric(name, field, extra=()):
+    return Metric(f"{PREFIX}{name}", "gauge", LIVE_LABELS + extra, WALL_BY_NAME[field])
+
+
+WALL_CPU_RATIO = _wall_metric("allocator_cpu_ratio", "cpu.allocator_share")
+WALL_UNKNOWN_RATIO = _wall_metric("allocator_cpu_unknown_ratio", "cpu.unknown_share")
+WALL_LOCK_SECONDS = _wall_metric("allocator_lock_wait_seconds", "off_cpu.allocator_lock_s")
+WALL_LOCK_RATIO = _wall_metric("allocator_lock_wait_ratio", "off_cpu.allocator_lock_share")
+WALL_MINOR_FAULTS = _wall_metric("minor_page_faults_per_second", "faults.minor_per_s")
+WALL_MAJOR_FAULTS = _wall_metric("major_page_faults_per_second", "faults.major_per_s")
+WALL_SYSCALLS = _wall_metric("syscalls_per_second", "syscalls.NAME.per_s", ("syscall",))
+WALL_SYSCALLS_ALLOCATOR = _wall_metric("syscalls_from_allocator_ratio",
+                                       "syscalls.NAME.from_allocator_share", ("syscall",))
+WALL_WINDOW = _wall_metric("wall_window_seconds", "window.duration_s")
+WALL = (WALL_CPU_RATIO, WALL_UNKNOWN_RATIO, WALL_LOCK_SECONDS, WALL_LOCK_RATIO,
+        WALL_MINOR_FAULTS, WALL_MAJOR_FAULTS, WALL_SYSCALLS, WALL_SYSCALLS_ALLOCATOR,
+        WALL_WINDOW)
 
 
 def exposed_name(metric):

@@ -385,8 +385,24 @@ def _default_sampler(no_attach):
     return lambda pid: snapshot_mod.take(pid, **kwargs)[0]
 
 
+def _record_wall(rec, wall, pid, seconds, stop):
+    """One wall window of SECONDS written as a wall line; a process that
+    exits during it ends the window (the next snapshot ends the recording).
+    The sampler ends a window on Ctrl-C and returns it (``interrupted``):
+    it is written, then the interrupt goes on to end the recording."""
+    from diag import wall as wall_model, wallfile
+    try:
+        w = wall(pid, seconds, stop)
+    except NoSuchProcess:
+        return
+    if w is not None:
+        rec.write_event(wallfile.EVENT, wallfile.wall_event(w))
+        if w.window.ended == wall_model.INTERRUPTED and not (stop is not None and stop()):
+            raise KeyboardInterrupt
+
+
 def record(pid, path, interval=2.0, duration=None, progress_cb=None, no_attach=False,
-           sampler=None, stop=None, events=(), interrupt=None):
+           sampler=None, stop=None, events=(), interrupt=None, wall=None):
     """Sample PID every INTERVAL seconds into the recording PATH.
 
     Stops after DURATION seconds (None: until interrupted or the process
@@ -404,13 +420,17 @@ def record(pid, path, interval=2.0, duration=None, progress_cb=None, no_attach=F
     the wait for the next one ends at once, and the count is returned.
     A KeyboardInterrupt (a second Ctrl-C) leaves the file closed with whole
     lines; the count it holds is then ``RecordInterrupted.count``.
+    WALL (``record --wall``): ``wall(pid, seconds, stop) -> diag.wall.Wall``
+    samples the process's allocation wall; it is called instead of sleeping
+    between two samples, so the windows cover the recording, and each is
+    written as a wall line (diag.wallfile) after the snapshot it follows.
     """
     sampler = sampler or _default_sampler(no_attach)
     pending = sorted(events, key=lambda e: e[0])
     with Recorder(path) as rec:
         try:
             _record_loop(rec, pid, sampler, interval, duration, progress_cb, stop, pending,
-                         interrupt)
+                         interrupt, wall)
         except KeyboardInterrupt:
             raise RecordInterrupted(rec.count) from None
         return rec.count
@@ -424,8 +444,13 @@ class RecordInterrupted(KeyboardInterrupt):
         self.count = count
 
 
-def _record_loop(rec, pid, sampler, interval, duration, progress_cb, stop, pending, interrupt):
+def _record_loop(rec, pid, sampler, interval, duration, progress_cb, stop, pending, interrupt,
+                 wall):
     start = next_at = time.monotonic()
+
+    def stopped():
+        # a wall window ends early on the caller's stop or a stop signal
+        return bool((stop is not None and stop()) or (interrupt is not None and interrupt.is_set()))
     while interrupt is None or not interrupt.is_set():
         try:
             snap = sampler(pid)
@@ -445,6 +470,9 @@ def _record_loop(rec, pid, sampler, interval, duration, progress_cb, stop, pendi
             break
         if stop is not None and stop():
             break
+        if wall is not None and next_at > now:
+            _record_wall(rec, wall, pid, next_at - now, stopped)
+            now = time.monotonic()
         if next_at > now:
             if interrupt is not None:
                 interrupt.wait(next_at - now)

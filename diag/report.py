@@ -15,7 +15,11 @@ A recording (``allocdiag record``, JSON Lines, .gz allowed) gives:
   units from diag.fields);
 - the process and allocator identity and the preload verdict;
 - every ``release`` event (``record --release-at``, ``release --record``):
-  before/after per field.
+  before/after per field;
+- the allocation wall when the recording has wall lines (``record --wall``,
+  diag.wallfile): the allocator's CPU share and lock-wait share per window
+  over time, the totals over every window, the call sites, and an icicle
+  (a flame graph drawn top-down) of the allocator's CPU samples by stack.
 
 A compare document (``compare --json``) gives per-variant RSS, anon,
 LazyFree and allocator resident over time and peak vs settled bars (compare's
@@ -36,6 +40,8 @@ import zlib
 from collectors.errors import BadInput
 from diag import findings as findings_mod
 from diag import report_charts as charts
+from diag import wallfile
+from diag.wall import SYSCALLS
 from diag.fields import BY_NAME
 from diag.recording import open_text, read_recording_events
 from diag.render import evidence_text, evidence_unit, human_bytes
@@ -259,10 +265,15 @@ def _collect_findings(snaps):
 
 
 def _finding_html(f, count, snap, total, current):
-    rss = snap.process.rss
     seen = ("computed over the whole recording" if count is None else
             f"in {count} of {total} samples; last at {_when(snap.taken_at)}" +
             ("" if current else " (gone by the last sample)"))
+    return _finding_block(f, seen, snap.process.rss)
+
+
+def _finding_block(f, seen, rss):
+    """One finding: title, id, confidence, SEEN (where it was found), knob,
+    evidence (bytes also as a share of RSS)."""
     parts = [f'<h3 class="sev-{esc(f.severity)}">{esc(f.severity)}: {esc(f.title)}</h3>',
              f'<p class="muted">{esc(f.id)} · confidence {esc(f.confidence)} · {esc(seen)}'
              + (f" · at stake {esc(_bytes_cell(f.expected_effect_bytes))}"
@@ -324,12 +335,148 @@ def _releases_section(snaps, events):
     return "<h2>Release</h2>\n" + "\n".join(_release_html(e, snaps[0].taken_at) for e in rel)
 
 
+# -- the allocation wall ---------------------------------------------------------------------
+
+WALL_SITES = 20         # rows of the call-site table
+
+
+def _ratio(part, whole):
+    return None if not whole else part / whole
+
+
+def wall_totals(walls):
+    """The figures of every window together: shares weighted by samples
+    (CPU) or thread time (lock wait), rates over the summed durations."""
+    cpu = [w.cpu for w in walls if w.cpu is not None]
+    off = [w.off_cpu for w in walls if w.off_cpu is not None]
+    dur = sum(w.window.duration_s for w in walls)
+    samples = sum(c.samples for c in cpu)
+    minor = [w.faults.minor for w in walls if w.faults is not None and w.faults.minor is not None]
+    out = {"windows": len(walls), "seconds": dur, "samples": samples,
+           "lost": sum(w.window.lost for w in walls),
+           "allocator_share": _ratio(sum(c.allocator_samples for c in cpu), samples),
+           "unknown_share": _ratio(sum(c.unknown_samples for c in cpu), samples),
+           "allocator_s": sum(c.allocator_s for c in cpu),
+           "lock_s": sum(o.allocator_lock_s for o in off) if off else None,
+           "lock_share": _ratio(sum(o.allocator_lock_s for o in off),
+                                sum(o.thread_s for o in off)) if off else None,
+           "minor_per_s": _ratio(sum(minor), dur) if minor else None, "syscalls": {}}
+    for name in SYSCALLS:
+        rates = [w.syscalls[name] for w in walls if name in w.syscalls
+                 and w.syscalls[name].count is not None]
+        if rates:
+            known = sum(r.sampled - r.unknown for r in rates)
+            out["syscalls"][name] = (_ratio(sum(r.count for r in rates), dur),
+                                     _ratio(sum(r.from_allocator for r in rates), known))
+    return out
+
+
+def _pct(share):
+    return "unknown" if share is None else f"{share * 100:.1f}%"
+
+
+def _wall_sites(walls):
+    """[(function, allocator CPU s, lock wait s, entry)] over every window, largest first."""
+    sites = {}
+    for w in walls:
+        for s in w.sites:
+            cpu, lock, entry = sites.get(s.function, (0.0, 0.0, s.entry))
+            sites[s.function] = (cpu + s.allocator_cpu_s, lock + s.lock_wait_s, entry or s.entry)
+    return sorted(((f, c, l, e) for f, (c, l, e) in sites.items()),
+                  key=lambda r: -(r[1] + r[2]))
+
+
+def _allocator_frames(walls, stacks):
+    """Names of the frames inside the allocator: the entry points and
+    functions the windows name, and every frame below an entry point."""
+    entries = {f.function for w in walls if w.cpu for f in w.cpu.by_entry}
+    names = entries | {f.function for w in walls if w.cpu for f in w.cpu.by_function}
+    for frames, _weight in stacks:
+        i = next((i for i, f in enumerate(frames) if f in entries), None)
+        if i is not None:
+            names.update(frames[i:])
+    return names
+
+
+def _wall_findings(walls):
+    """The windows' findings: each once (its last occurrence), with the
+    number of windows that had it."""
+    seen = {}
+    for taken_at, w in walls:
+        for f in w.findings:
+            seen[f.id] = (f, seen[f.id][1] + 1 if f.id in seen else 1, taken_at)
+    if not seen:
+        return "<h3>Findings of the windows</h3>\n<p>None: no wall rule fired.</p>"
+    return "<h3>Findings of the windows</h3>\n" + "\n".join(
+        _finding_block(f, f"in {n} of {len(walls)} windows; last at {_when(t)}", None)
+        for f, n, t in seen.values())
+
+
+def _wall_section(snaps, events):
+    walls = wallfile.walls_of(events)
+    if not walls:
+        return ("<h2>The allocation wall</h2>\n<p class=\"muted\">No wall figures in this "
+                "recording (record with <code>--wall</code> to sample where the process's CPU "
+                "and waiting go in its allocator).</p>")
+    t0 = snaps[0].taken_at
+    t = [round(ts - t0, 3) if ts is not None and t0 is not None else float(i)
+         for i, (ts, _w) in enumerate(walls)]
+    ws = [w for _ts, w in walls]
+    over_time = charts.share_lines(t, {
+        "cpu.allocator_share": [w.cpu.allocator_share if w.cpu else None for w in ws],
+        "off_cpu.allocator_lock_share": [w.off_cpu.allocator_lock_share if w.off_cpu else None
+                                         for w in ws],
+        "cpu.unknown_share": [w.cpu.unknown_share if w.cpu else None for w in ws]},
+        title="allocator share over time",
+        labels={"cpu.allocator_share": "allocator share of CPU samples",
+                "off_cpu.allocator_lock_share": "allocator lock wait, share of thread time",
+                "cpu.unknown_share": "unknown (stack walk stopped early)"})
+    tot = wall_totals(ws)
+    pairs = [("windows", f"{tot['windows']} covering {tot['seconds']:.1f} s, "
+                         f"{tot['samples']:,} CPU samples at {ws[0].window.hz} Hz"
+                         + (f", {tot['lost']:,} records lost" if tot["lost"] else "")),
+             ("allocator share of CPU", f"{_pct(tot['allocator_share'])} "
+                                        f"({tot['allocator_s']:.2f} CPU s)"),
+             ("not attributed (walk stopped early)", _pct(tot["unknown_share"])),
+             ("allocator lock wait", None if tot["lock_s"] is None else
+              f"{tot['lock_s']:.2f} s ({_pct(tot['lock_share'])} of thread time)"),
+             ("minor page faults per second", None if tot["minor_per_s"] is None else
+              f"{tot['minor_per_s']:,.0f}")]
+    pairs += [(f"{n} per second", f"{r:,.1f} ({_pct(a)} from the allocator)")
+              for n, (r, a) in tot["syscalls"].items() if r]
+    missing = {(m.figure, m.reason, m.fix) for w in ws for m in w.window.missing}
+    pairs += [(f"missing: {f}", f"{r}" + (f" (fix: {x})" if x else "")) for f, r, x in
+              sorted(missing, key=lambda m: m[0])]
+    stacks = [(s.frames, s.weight) for w in ws for s in w.stacks
+              if s.kind == "cpu" and s.allocator]
+    names = _allocator_frames(ws, stacks)
+    flame = charts.icicle(stacks, "allocator CPU by call stack",
+                          is_allocator=names.__contains__, unit="allocator CPU samples")
+    rows = [(f, f"{c * 1000:,.0f} ms", f"{lk * 1000:,.0f} ms", e or "")
+            for f, c, lk, e in _wall_sites(ws)[:WALL_SITES]]
+    note = ("Each point is one window, sampled with perf_event_open between two snapshots. "
+            "Shares of CPU are of the process's on-CPU samples; the lock wait is time threads "
+            "were blocked with an allocator frame on the stack, as a share of their time.")
+    flame_note = ("Icicle: the outermost frame on top, each box as wide as its share of the "
+                  "allocator's CPU samples of every window; the allocator's frames in orange "
+                  "and red, the program's in blue.  The blue frame above the first orange one "
+                  "is the call site.")
+    return ("<h2>The allocation wall</h2>\n" + _chart(over_time) +
+            f'<p class="muted">{esc(note)}</p>\n' + _dl(pairs) + _wall_findings(walls) +
+            "<h3>Call sites</h3>\n" +
+            _table(("call site (first frame outside the allocator)", "allocator CPU",
+                    "lock wait", "entry point"), rows, numeric={1, 2}) +
+            "<h3>Allocator time by call stack</h3>\n" +
+            _chart(flame, "no allocator samples in the recorded windows") +
+            f'<p class="muted">{esc(flame_note)}</p>')
+
+
 def recording_html(snaps, events, source="recording"):
     last = snaps[-1]
     title = f"allocdiag report: pid {last.pid} {last.comm or ''}".strip()
     body = "\n".join((_identity(snaps, source), _stack_section(snaps, events),
                       _peak_section(snaps), _findings_section(snaps),
-                      _releases_section(snaps, events)))
+                      _releases_section(snaps, events), _wall_section(snaps, events)))
     return _page(title, body)
 
 

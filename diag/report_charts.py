@@ -238,3 +238,99 @@ def bar_panels(panels, pair_labels, title, colors=PAIR_COLORS, cols=2):
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside upper right", frameon=False, ncols=2)
     return to_svg(fig, ctx, title)
+
+
+# -- the allocation wall (record --wall) ---------------------------------------------------
+
+SHARE_COLORS = {"cpu.allocator_share": "#d62728", "off_cpu.allocator_lock_share": "#1f77b4",
+                "cpu.unknown_share": "#7f7f7f"}
+ICICLE_ROW_IN = 0.26        # height of one frame level
+ICICLE_MAX_DEPTH = 24       # deeper frames are left out (their width is in their parent)
+ICICLE_MIN_LABEL = 0.04     # share of the width a frame needs for its name to be written
+ICICLE_CHAR_SHARE = 0.0075  # share of the width one character of a label takes (at 11 in)
+ICICLE_LEVEL_COLORS = ("#c6dbef", "#9ecae1", "#deebf7", "#bdd7e7")    # the program's frames
+ICICLE_ALLOCATOR_COLORS = ("#fc8d59", "#ef6548", "#fdbb84")           # the allocator's
+
+
+def share_lines(t, series, title="over time", labels=None):
+    """Lines of SERIES {wall field: [share 0..1 or None]} over T (seconds),
+    in percent; labels from diag.fields' wall rows unless LABELS names them."""
+    from diag.fields import WALL_BY_NAME
+    if not any(v is not None for vs in series.values() for v in vs):
+        return None
+    fig, ctx = _figure(PANEL_HEIGHT_IN)
+    ax = fig.subplots()
+    for name, values in series.items():
+        pts = [(x, v * 100) for x, v in zip(t, values) if v is not None]
+        if not pts:
+            continue
+        xs, ys = zip(*pts)
+        text = (labels or {}).get(name) or WALL_BY_NAME[name].label
+        ax.plot(xs, ys, label=text, color=SHARE_COLORS.get(name), linewidth=LINE_WIDTH,
+                marker="o", markersize=3)
+    ax.set_ylabel("%")
+    ax.set_ylim(0, max(ax.get_ylim()[1], 10))
+    ax.set_xlabel("seconds since the first sample (each point: the end of a window)")
+    ax.grid(True, color="#e5e5e5", linewidth=0.8)
+    ax.set_axisbelow(True)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return to_svg(fig, ctx, title)
+
+
+def icicle_tree(stacks, max_depth=ICICLE_MAX_DEPTH):
+    """{frame: [weight, children]} of STACKS [(frames outermost first, weight)]."""
+    root = {}
+    for frames, weight in stacks:
+        level = root
+        for f in frames[:max_depth]:
+            node = level.setdefault(f, [0, {}])
+            node[0] += weight
+            level = node[1]
+    return root
+
+
+def _icicle_rects(tree, x0, depth, total, out):
+    x = x0
+    for name, (weight, children) in sorted(tree.items(), key=lambda kv: -kv[1][0]):
+        w = weight / total
+        out.append((x, depth, w, name, not children))
+        _icicle_rects(children, x, depth + 1, total, out)
+        x += w
+    return out
+
+
+def icicle(stacks, title="icicle", is_allocator=None, unit="samples"):
+    """A flame graph drawn top-down (icicle): STACKS [(frames outermost
+    first, weight)], each frame a box as wide as its share of the total
+    weight, its callees below it.  Frames for which IS_ALLOCATOR(name) is
+    true are drawn in the allocator's colour, the rest by depth."""
+    total = sum(w for _f, w in stacks)
+    if not total:
+        return None
+    rects = _icicle_rects(icicle_tree(stacks), 0.0, 0, total, [])
+    depth = max(d for _x, d, _w, _n, _leaf in rects) + 1
+    fig, ctx = _figure(ICICLE_ROW_IN * depth + 0.6)
+    ax = fig.subplots()
+    for x, d, w, name, _leaf in rects:
+        colours = (ICICLE_ALLOCATOR_COLORS if is_allocator is not None and is_allocator(name)
+                   else ICICLE_LEVEL_COLORS)
+        colour = colours[d % len(colours)]
+        ax.add_patch(_rectangle(x, d, w, colour))
+        if w >= ICICLE_MIN_LABEL:
+            room = int(w / ICICLE_CHAR_SHARE) - 1
+            text = name if len(name) <= room else name[:max(1, room - 1)] + "…"
+            ax.text(x + 0.003, d + 0.5, text, va="center", ha="left",
+                    fontsize=FONT_SIZE - 1, clip_on=True)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(depth, 0)
+    ax.set_yticks([])
+    ax.set_xticks([i / 10 for i in range(11)], [f"{i * 10}%" for i in range(11)])
+    ax.set_xlabel(f"share of {total:,} {unit}")
+    for side in ("left", "top", "right"):
+        ax.spines[side].set_visible(False)
+    return to_svg(fig, ctx, title)
+
+
+def _rectangle(x, depth, width, colour):
+    from matplotlib.patches import Rectangle
+    return Rectangle((x, depth), width, 1, facecolor=colour, edgecolor="white", linewidth=0.6)

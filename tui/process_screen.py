@@ -22,6 +22,7 @@ from collectors.errors import AccessDenied, NoSuchProcess
 from tui import layers
 from tui import process_tabs as tabs
 from tui.heap_tab import HeapTab
+from tui.wall_tab import WallTab
 from tui.process_tabs import FindingsPane
 from tui.widgets import HistoryLegend, LayerHistory, NativeTables, StackPanel, ViewStatic, ViewTable
 
@@ -53,6 +54,7 @@ class ProcessScreen(Screen):
         Binding("3", "tab('findings')", "Findings", show=False),
         Binding("4", "tab('process')", "Process", show=False),
         Binding("5", "tab('heap')", "Heap", show=False),
+        Binding("6", "tab('wall')", "Time", show=False),
         # the Heap tab's keys, offered while it is the active tab
         Binding("s", "heap('status')", "Heap start"),
         Binding("d", "heap('dump')", "Dump"),
@@ -124,6 +126,9 @@ class ProcessScreen(Screen):
                                     cursor_type="none").data_bind(bound)
             with TabPane("Heap", id="heap"):
                 yield HeapTab(self.source, self._source_lock, id="heap-tab")
+            with TabPane("Time", id="wall"):
+                yield WallTab(self.source, self._source_lock, record=self._record_wall,
+                              id="wall-tab").data_bind(bound)
         yield Static("", id="proc-status", classes="status")
         yield Footer()
 
@@ -173,6 +178,18 @@ class ProcessScreen(Screen):
                 except OSError as exc:
                     recorded = exc
         self.post_message(SampleTaken(snap, recorded))
+
+    def _record_wall(self, wall):
+        """A Time-tab window into the recording being made (a wall line, as
+        ``record --wall`` writes); called in the tab's worker.  A write error
+        shows with the next sample's write."""
+        from diag import wallfile
+        with self._rec_lock:
+            if self.recorder is not None:
+                try:
+                    self.recorder.write_event(wallfile.EVENT, wallfile.wall_event(wall))
+                except OSError:
+                    pass
 
     def on_sample_taken(self, msg):
         self._busy = False
@@ -314,6 +331,15 @@ class ProcessScreen(Screen):
     @on(TabbedContent.TabActivated, "#tabs")
     def _tab_activated(self, event):
         self.refresh_bindings()     # the Heap tab's keys come and go with it
+        self._follow_wall()
+
+    def _follow_wall(self):
+        """The Time tab samples only while it is open and the view is not paused."""
+        wall = self.query_one(WallTab)
+        if self._active_tab() == "wall" and self.ended is None and not self.paused:
+            wall.start()
+        else:
+            wall.stop()
 
     def action_heap(self, what):
         self.query_one(HeapTab).request(what)
@@ -328,6 +354,7 @@ class ProcessScreen(Screen):
         self.paused = True
         if self._timer:
             self._timer.pause()
+        self._follow_wall()
         self.refresh_bindings()
         self.update_status()
 
@@ -335,6 +362,7 @@ class ProcessScreen(Screen):
         self.paused = False
         if self._timer:
             self._timer.resume()
+        self._follow_wall()
         self.refresh_bindings()
         self.take_sample()
         self.update_status()

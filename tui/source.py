@@ -21,6 +21,12 @@ from constructed Snapshots):
     (the process right after the dump: the diff's allocator and kernel
     layers; None when it could not be read), ``call``, ``notes``,
     ``pause_us``.
+    The allocation wall (the Time tab; ``diag.wallsample``): ``wall(seconds,
+    stop, lock) -> diag.wall.Wall``, one window of perf_event_open sampling that
+    ends early when ``stop()`` is true (LOCK: held around its calls into the
+    process); ``wall_unavailable() -> str or None``
+    (why this source cannot sample); ``walls() -> [(taken_at, Wall)]`` (the
+    windows recorded with ``record --wall``; empty for a live process).
 
 ``ReplaySource``
     A ProcessSource over a recording: ``live`` is False, ``backlog()`` is
@@ -37,6 +43,12 @@ from collectors.errors import AllocdiagError
 
 
 NEEDS_LIVE_PROCESS = "heap profiles need a live process: a recording has none"
+WALL_NO_ATTACH = ("the allocation wall is not sampled with --no-attach: it opens "
+                  "perf_event_open on the process's threads and reads the allocator's "
+                  "counters with two short stops (run without --no-attach, or use "
+                  "`allocdiag wall PID`)")
+WALL_NOT_RECORDED = ("this recording has no wall figures: record with `allocdiag record PID "
+                     "-o FILE --wall` (a recording cannot be sampled)")
 
 
 class ActionUnavailable(AllocdiagError):
@@ -155,6 +167,19 @@ class ProcessSource:
                         + [f"no snapshot after the dump: {exc}"])
         return dict(info, view=view, snapshot=snap)
 
+    # the allocation wall: perf_event_open sampling, no thread stopped
+    def wall_unavailable(self):
+        return WALL_NO_ATTACH if self.no_attach else None
+
+    def wall(self, seconds, stop=None, lock=None):
+        if self.no_attach:
+            raise ActionUnavailable(WALL_NO_ATTACH, pid=self.pid)
+        from diag import wallsample
+        return wallsample.sample(self.pid, seconds, stop=stop, lock=lock)
+
+    def walls(self):
+        return []
+
     def close(self):
         """Leave nothing attached: every snapshot detaches after its calls, but a
         thread that did not stop in time is held as an orphan until it does
@@ -172,12 +197,15 @@ class ReplaySource:
     live = False
     no_attach = True
 
-    def __init__(self, path=None, snapshots=None):
+    def __init__(self, path=None, snapshots=None, walls=None):
         if snapshots is None:
-            from diag.recording import read_recording
-            snapshots = read_recording(path)   # MalformedData on a bad file
+            from diag.recording import read_recording_events
+            from diag.wallfile import walls_of
+            snapshots, events = read_recording_events(path)   # MalformedData on a bad file
+            walls = walls_of(events) if walls is None else walls
         self.path = path
         self.snapshots = list(snapshots)
+        self._walls = list(walls or ())
         first = self.snapshots[0]
         self.pid = first.pid
         self.label = f"replay {path}" if path else "replay"
@@ -198,6 +226,15 @@ class ReplaySource:
         raise ActionUnavailable(NEEDS_LIVE_PROCESS)
 
     heap_status = heap_start = heap_dump = heap_stop = _no_heap
+
+    def wall_unavailable(self):
+        return None if self._walls else WALL_NOT_RECORDED
+
+    def wall(self, seconds, stop=None, lock=None):
+        raise ActionUnavailable(self.wall_unavailable() or "a recording cannot be sampled")
+
+    def walls(self):
+        return list(self._walls)
 
     def close(self):
         pass

@@ -145,6 +145,17 @@ def add_parser(sub):
                       help="re-read a target this often (default 30)")
     live.add_argument("--retry", type=positive(float), default=300.0, metavar="SECONDS",
                       help="try a target that could not be read again after this (default 300)")
+    wall = p.add_argument_group("the allocation wall of the live targets (opt-in; no stop, "
+                                "some CPU)")
+    wall.add_argument("--wall", action="store_true",
+                      help="sample each live target's allocation wall with perf_event_open (as "
+                           "`allocdiag wall`, without the counter reads: no thread stopped) and "
+                           "export allocdiag_allocator_cpu_ratio, lock-wait seconds, faults and "
+                           "syscalls per second")
+    wall.add_argument("--wall-window", type=positive(float), default=None, metavar="SECONDS",
+                      help="with --wall: seconds per window (default 5)")
+    wall.add_argument("--wall-every", type=positive(float), default=None, metavar="SECONDS",
+                      help="with --wall: a target's window starts at most this often (default 60)")
     return p
 
 
@@ -153,7 +164,22 @@ def options(args):
     return Options(group_by=args.group_by, groups=tuple(args.groups), targets=tuple(args.targets),
                    match=args.match, top=args.top, max_targets=args.max_targets,
                    max_pause_ms_per_minute=args.max_pause_ms_per_minute,
-                   refresh_s=args.refresh, retry_s=args.retry, proc=args.proc)
+                   refresh_s=args.refresh, retry_s=args.retry, proc=args.proc,
+                   **_wall_options(args))
+
+
+def _wall_options(args):
+    """Options' wall fields: --wall-window/--wall-every only with --wall."""
+    if not args.wall:
+        if args.wall_window is not None or args.wall_every is not None:
+            raise UsageError("--wall-window and --wall-every go with --wall")
+        return {}
+    out = {"wall": True}
+    if args.wall_window is not None:
+        out["wall_window_s"] = args.wall_window
+    if args.wall_every is not None:
+        out["wall_every_s"] = args.wall_every
+    return out
 
 
 def _check_args(args):
@@ -218,13 +244,13 @@ def _loop(collector, job, interval):
     started, until SIGTERM (exit 0) or Ctrl-C."""
     stop = threading.Event()
     old = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    collector.live.start()
+    collector.start()
     try:
         while not stop.is_set():
             if job is not None:
                 job()
             stop.wait(interval if interval else 3600)
     finally:
-        collector.live.stop()
+        collector.stop()
         signal.signal(signal.SIGTERM, old)
     return ExitCode.OK

@@ -22,6 +22,7 @@ def add_parser(sub):
                     "the process view; `allocdiag report FILE -o OUT.html` makes one HTML page of it.",
         examples=["allocdiag record 1234 -o incident.jsonl.gz --duration 600",
                   "allocdiag record 1234 -o rel.jsonl --duration 20 --release-at 10 --yes",
+                  "allocdiag record 1234 -o wall.jsonl.gz --duration 60 --wall",
                   "allocdiag report incident.jsonl.gz -o incident.html"])
     p.add_argument("pid", type=pid_arg)
     p.add_argument("-o", "--output", required=True, metavar="FILE")
@@ -34,6 +35,10 @@ def add_parser(sub):
                    help="S seconds into the recording, call the allocator's release function "
                         "(as `allocdiag release`) and write its before/after as an event line "
                         "(`allocdiag report` shows it); asks first unless --yes")
+    p.add_argument("--wall", action="store_true",
+                   help="between two snapshots, sample the allocation wall (as `allocdiag wall`: "
+                        "perf_event_open, no thread stopped for it) and write each window as a "
+                        "wall line; `replay` shows it in the Time tab, `report` draws it")
     p.add_argument("--yes", "-y", action="store_true",
                    help="with --release-at: do not ask for confirmation")
     return p
@@ -94,9 +99,22 @@ def _stop_on_signals(event):
             signal.signal(s, h)
 
 
+def _wall_sampler(args):
+    """The ``wall`` argument of diag.recording.record for --wall."""
+    if not args.wall:
+        return None
+    from diag.commands.common import UsageError
+    from diag import wallsample
+    if args.no_attach:
+        raise UsageError("--wall reads the allocator's counters with two short stops per "
+                         "window: not with --no-attach")
+    return lambda pid, seconds, stop: wallsample.sample(pid, seconds, stop=stop)
+
+
 def run(args):
     from diag import recording
     events = _release_events(args)
+    wall = _wall_sampler(args)
     tty = sys.stderr.isatty()
     t0 = time.monotonic()
     written = 0             # what the recording holds, also after a signal
@@ -120,7 +138,7 @@ def run(args):
             written = recording.record(args.pid, args.output, interval=args.interval,
                                        duration=args.duration, progress_cb=progress,
                                        no_attach=args.no_attach, events=events,
-                                       interrupt=interrupt)
+                                       interrupt=interrupt, wall=wall)
         except recording.RecordInterrupted as exc:
             written = exc.count     # the recorder closed the file; this is what it holds
     how = f" (stopped by {got[0]})" if got else ""
