@@ -131,7 +131,9 @@ def _window(doc):
                     hz=_int(doc.get("hz"), "window.hz", 0), ended=doc.get("ended", W.COMPLETE),
                     comm=doc.get("comm"), allocator=doc.get("allocator"),
                     reader_cpu_s=_num(doc.get("reader_cpu_s"), "window.reader_cpu_s"),
-                    missing=missing, **ints)
+                    missing=missing, pause_us=tuple(
+                        _num(p, "window.pause_us[]")
+                        for p in _list(doc.get("pause_us"), "window.pause_us")), **ints)
 
 
 def _wall(doc):

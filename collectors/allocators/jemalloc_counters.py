@@ -4,7 +4,7 @@ that the snapshot reader (collectors.allocators.jemalloc, options
 "Jdablxeh") leaves out.
 
 One ``malloc_stats_print(strcat, buf, PRINT_OPTS)`` on the borrowed thread
-(the same call and scratch discipline as the snapshot reader) plus one
+(the same call, stack need and output buffer as the snapshot reader) plus one
 ``mallctl("arenas.narenas")``.  PRINT_OPTS (src/stats.c, 5.2/5.3): J JSON;
 g no general section; d no destroyed arenas; a no per-arena sections (the
 merged arena stays: "m" not given); b no bins; l no large classes; e no
@@ -64,9 +64,9 @@ def gather(c, a):
     strcat = a["strcat"]
     if a.get("strcat_ifunc"):
         strcat = c.call(strcat)        # glibc's IFUNC resolver: this CPU's strcat
-    buf = c.scratch(BUF)
+    buf = c.buffer(BUF)        # zeroed, outside the stack: strcat appends at its start
     opt_at = c.scratch(len(PRINT_OPTS) + 1)
-    c.write(opt_at, (PRINT_OPTS + b"\0").ljust(buf - opt_at, b"\0") + b"\0")
+    c.write(opt_at, PRINT_OPTS + b"\0")
     c.call(a["print"], strcat, buf, opt_at)
     text, terminated = common.text_at(c, buf, BUF)
     if not terminated:

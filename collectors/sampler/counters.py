@@ -20,7 +20,6 @@ from collectors.allocators import jemalloc, jemalloc_counters
 from collectors.errors import AllocdiagError, Unsupported
 from collectors.image import ProcessImage
 from collectors.procfs import ProcFS
-from collectors.remote import RemoteProcess
 from diag import wall
 
 DEADLINE_S = 2.0
@@ -86,9 +85,11 @@ class Reader:
         if not a.get("print"):
             raise Unsupported("this jemalloc build has no usable malloc_stats_print "
                               "(version other than 5.2/5.3)", pid=self.pid)
-        rp = RemoteProcess(self.pid, forbidden_ranges=livestats.forbidden_ranges(
-            self.image, self.det), deadline_s=DEADLINE_S, call_timeout_s=livestats.CALL_TIMEOUT_S,
-            procfs=self.image.procfs.root)
+        # the same print call as the snapshot reader: its measured stack need,
+        # the output buffer from Call.buffer (never the borrowed stack)
+        rp = livestats.open_remote(self.image, self.det, stack_need=jemalloc.STACK_NEED,
+                                   deadline_s=DEADLINE_S,
+                                   call_timeout_s=livestats.CALL_TIMEOUT_S)
         with rp.borrow() as c:
             raw = jemalloc_counters.gather(c, a)
         self.pause_us.extend(rp.pause_us)
