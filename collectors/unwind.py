@@ -316,6 +316,17 @@ class StackCopy:
         raise BeyondCopy(f"stack word at {addr:#x} beyond the sampled copy")
 
 
+
+def executable_file_maps(maps_text):
+    """(start, end, perms, offset, path) of each executable file mapping in
+    /proc/PID/maps text: the objects whose code a stack can be in."""
+    for line in maps_text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
+            continue
+        start, end = (int(x, 16) for x in parts[0].split("-"))
+        yield start, end, parts[1], int(parts[2], 16), parts[5].strip()
+
 class Unwinder:
     """Walks threads of one process.  ``maps_text`` is /proc/PID/maps text;
     ``read(addr, n)`` returns bytes or None (process memory); ``procfs`` and
@@ -325,15 +336,10 @@ class Unwinder:
         self.pid = pid
         self._read = read
         maps = []
-        for line in maps_text.splitlines():
-            parts = line.split(None, 5)
-            if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
-                continue
-            start, end = (int(x, 16) for x in parts[0].split("-"))
-            path = parts[5].strip()
+        for start, end, _perms, offset, path in executable_file_maps(maps_text):
             if path.endswith(" (deleted)"):
                 path = path[:-len(" (deleted)")]
-            maps.append(_Mapping(start, end, int(parts[2], 16), path,
+            maps.append(_Mapping(start, end, offset, path,
                                  elf.ObjectFile(procfs, pid, start, end, path)))
         maps.sort(key=lambda m: m.start)
         self._maps = maps

@@ -28,6 +28,7 @@ import os
 import re
 
 from collectors.heapprofile import Mapping
+from collectors.unwind import executable_file_maps
 from collectors.symbolize import ALLOCATOR_OBJECT_RE, GCC_CLONE_RE, Symbolizer, \
     is_allocator_frame
 from diag.wall import GLIBC_INTERNAL
@@ -102,13 +103,7 @@ class Attributor:
     """Names and classifies the unwound stacks of one process."""
 
     def __init__(self, pid, maps_text, procfs="/proc"):
-        maps = []
-        for line in maps_text.splitlines():
-            parts = line.split(None, 5)
-            if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
-                continue
-            start, end = (int(x, 16) for x in parts[0].split("-"))
-            maps.append(Mapping(start, end, parts[1], int(parts[2], 16), parts[5].strip()))
+        maps = [Mapping(*m) for m in executable_file_maps(maps_text)]
         self.symbolizer = Symbolizer(maps, pid=pid, procfs=procfs,
                                      root=os.path.join(procfs, str(pid), "root"))
 
