@@ -10,6 +10,7 @@ or an allocator frame (reference/cpu-wall.md "Oracle agreement").
 
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -109,6 +110,9 @@ def test_cpu_share_agrees_with_the_targets_own_clock(exe, allocator):
     assert w.cpu.allocator_share > 0.10
     assert w.sites[0].function == "alloc_batch"
     assert w.sites[0].frames[0] == "alloc_batch"
+    # allocator code without a symbol is named as such, not by object+offset
+    names = {f.function for f in w.cpu.by_function} | {f.function for f in w.cpu.by_entry}
+    assert not [n for n in names if re.match(r"lib\S+\+0x", n)], names
     # an unwind failure is never application time: it is counted apart
     assert w.cpu.unknown_samples + w.cpu.allocator_samples <= w.cpu.samples
     assert w.cpu.unwound_share > 0.9

@@ -21,7 +21,8 @@ default.
 
 Names come from collectors.symbolize (``.symtab``, the debug file by
 build-id such as libc6-dbg's, else ``.dynsym``) and collectors.demangle.  An
-unnamed libc frame under an allocator entry is GLIBC_INTERNAL.
+unnamed libc frame under an allocator entry is GLIBC_INTERNAL, an unnamed
+frame of an allocator library "jemalloc (internal)" and the like.
 """
 
 import os
@@ -79,6 +80,24 @@ def is_allocator(frame):
     return is_entry(frame.function)
 
 
+def internal_name(frame):
+    """The name of allocator code no symbol names: GLIBC_INTERNAL for an
+    unnamed libc frame, "jemalloc (internal)" (tcmalloc, mimalloc) for one
+    in an allocator library without .symtab (its static functions, and the
+    slow paths its exported fast paths tail-call); None for a named frame or
+    other code.  The folded stacks keep the object+offset."""
+    if frame.function is not None or not frame.object:
+        return None
+    if LIBC_RE.search(frame.object):
+        return GLIBC_INTERNAL
+    m = ALLOCATOR_OBJECT_RE.search(frame.object)
+    if m:
+        kind = "tcmalloc" if m.group(0).startswith(("libtcmalloc", "libprofiler")) \
+            else m.group(0)[3:].split(".")[0]
+        return f"{kind} (internal)"
+    return None
+
+
 def _program_code(frame):
     """FRAME is the program's own code: a named function outside the system
     libraries whose name is not reserved to the implementation (a leading
@@ -126,12 +145,8 @@ class Attributor:
         if not complete:
             folded = ("[incomplete]",) + folded
         if outer is not None:
-            leaf = frames[0]
-            if leaf.function is None and leaf.object and LIBC_RE.search(leaf.object):
-                fn = GLIBC_INTERNAL
-            else:
-                fn = leaf.function or leaf.text
-            entry = frames[outer].function or frames[outer].text
+            fn = internal_name(frames[0]) or frames[0].function or frames[0].text
+            entry = frames[outer].function or internal_name(frames[outer]) or frames[outer].text
             site_frames = tuple(f.text for f in frames[outer + 1:outer + 1 + SITE_FRAMES])
             site = site_frames[0] if site_frames else UNKNOWN_SITE
             return Attribution(ALLOCATOR, fn, entry, site, site_frames, folded)
