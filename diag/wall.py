@@ -170,7 +170,9 @@ class OffCpu:
     preempted_s: float = 0.0        # switched out while still runnable
     blocked_switches: int = 0
     preempted_switches: int = 0
-    allocator_lock_s: float = 0.0   # blocked with an allocator frame on the stack
+    # blocked with an allocator frame on the stack, in a lock wait (an
+    # allocator thread's condition wait or sleep is idle, not counted)
+    allocator_lock_s: float = 0.0
     allocator_lock_switches: int = 0
     by_function: tuple = ()         # (FunctionTime, ...): the wait's allocator frame
     # switch-outs whose stack was looked at; the allocator_lock_* figures are

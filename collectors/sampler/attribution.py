@@ -80,6 +80,24 @@ def is_allocator(frame):
     return is_entry(frame.function)
 
 
+# Leaf functions of a wait that is not lock contention: condition-variable,
+# semaphore and timed sleeps (glibc nptl/futex-internal.c
+# __futex_abstimed_wait_common serves pthread_cond_*wait and sem_*wait;
+# mutexes wait in __lll_lock_wait* instead, nptl/lowlevellock.c).  An
+# allocator's own thread parks in them (jemalloc's background thread in
+# pthread_cond_timedwait, src/background_thread.c background_thread_sleep):
+# idle, not queueing on a lock.
+IDLE_WAIT_RE = re.compile(r"futex_abstimed_wait|pthread_cond_|sem_(timed|clock)?wait|"
+                          r"nanosleep|usleep|epoll_wait|epoll_pwait|poll$|select$")
+
+
+def is_lock_wait(attribution):
+    """A blocked interval with ATTRIBUTION (its switch-out stack) is time
+    queued on an allocator lock: allocator frames on the stack and a leaf
+    that is not a condition wait or a sleep."""
+    return attribution.cls == ALLOCATOR and not IDLE_WAIT_RE.search(attribution.function or "")
+
+
 def internal_name(frame):
     """The name of allocator code no symbol names: GLIBC_INTERNAL for an
     unnamed libc frame, "jemalloc (internal)" (tcmalloc, mimalloc) for one

@@ -39,7 +39,7 @@ from collections import Counter, defaultdict
 from collectors import unwind
 from collectors.errors import AccessDenied, NoSuchProcess
 from collectors.sampler import perf, records
-from collectors.sampler.attribution import ALLOCATOR, UNKNOWN, Attributor
+from collectors.sampler.attribution import ALLOCATOR, UNKNOWN, Attributor, is_lock_wait
 from diag import wall
 
 DEFAULT_HZ = 99
@@ -529,7 +529,7 @@ class Session:
         self.blocked_n += 1
         if a is not None:
             self._stack("off_cpu", a.cls == ALLOCATOR, a.folded, dt // 1000)
-        if a is not None and a.cls == ALLOCATOR:
+        if a is not None and is_lock_wait(a):
             self.lock_ns += dt * weight
             self.lock_n += weight
             self.lock_fn[a.function] += dt * weight
