@@ -1,6 +1,7 @@
 """``allocdiag record``: snapshots of a process to JSON Lines."""
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -130,7 +131,7 @@ def run(args):
             elif count == 1 or count % 30 == 0:
                 print(msg, file=sys.stderr)
         except OSError:
-            pass    # the terminal is gone (SIGHUP): recording goes on to a clean end
+            _terminal_gone()    # SIGHUP: recording goes on to a clean end
 
     interrupt = threading.Event()
     with _stop_on_signals(interrupt) as got:
@@ -147,5 +148,12 @@ def run(args):
               f"recorded {written} snapshots of pid {args.pid} to {args.output}{how}",
               file=sys.stderr, flush=True)
     except OSError:
-        pass        # the terminal is gone (SIGHUP of a closed session): the file is complete
+        _terminal_gone()    # a closed session: the file is complete
     return ExitCode.OK
+
+
+def _terminal_gone():
+    """stderr's terminal is closed: what the failed write left in its buffer
+    would fail again at exit, where Python turns it into exit status 120.
+    Later messages go nowhere instead."""
+    sys.stderr = open(os.devnull, "w")
