@@ -88,7 +88,7 @@ class Reader:
                               "(version other than 5.2/5.3)", pid=self.pid)
         rp = RemoteProcess(self.pid, forbidden_ranges=livestats.forbidden_ranges(
             self.image, self.det), deadline_s=DEADLINE_S, call_timeout_s=livestats.CALL_TIMEOUT_S,
-            procfs=self.image.procfs.root)
+            procfs=self.image.procfs.root, go_runtime=livestats.GoRuntime.of(self.image.exe))
         with rp.borrow() as c:
             raw = jemalloc_counters.gather(c, a)
         self.pause_us.extend(rp.pause_us)
