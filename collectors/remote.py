@@ -1605,7 +1605,7 @@ class Call:
         self.tid = st.tid
         self.kind = st.kind
         self.syscall = st.syscall
-        self.category = st.category     # safepoints.RESTARTABLE | EPOLL | FUTEX | GO_RUNTIME | RUNNING
+        self.category = st.category  # safepoints.RESTARTABLE|EPOLL|FUTEX|GO_RUNTIME|RUNNING
         self.max_args = rp.arch.MAX_ARGS
 
     def call(self, func_addr, *args, timeout_s=None):

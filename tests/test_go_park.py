@@ -142,6 +142,23 @@ def test_note_sleep_on_a_goroutine_stack_is_refused():
     assert f"tid {tid} Go runtime note sleep in runtime.futex: no guard page below" in msg, msg
 
 
+def test_note_sleep_on_the_main_stack_is_refused():
+    """The main thread (m0) parked by the Go runtime waits on the process's
+    [stack], not on a thread stack glibc created: the rule does not apply."""
+    exe = build_go("gocgo", cgo=True)
+    with start([exe, "locked"]) as t:
+        _wait_for_thread(t.pid, lambda f: f[0] == NR_futex and _stack_kind(t.pid, f[2]) == "main")
+        rp = _go_rp(t.pid, deadline_s=0.3)
+        with pytest.raises(RemoteCallError) as e:
+            with rp.borrow(t.pid):
+                pass
+        assert _echo(t, "z") == "ECHO z"
+        t.proc.stdin.close()
+        assert t.proc.wait(timeout=10) == 0
+    assert "Go runtime note sleep in runtime.futex: its stack is the main stack, not a " \
+           "thread stack glibc created" in str(e.value), str(e.value)
+
+
 def test_stripped_go_binary_is_refused_saying_why():
     deps.need("strip")
     exe = build_go("gocgo", cgo=True)

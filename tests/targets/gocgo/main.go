@@ -8,6 +8,10 @@
 //           netpoller (epoll_pwait with a timeout)
 //   signal  os/signal's receiver goroutine parks in runtime.futex on its
 //           goroutine stack (runtime/sigqueue.go signal_recv: notetsleepg)
+//   locked  the main goroutine is locked to the main thread and waits on a
+//           channel while another goroutine reads stdin: the main thread
+//           parks in runtime.futex on the main [stack] (runtime/proc.go
+//           stoplockedm -> mPark -> notesleep on g0)
 package main
 
 /*
@@ -31,6 +35,20 @@ import (
 )
 
 var goKeep [][]byte
+
+func init() {
+	if len(os.Args) > 1 && os.Args[1] == "locked" {
+		runtime.LockOSThread()
+	}
+}
+
+func echo(done chan struct{}) {
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		fmt.Printf("ECHO %s\n", in.Text())
+	}
+	close(done)
+}
 
 func main() {
 	C.c_alloc()
@@ -60,8 +78,11 @@ func main() {
 	// cycle wakes sysmon out of its idle note into short usleeps)
 	runtime.GC()
 	fmt.Printf("READY %d\n", os.Getpid())
-	in := bufio.NewScanner(os.Stdin)
-	for in.Scan() {
-		fmt.Printf("ECHO %s\n", in.Text())
+	done := make(chan struct{})
+	if mode == "locked" {
+		go echo(done)
+		<-done
+		return
 	}
+	echo(done)
 }
