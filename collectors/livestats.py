@@ -152,8 +152,8 @@ def _own_ifunc(name):
 
 
 # Safe-point policy lives in collectors.safepoints; re-exported for callers.
-from collectors.safepoints import (JEMALLOC_PUBLIC, forbidden_ranges,  # noqa: E402,F401
-                                   static_allocator_ranges)
+from collectors.safepoints import (JEMALLOC_PUBLIC, GoRuntime,  # noqa: E402,F401
+                                   forbidden_ranges, static_allocator_ranges)
 
 
 def open_remote(image, detection, *, stack_need=None, procfs=None, **kw):
@@ -164,7 +164,8 @@ def open_remote(image, detection, *, stack_need=None, procfs=None, **kw):
     return RemoteProcess(image.pid, forbidden_ranges=forbidden_ranges(image, detection),
                          procfs=(procfs or image.procfs.root),
                          stack_need=stack_need or remote.DEFAULT_STACK_NEED,
-                         mapper=allocators.common.mapper(Resolver(image)), **kw)
+                         mapper=allocators.common.mapper(Resolver(image)),
+                         go_runtime=GoRuntime.of(image.exe), **kw)
 
 
 GO_HEAP = ("the Go runtime manages this heap; allocdiag reads no Go runtime statistics yet "

@@ -42,7 +42,7 @@ call_timeout_s=1.0, block_signals=True)``
     before it is released), or its stack when the measured room holds it
 ``Call.cstring(addr, limit=1<<20) -> bytes``   NUL-terminated string
 ``Call.tid``, ``Call.kind`` ("idle" or "running"), ``Call.syscall`` (wait name or None),
-``Call.category`` ("restartable", "epoll", "futex" or "running")
+``Call.category`` ("restartable", "epoll", "futex", "go-runtime" or "running")
 
 A borrow must run start to end in one OS thread (ptrace requests are only
 accepted from the tracing thread); different borrows may use different threads.
@@ -66,8 +66,11 @@ Safety rules implemented here
   rax = -ERESTARTNOHAND, orig_rax and rip unchanged, after checking `0f 05`
   at rip-2 and cs 0x33), FUTEX_WAIT_BITSET waits that a ``.eh_frame`` walk
   (``collectors.unwind``; CFI parsed before the stop) proves outside the
-  allocator and inside pthread_cond_*wait/sem_*wait/pthread_join, and last
-  running threads interrupted outside every forbidden range.  A stop that
+  allocator and inside pthread_cond_*wait/sem_*wait/pthread_join, the Go
+  runtime's own parks in a cgo binary (``go_runtime``: a
+  ``safepoints.GoRuntime``; PC in its runtime.futex/runtime.usleep stub, on a
+  glibc thread stack only), and last running threads interrupted outside
+  every forbidden range.  A stop that
   lands after the wait returned (rax >= 0) is restored exactly.  Futex lock
   waits, PI/requeue ops, futex_waitv, semop, mmap & co and allocator
   background threads (``jemalloc_bg_thd``) are never borrowed.  Any stopped
@@ -412,7 +415,7 @@ class _Stopped:
         self.callee_need = 0      # stack the callee may use below the frame
         self.buffers = []         # [(addr, size)] mappings made by Call.buffer
         self.stack_buffers = 0    # bytes of Call.buffer carved from a roomy stack
-        self.category = None      # safepoints.RESTARTABLE | EPOLL | FUTEX | RUNNING
+        self.category = None      # safepoints.RESTARTABLE | EPOLL | FUTEX | GO_RUNTIME | RUNNING
         self.restart_rax = None   # rax to restore instead of the saved one (EINTR -> restart)
         self.since = None         # monotonic time it last ran before the stop (epoll family)
         self.timeout_ns = None    # its relative timeout as passed (read at the stop)
@@ -436,7 +439,7 @@ class RemoteProcess:
 
     def __init__(self, pid, *, forbidden_ranges=(), deadline_s=2.0, procfs="/proc",
                  call_timeout_s=1.0, block_signals=True, boost=True, stack_window=2048,
-                 stack_need=DEFAULT_STACK_NEED, mapper=None, _unsafe=()):
+                 stack_need=DEFAULT_STACK_NEED, mapper=None, go_runtime=None, _unsafe=()):
         self.pid = int(pid)
         self.procfs = procfs
         self.arch = _load_arch()
@@ -450,6 +453,8 @@ class RemoteProcess:
         self.stack_need = int(stack_need)
         # (mmap, munmap) addresses in the target's libc for Call.buffer.
         self.mapper = mapper
+        # safepoints.GoRuntime of a Go executable (its runtime's own parks), or None
+        self._go = go_runtime
         self._stackmaps = None    # stackbounds.StackMaps of the current round
         self._round_sps = ()      # ((tid, sp), ...) of the current round
         self._parked = False      # no thread of the current round was running
@@ -537,10 +542,24 @@ class RemoteProcess:
                 sp, pc = int(sc[-2], 16), int(sc[-1], 16)
         return state, nr, args, sp, pc, comm
 
-    def _classify(self, tid, nr, args, stopped=False):
-        """(category, words) of a thread blocked in syscall NR, or (None, why).
-        STOPPED: the thread is in our ptrace-stop, so its wait channel no
-        longer says what it waits for (it was checked before the stop)."""
+    def _classify(self, tid, nr, args, stopped=False, pc=None):
+        """(category, words) of a thread blocked in syscall NR at PC, or
+        (None, why).  STOPPED: the thread is in our ptrace-stop, so its wait
+        channel no longer says what it waits for (it was checked before the
+        stop).  In a Go executable a wait the general rules refuse, or that
+        needs a walk Go code cannot give, is judged by the Go runtime rule
+        (safepoints.GoRuntime) when its PC is in one of the runtime's stubs."""
+        cat, words = self._classify_wait(tid, nr, args, stopped)
+        if self._go is not None and (cat in (None, safepoints.FUTEX)
+                                     or nr == self.arch.RESTART_SYSCALL):
+            go_cat, go_words = self._go.judge(nr, args, pc, self.arch.RESTART_SYSCALL)
+            if go_cat is not None:
+                return go_cat, go_words
+            if go_words is not None and cat is None:
+                return None, f"{words}: {go_words}"
+        return cat, words
+
+    def _classify_wait(self, tid, nr, args, stopped):
         if nr == self.arch.RESTART_SYSCALL:
             # Judged like any other wait (safepoints.classify_restart); the
             # wait channel is read before the stop (in our stop it says
@@ -602,7 +621,7 @@ class RemoteProcess:
             if comm in safepoints.BACKGROUND_THREAD_COMMS:
                 why[tid] = f"{comm}: the allocator's own background thread"
             elif state == "S" and nr >= 0:
-                cat, words = self._classify(tid, nr, args)
+                cat, words = self._classify(tid, nr, args, pc=pc)
                 if cat is None:
                     why[tid] = words + self._where(pc, sp)
                     continue
@@ -635,7 +654,8 @@ class RemoteProcess:
         fits = []
         for tid, cat, facts in cands:
             if facts["sp"] is not None and cat != safepoints.RUNNING:
-                facts["room"], why_not = self._room_at(tid, facts["sp"])
+                facts["room"], why_not = self._room_at(
+                    tid, facts["sp"], thread_only=cat == safepoints.GO_RUNTIME)
                 if why_not:
                     why[tid] = f"{facts.get('words', 'waiting')}: {why_not}"
                     continue
@@ -652,14 +672,18 @@ class RemoteProcess:
         and the callee's own measured stack use."""
         return FRAME_BUDGET + self.stack_need
 
-    def _room_at(self, tid, sp, fs_base=None):
+    def _room_at(self, tid, sp, fs_base=None, thread_only=False):
         """(room in bytes, None) of thread TID with stack pointer SP, or
         (None, why it is no candidate): outside a provable stack mapping, or
-        less room than the call needs."""
+        less room than the call needs.  THREAD_ONLY: only a thread stack
+        glibc created counts (the Go runtime rule)."""
         others = tuple((t, s) for t, s in self._round_sps if t != tid)
         bounds, why = self._stackmaps.bounds(sp, fs_base, others)
         if bounds is None:
             return None, why
+        if thread_only and bounds.kind != "thread":
+            return None, (f"its stack is the {bounds.kind} stack, not a thread stack glibc "
+                          "created (the Go runtime rule needs one)")
         room = stackbounds.room(bounds, sp, self.arch.RED_ZONE)
         self._room[tid] = room
         if room < self._need():
@@ -911,7 +935,7 @@ class RemoteProcess:
                 st.timeout_ns = self._timeout_arg(st.regs)
         if nr >= 0:
             cat, name = self._classify(st.tid, nr, self.arch.syscall_args(st.regs),
-                                       stopped=True)
+                                       stopped=True, pc=self.arch.pc(st.regs))
             if cat is None:
                 return name
             # The wait must not have been issued by the allocator itself (e.g.
@@ -927,12 +951,12 @@ class RemoteProcess:
                 why = self._stack_judge().judge(unwind.regs_from_user(st.regs))
                 if why:
                     return f"{name}: {why}"
-            elif nr == self.arch.RESTART_SYSCALL:
+            elif nr == self.arch.RESTART_SYSCALL and cat != safepoints.GO_RUNTIME:
                 why = self._walk_resumed(st)
                 if why:
                     return f"{name}: {why}"
                 name = st.syscall or name
-            tight = self._fit(st)
+            tight = self._fit(st, thread_only=cat == safepoints.GO_RUNTIME)
             if tight:
                 return f"{name}: {tight}"
             st.syscall = name
@@ -966,11 +990,11 @@ class RemoteProcess:
         st.category = safepoints.RUNNING
         return None
 
-    def _fit(self, st):
+    def _fit(self, st, thread_only=False):
         """None when the stopped thread's own stack mapping has room for
         the call (its fs_base now known), with ST.bounds set; else why not."""
         sp = self.arch.sp(st.regs)
-        room, why = self._room_at(st.tid, sp, self.arch.thread_pointer(st.regs))
+        room, why = self._room_at(st.tid, sp, self.arch.thread_pointer(st.regs), thread_only)
         if why:
             return why
         st.bounds, _ = self._stackmaps.bounds(sp, self.arch.thread_pointer(st.regs))
@@ -1181,7 +1205,9 @@ class RemoteProcess:
             else:
                 parked_rounds = 0
             for tid, cat, facts in cands:
-                if cat == safepoints.FUTEX or facts["nr"] == self.arch.RESTART_SYSCALL:
+                if cat == safepoints.GO_RUNTIME:
+                    pass            # proven by its stub's range: no walk
+                elif cat == safepoints.FUTEX or facts["nr"] == self.arch.RESTART_SYSCALL:
                     # Parse the CFI the walk needs now, before the stop (the
                     # parse is not time spent waiting for a safe point).
                     t0 = time.monotonic()
@@ -1579,7 +1605,7 @@ class Call:
         self.tid = st.tid
         self.kind = st.kind
         self.syscall = st.syscall
-        self.category = st.category     # safepoints.RESTARTABLE | EPOLL | FUTEX | RUNNING
+        self.category = st.category  # safepoints.RESTARTABLE|EPOLL|FUTEX|GO_RUNTIME|RUNNING
         self.max_args = rp.arch.MAX_ARGS
 
     def call(self, func_addr, *args, timeout_s=None):

@@ -18,6 +18,10 @@ preference (``CATEGORY_ORDER``):
   the outermost frame of the innermost C-library run inside an allow-listed
   wait function (exact ``.dynsym`` ranges).  Never FUTEX_WAIT (glibc's lock
   contention waits with value 2), PI, requeue or futex_waitv.
+- ``go-runtime``: an M of a cgo binary parked by the Go runtime itself, in
+  its own syscall stubs on a glibc thread stack (``GoRuntime``: no .eh_frame
+  walk is possible through Go code, the stub's exact .symtab range is the
+  proof).
 - ``running``: interrupted in user code outside every forbidden range.
 
 Also here: ``forbidden_ranges`` (what a running thread must not be in) and
@@ -83,7 +87,8 @@ SYSCALL_INSN = b"\x0f\x05"           # x86-64 `syscall`
 USER_CS_64 = 0x33                    # __USER_CS: 64-bit code (int 0x80 is i386 ABI)
 
 RESTARTABLE, EPOLL, FUTEX, RUNNING = "restartable", "epoll", "futex", "running"
-CATEGORY_ORDER = {RESTARTABLE: 0, EPOLL: 1, FUTEX: 2, RUNNING: 3}
+GO_RUNTIME = "go-runtime"
+CATEGORY_ORDER = {RESTARTABLE: 0, EPOLL: 1, FUTEX: 2, GO_RUNTIME: 2, RUNNING: 3}
 
 # Allocators' own threads (comm), never borrowed: they wait inside allocator
 # code, often on a condition variable that looks like any other.
@@ -337,6 +342,108 @@ class StackJudge:
         except Exception as e:      # any failure: not proven
             return f"stack walk failed ({e})"
         return self.verdict(frames)
+
+
+# ---- the Go runtime's own parks (cgo binaries) ---------------------------------
+#
+# Go emits no .eh_frame for Go code, so no walk can prove where a Go thread
+# waits; the PC can.  The Go runtime makes its blocking syscalls from a few
+# assembly stubs (runtime/sys_linux_amd64.s): runtime.futex, called only by
+# futexsleep/futexwakeup (runtime/os_linux.go), and runtime.usleep
+# (nanosleep; sysmon's idle sleep, runtime/proc.go).  Go runtime code never
+# calls the C allocator (it has its own, runtime/malloc.go; C code is
+# reached only through cgocall, whose C side returns before the thread is
+# back in Go), so a thread whose PC is the instruction after the syscall in
+# one of these stubs holds no C allocator lock.  The other place a
+# thread stands on a syscall in Go code is a goroutine's stack (syscall.
+# Syscall, notetsleepg from os/signal's receiver): goroutine stacks live in
+# the Go heap with no guard and no fs_base inside, so stackbounds refuses
+# them; the rule applies only where stackbounds proves a glibc thread stack
+# (a cgo M's g0 stack: runtime/cgo gcc_linux_amd64.c _cgo_sys_thread_start
+# creates every M with pthread_create, default attributes).
+#
+# Futex waits: runtime notes sleep with value 0 (runtime/lock_futex.go
+# notesleep/notetsleep_internal: futexsleep(key32(&n.key), 0, ns)); runtime
+# mutex contention sleeps with value 2 (lock_futex.go lock2: mutex_sleeping)
+# or, with the spin-bit mutex of Go 1.24+ (lock_spinbit.go), on the M's
+# waitsema through semasleep with a decremented, non-zero value.  Only value
+# 0 is a note: the others are refused.  Go's netpoller (epoll_pwait from
+# runtime.epollwait, or Syscall6 in Go 1.21+) and a plain usleep in nanosleep
+# are already accepted by the epoll and restartable rules, which need no walk;
+# this rule adds the futex notes and a nanosleep or timed note resumed by
+# restart_syscall (a walk would be needed there).  Restored exactly, each
+# restarts as the kernel would after any stop (-ERESTARTSYS, or
+# restart_syscall against the original deadline); Go's futexsleep callers
+# loop over spurious wakeups anyway.
+
+NR_nanosleep = 35
+# stub (Go symbol, .abi0 suffix optional) -> the syscall it makes
+GO_STUBS = {"runtime.futex": NR_futex, "runtime.usleep": NR_nanosleep}
+GO_NOTE_VALUE = 0                 # runtime/lock_futex.go: notes sleep on key 0
+GO_ABI0 = ".abi0"                 # Go 1.17+: assembly functions' symbol suffix
+
+
+class GoRuntime:
+    """The Go runtime's syscall stubs in a Go executable (exact .symtab
+    ranges), and the judgement of a thread parked in one.  ``why`` is set
+    (and the rule refuses everything) when the ranges cannot be known."""
+
+    def __init__(self, path, stubs, why=None):
+        self.path = path
+        self.stubs = Ranges(stubs)
+        self.why = why
+
+    @classmethod
+    def of(cls, obj):
+        """GoRuntime of the loaded executable OBJ (image.LoadedObject), or
+        None when it is not a Go binary."""
+        if obj is None or obj.elf is None or not obj.elf.is_go:
+            return None
+        base = os.path.basename(obj.path)
+        if obj.bias is None:
+            return cls(obj.path, [], f"{base}'s load address is unknown")
+        try:
+            symtab = obj.elf.symtab(obj.opener.open)
+        except Exception as e:      # unreadable: not proven
+            return cls(obj.path, [], f"{base}'s .symtab is unreadable ({e})")
+        if not symtab:
+            return cls(obj.path, [], (
+                f"{base} is a stripped Go binary (no .symtab), so where the Go runtime's "
+                "syscall stubs lie is not provable"))
+        stubs = []
+        for name, s in symtab.items():
+            stub = name[:-len(GO_ABI0)] if name.endswith(GO_ABI0) else name
+            if stub in GO_STUBS and s.st_size:
+                stubs.append((obj.bias + s.st_value, obj.bias + s.st_value + s.st_size, stub))
+        if not stubs:
+            return cls(obj.path, [], f"{base} has no runtime.futex/runtime.usleep symbols")
+        return cls(obj.path, stubs)
+
+    def judge(self, nr, args, pc, restart_nr):
+        """(GO_RUNTIME, words), or (None, why refused), or (None, None) when
+        the rule does not apply (PC in no Go stub).  NR: the syscall number
+        at the stop, RESTART_NR the arch's restart_syscall; ARGS the argument
+        registers (a resumed wait keeps its original ones)."""
+        if nr not in (NR_futex, NR_nanosleep, restart_nr):
+            return None, None
+        if self.why:
+            return None, self.why
+        stub = self.stubs(pc) if pc is not None else None
+        if stub is None:
+            return None, None
+        made = GO_STUBS[stub]
+        if nr != made and nr != restart_nr:
+            return None, None
+        resumed = " (resumed by restart_syscall)" if nr == restart_nr else ""
+        if made == NR_nanosleep:
+            return GO_RUNTIME, f"Go runtime sleep in {stub}{resumed}"
+        cmd = futex_cmd(args[1]) if len(args) > 2 else -1
+        if cmd not in (FUTEX_WAIT, FUTEX_WAIT_BITSET):
+            return None, f"futex operation {args[1] if args else -1:#x} in {stub}"
+        if args[2] != GO_NOTE_VALUE:
+            return None, (f"Go runtime lock wait in {stub} (value {args[2]:#x}: runtime "
+                          "mutex contention, not a note)")
+        return GO_RUNTIME, f"Go runtime note sleep in {stub}{resumed}"
 
 
 # ---- forbidden ranges for running threads (used by livestats) ------------------
