@@ -30,7 +30,7 @@ import re
 
 from collectors.heapprofile import Mapping
 from collectors.unwind import executable_file_maps
-from collectors.symbolize import ALLOCATOR_OBJECT_RE, GCC_CLONE_RE, Symbolizer, \
+from collectors.symbolize import ALLOCATOR_OBJECT_RE, DEBUG_ROOT, GCC_CLONE_RE, Symbolizer, \
     is_allocator_frame
 from diag.wall import GLIBC_INTERNAL
 
@@ -80,7 +80,9 @@ def is_allocator(frame):
     return is_entry(frame.function)
 
 
-# Leaf functions of a wait that is not lock contention: condition-variable,
+LIBC_INTERNAL = "libc (internal)"
+
+# Functions of a wait that is not lock contention: condition-variable,
 # semaphore and timed sleeps (glibc nptl/futex-internal.c
 # __futex_abstimed_wait_common serves pthread_cond_*wait and sem_*wait;
 # mutexes wait in __lll_lock_wait* instead, nptl/lowlevellock.c).  An
@@ -93,21 +95,26 @@ IDLE_WAIT_RE = re.compile(r"futex_abstimed_wait|pthread_cond_|sem_(timed|clock)?
 
 def is_lock_wait(attribution):
     """A blocked interval with ATTRIBUTION (its switch-out stack) is time
-    queued on an allocator lock: allocator frames on the stack and a leaf
-    that is not a condition wait or a sleep."""
-    return attribution.cls == ALLOCATOR and not IDLE_WAIT_RE.search(attribution.function or "")
+    queued on an allocator lock: allocator frames on the stack and no
+    condition-wait or sleep frame among them.  The whole stack is looked at:
+    without libc's debug file the leaf is an unnamed libc helper and the
+    named frame is pthread_cond_timedwait above it."""
+    return attribution.cls == ALLOCATOR and not any(
+        IDLE_WAIT_RE.search(f) for f in attribution.folded)
 
 
-def internal_name(frame):
-    """The name of allocator code no symbol names: GLIBC_INTERNAL for an
-    unnamed libc frame, "jemalloc (internal)" (tcmalloc, mimalloc) for one
-    in an allocator library without .symtab (its static functions, and the
-    slow paths its exported fast paths tail-call); None for a named frame or
-    other code.  The folded stacks keep the object+offset."""
+def internal_name(frame, glibc_malloc):
+    """The name of code no symbol names: an unnamed libc frame is
+    GLIBC_INTERNAL when glibc's malloc is the entry (GLIBC_MALLOC), else
+    "libc (internal)" (a lock or futex helper under another allocator); a
+    frame of an allocator library without .symtab is "jemalloc (internal)"
+    (tcmalloc, mimalloc: its static functions, and the slow paths its
+    exported fast paths tail-call); None for a named frame or other code.
+    The folded stacks keep the object+offset."""
     if frame.function is not None or not frame.object:
         return None
     if LIBC_RE.search(frame.object):
-        return GLIBC_INTERNAL
+        return GLIBC_INTERNAL if glibc_malloc else LIBC_INTERNAL
     m = ALLOCATOR_OBJECT_RE.search(frame.object)
     if m:
         kind = "tcmalloc" if m.group(0).startswith(("libtcmalloc", "libprofiler")) \
@@ -139,9 +146,9 @@ class Attribution:
 class Attributor:
     """Names and classifies the unwound stacks of one process."""
 
-    def __init__(self, pid, maps_text, procfs="/proc"):
+    def __init__(self, pid, maps_text, procfs="/proc", debug_root=DEBUG_ROOT):
         maps = [Mapping(*m) for m in executable_file_maps(maps_text)]
-        self.symbolizer = Symbolizer(maps, pid=pid, procfs=procfs,
+        self.symbolizer = Symbolizer(maps, pid=pid, procfs=procfs, debug_root=debug_root,
                                      root=os.path.join(procfs, str(pid), "root"))
 
     def frames(self, pcs):
@@ -163,8 +170,10 @@ class Attributor:
         if not complete:
             folded = ("[incomplete]",) + folded
         if outer is not None:
-            fn = internal_name(frames[0]) or frames[0].function or frames[0].text
-            entry = frames[outer].function or internal_name(frames[outer]) or frames[outer].text
+            glibc = bool(frames[outer].object and LIBC_RE.search(frames[outer].object))
+            fn = frames[0].function or internal_name(frames[0], glibc) or frames[0].text
+            entry = (frames[outer].function or internal_name(frames[outer], glibc)
+                     or frames[outer].text)
             site_frames = tuple(f.text for f in frames[outer + 1:outer + 1 + SITE_FRAMES])
             site = site_frames[0] if site_frames else UNKNOWN_SITE
             return Attribution(ALLOCATOR, fn, entry, site, site_frames, folded)
