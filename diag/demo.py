@@ -53,7 +53,7 @@ SCENES = (
     Scene("arena_sprawl", "glibc", ("--threads", "4", "--busy", "--duty", "50"),
           "threads queueing on one glibc arena lock (MALLOC_ARENA_MAX=1, 2 busy threads): "
           "open it, Time tab: lock wait in __lll_lock_wait_private, call site replace_one, "
-          "finding 'arena lock' with knob arena_max",
+          "finding 'waiting for glibc arena locks' with knob arena_max",
           env=(("MALLOC_ARENA_MAX", "1"),), variant="busy", wall=True),
     Scene("alloc_wall", "glibc", ("--mode", "perrequest", "--seconds", "0.5", "--then",
                                   "busy", "--duty", "30"),

@@ -20,11 +20,12 @@ def add_parser(sub):
                     "workload is stopped when the demo ends.  Needs about 1.3 GiB of memory.",
         examples=["allocdiag demo", "allocdiag demo --no-tui --only glibc_held",
                   "allocdiag demo --no-tui --only arena_sprawl:glibc:busy --only alloc_wall"])
-    p.add_argument("--no-tui", action="store_true", help="print explain for each instead")
+    p.add_argument("--no-tui", action="store_true", help="print explain for each instead (and a 2 s wall window for the "
+                        "wall scenes)")
     p.add_argument("--only", action="append", metavar="WORKLOAD",
                    help="run only this workload, or WORKLOAD:ALLOCATOR[:VARIANT] for one "
                         "scene (repeatable); see --list")
-    p.add_argument("--list", action="store_true", help="list the workloads and exit")
+    p.add_argument("--list", action="store_true", help="list the scenes (WORKLOAD:ALLOCATOR[:VARIANT]) and exit")
     return p
 
 
