@@ -3,7 +3,8 @@
 Starts a set of the workloads in ``examples/`` under the allocators that are
 installed, waits until each reached the state it reproduces, then opens the
 TUI's host view on them (or, with ``--no-tui``, prints ``explain`` for
-each).  Every child is stopped on the way out -- normal exit, Ctrl-C, or a
+each, and for the scenes that show an allocation wall a short ``wall``
+window).  Every child is stopped on the way out -- normal exit, Ctrl-C, or a
 crash of the TUI -- and each child also dies with its parent
 (PR_SET_PDEATHSIG), so nothing is left behind.
 """
@@ -12,21 +13,53 @@ import contextlib
 import os
 import signal
 import sys
+from typing import NamedTuple
 
 from collectors.errors import Unsupported
 from diag.exitcodes import ExitCode
 
-# (workload, allocator, args, what it shows)
+WALL_WINDOW_S = 2.0     # the --no-tui wall window of a wall scene
+
+
+class Scene(NamedTuple):
+    workload: str
+    allocator: str
+    args: tuple
+    what: str               # what it shows, and where to look
+    env: tuple = ()         # ((K, V), ...) on top of the workload's defaults
+    variant: str = ""       # tells two scenes of one workload and allocator apart
+    wall: bool = False      # busy in its allocator: --no-tui prints a wall window
+
+    @property
+    def key(self):
+        """``workload:allocator[:variant]``, what --only matches a prefix of."""
+        return ":".join(p for p in (self.workload, self.allocator, self.variant) if p)
+
+
 SCENES = (
-    ("lying_rss", "jemalloc", (), "LazyFree inflating RSS (jemalloc muzzy decay)"),
-    ("glibc_held", "glibc", (), "glibc holding freed memory that malloc_trim(0) returns"),
-    ("arena_sprawl", "glibc", ("--live", "600"), "one glibc arena per thread"),
-    ("staircase", "jemalloc", (), "a fragmentation staircase under load then idle"),
-    ("preload_mistakes", "glibc", ("typo",), "an LD_PRELOAD with a typo, not in effect"),
-    ("burst_idle", "tcmalloc", (),
-     "tcmalloc's page heap keeping a freed burst (TCMALLOC_RELEASE_RATE=0)"),
-    ("burst_idle", "mimalloc", (),
-     "mimalloc keeping a freed burst committed (decommit delay, idle process)"),
+    Scene("lying_rss", "jemalloc", (), "LazyFree inflating RSS (jemalloc muzzy decay)"),
+    Scene("glibc_held", "glibc", (), "glibc holding freed memory that malloc_trim(0) returns"),
+    Scene("arena_sprawl", "glibc", ("--live", "600"), "one glibc arena per thread"),
+    Scene("staircase", "jemalloc", (), "a fragmentation staircase under load then idle"),
+    Scene("preload_mistakes", "glibc", ("typo",), "an LD_PRELOAD with a typo, not in effect"),
+    Scene("burst_idle", "tcmalloc", (),
+          "tcmalloc's page heap keeping a freed burst (TCMALLOC_RELEASE_RATE=0)"),
+    Scene("burst_idle", "mimalloc", (),
+          "mimalloc keeping a freed burst committed (decommit delay, idle process)"),
+    # The allocation wall (docs/wall.md): busy scenes, CPU bounded by --duty
+    # (busy the first PCT ms of every 100 ms, threads in phase): about 0.7 and
+    # 0.3 of a CPU measured on 2 CPUs; 30% for arena_sprawl leaves the lock
+    # wait at the finding's threshold (0.1 threads), 50% doubles it.
+    Scene("arena_sprawl", "glibc", ("--threads", "4", "--busy", "--duty", "50"),
+          "threads queueing on one glibc arena lock (MALLOC_ARENA_MAX=1, 2 busy threads): "
+          "open it, Time tab: lock wait in __lll_lock_wait_private, call site replace_one, "
+          "finding 'waiting for glibc arena locks' with knob arena_max",
+          env=(("MALLOC_ARENA_MAX", "1"),), variant="busy", wall=True),
+    Scene("alloc_wall", "glibc", ("--mode", "perrequest", "--seconds", "0.5", "--then",
+                                  "busy", "--duty", "30"),
+          "a request handler allocating per request (PYTHONMALLOC=malloc): open it, Time "
+          "tab: allocator CPU share by function (malloc, free, _int_malloc), call sites",
+          env=(("PYTHONMALLOC", "malloc"),), wall=True),
 )
 
 
@@ -51,19 +84,13 @@ def _examples():
 def available(only=None):
     launch = _examples()
     installed = set(launch.installed_allocators())
-    out = []
-    for name, alloc, args, what in SCENES:
-        if only and name not in only and f"{name}:{alloc}" not in only:
-            continue
-        if alloc not in installed:
-            continue
-        out.append((name, alloc, args, what))
-    return out
+    return [s for s in SCENES if s.allocator in installed and (
+        not only or any(s.key == o or s.key.startswith(o + ":") for o in only))]
 
 
 @contextlib.contextmanager
 def running(scenes, timeout=90, progress=None):
-    """Start SCENES; yield [(pid, name, allocator, what)]; stop them all."""
+    """Start SCENES; yield [(pid, scene)]; stop them all."""
     launch = _examples()
     procs = []
     old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
@@ -74,17 +101,18 @@ def running(scenes, timeout=90, progress=None):
     for s in old:
         signal.signal(s, stop_all)
     try:
-        for name, alloc, args, what in scenes:
+        for scene in scenes:
             if progress:
-                progress(f"starting {name} under {alloc}: {what}")
-            p = launch.start(name, alloc, args=args)
-            procs.append((p, name, alloc, what))
+                progress(f"starting {scene.workload} under {scene.allocator}: {scene.what}")
+            p = launch.start(scene.workload, scene.allocator, env=dict(scene.env),
+                             args=scene.args)
+            procs.append((p, scene))
         ready = []
-        for p, name, alloc, what in procs:
+        for p, scene in procs:
             launch.wait_ready(p, timeout)
-            ready.append((p.pid, name, alloc, what))
+            ready.append((p.pid, scene))
             if progress:
-                progress(f"  ready: {name} (pid {p.pid})")
+                progress(f"  ready: {scene.workload} (pid {p.pid})")
         yield ready
     finally:
         for p, *_ in procs:
@@ -113,9 +141,40 @@ def run(only=None, tui=True, out=sys.stdout):
             return run_host_view([pid for pid, *_ in ready])
         from diag import snapshot
         from diag.render_text import print_explain
-        for pid, name, alloc, what in ready:
-            print(f"=== {name} under {alloc}: {what}", file=out)
+        for pid, scene in ready:
+            env = "".join(f" {k}={v}" for k, v in scene.env)
+            print(f"=== {scene.workload} under {scene.allocator}{env}: {scene.what}", file=out)
             snap, _ = snapshot.take(pid)
             print_explain(snap, out=out)
+            if scene.wall:
+                print_wall(pid, out=out)
             print(file=out)
     return ExitCode.OK
+
+
+def print_wall(pid, seconds=WALL_WINDOW_S, out=sys.stdout):
+    """A short ``allocdiag wall`` window of PID, compact; progress on a terminal;
+    a window that cannot be sampled says why (the rest of the demo goes on)."""
+    from collectors.errors import AllocdiagError
+    from diag import render_wall, wall_take
+    tty = sys.stderr.isatty()
+
+    def tick(elapsed):
+        if tty:
+            sys.stderr.write(f"\rsampling the allocation wall of pid {pid}: "
+                             f"{elapsed:3.1f}/{seconds:g} s")
+            sys.stderr.flush()
+
+    print(f"--- allocation wall over {seconds:g} s (allocdiag wall {pid})", file=out)
+    try:
+        w = wall_take.take(pid, duration_s=seconds, tick=tick)
+    except AllocdiagError as exc:
+        remedy = getattr(exc, "remediation", None)
+        print(f"  not sampled: {exc}" + (f" ({remedy})" if remedy else ""), file=out)
+        return None
+    finally:
+        if tty:
+            sys.stderr.write("\r" + " " * 70 + "\r")
+            sys.stderr.flush()
+    render_wall.text(w, out=out, compact=True)
+    return w

@@ -13,6 +13,7 @@ from diag.wall import SYSCALLS
 TOP_FUNCTIONS = 8
 TOP_SITES = 10
 TOP_COUNTERS = 24
+COMPACT_TOP = 4         # compact=True (allocdiag demo): rows of each list
 
 
 def _pct(x):
@@ -28,8 +29,12 @@ def _label(name):
     return f.label if f is not None else name
 
 
-def text(w, out=None):
+def text(w, out=None, compact=False):
+    """COMPACT: the first COMPACT_TOP rows of each list and no counters (the
+    demo's short window); the full text is ``allocdiag wall``'s."""
     out = out or sys.stdout
+    top_functions, top_sites, top_counters = ((COMPACT_TOP, COMPACT_TOP, 0) if compact
+                                              else (TOP_FUNCTIONS, TOP_SITES, TOP_COUNTERS))
     win = w.window
     p = lambda *a: print(*a, file=out)    # noqa: E731
     ended = {"interrupted": " (ended early: Ctrl-C)",
@@ -53,7 +58,7 @@ def text(w, out=None):
         if cpu.by_function:
             p("  allocator time by function:")
             render.table([[f"    {f.function}", _pct(f.share), str(f.samples)]
-                          for f in cpu.by_function[:TOP_FUNCTIONS]],
+                          for f in cpu.by_function[:top_functions]],
                          ["", "of CPU", "samples"], right={1, 2}, out=out)
     off = w.off_cpu
     p("")
@@ -68,7 +73,7 @@ def text(w, out=None):
                     f"({off.blocked_switches} switch-outs)"),
                    (_label("off_cpu.preempted_s"), f"{_num(off.preempted_s, 3)} s "
                     f"({off.preempted_switches} switch-outs)")], out=out)
-        for f in off.by_function[:TOP_FUNCTIONS]:
+        for f in off.by_function[:top_functions]:
             p(f"    waiting in {f.function}: {_num(f.seconds, 3)} s")
     p("")
     p("Faults and syscalls (per second; share from the allocator by calling stack)")
@@ -89,15 +94,15 @@ def text(w, out=None):
         p("Call sites (first frame outside the allocator)")
         render.table([[s.function, _num(s.allocator_cpu_s, 3), _num(s.lock_wait_s, 3),
                        s.entry or "", " < ".join(s.frames[1:4])]
-                      for s in w.sites[:TOP_SITES]],
+                      for s in w.sites[:top_sites]],
                      ["site", "alloc CPU s", "lock wait s", "entry", "called from"],
                      right={1, 2}, out=out)
-    moving = [c for c in w.counters.values() if c.delta or c.kind == "gauge"]
+    moving = [c for c in w.counters.values() if top_counters and (c.delta or c.kind == "gauge")]
     if moving:
         p("")
         p("Allocator counters over the window (delta, per s; levels: start -> end)")
         rows = []
-        for c in sorted(moving, key=lambda c: (c.kind != "gauge", -(c.per_s or 0)))[:TOP_COUNTERS]:
+        for c in sorted(moving, key=lambda c: (c.kind != "gauge", -(c.per_s or 0)))[:top_counters]:
             if c.kind == "gauge":
                 rows.append([c.name, f"{c.start} -> {c.end}", "", c.unit])
             else:

@@ -147,6 +147,8 @@ def make_pooled():
     return handle
 
 
+DUTY_PERIOD_S = 0.1     # --duty: the period busy and idle parts alternate in
+
 MAKERS = {"perrequest": make_perrequest, "pooled": make_pooled}
 
 
@@ -187,6 +189,9 @@ def main():
     ap.add_argument("--seconds", type=float, default=5.0, help="per measured mode")
     ap.add_argument("--then", choices=["busy", "idle"], default="busy",
                     help="after READY: keep running the workload, or sleep")
+    ap.add_argument("--duty", type=int, default=100, metavar="PCT",
+                    help="--then busy: run requests for the first PCT ms of every "
+                         f"{DUTY_PERIOD_S * 1000:g} ms and sleep the rest (default 100)")
     opts = ap.parse_args()
     exit_on_signals()
 
@@ -207,9 +212,14 @@ def main():
             time.sleep(3600)
     handle = MAKERS[modes[0]]()
     i = 0
+    busy_s = DUTY_PERIOD_S * max(1, min(100, opts.duty)) / 100.0
     while True:
         handle(i)
         i += 1
+        if opts.duty < 100:
+            into = time.monotonic() % DUTY_PERIOD_S
+            if into >= busy_s:
+                time.sleep(DUTY_PERIOD_S - into)
 
 
 if __name__ == "__main__":

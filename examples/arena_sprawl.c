@@ -16,7 +16,9 @@
  * epoll/futex only, so a remote stats call can always borrow one.  With
  * --busy the odd workers keep replacing blocks after READY instead: their
  * allocation wall (`allocdiag wall`: arena-lock waits under MALLOC_ARENA_MAX=1,
- * none with an arena per thread).
+ * none with an arena per thread).  --duty PCT (100) bounds their CPU: they
+ * churn for the first PCT ms of every 100 ms of CLOCK_MONOTONIC, all in the
+ * same phase (so they still meet on the lock), and sleep the rest.
  *
  * READY threads=N arenas=A heaps=H live=B rss=B vsz=B cpus=C
  *   heaps  = 64 MiB-aligned anonymous regions of /proc/self/maps whose first
@@ -56,6 +58,9 @@
 
 static long n_threads = 32, live_blocks = 64, ops = 20000;
 static int busy;                         /* --busy: odd workers keep churning after READY */
+static long duty = 100;                  /* --duty: percent of each DUTY_PERIOD_MS spent churning */
+#define DUTY_PERIOD_MS 100
+#define DUTY_CHECK_EVERY 64              /* replacements between clock reads */
 static int park_pipe[2];
 static int parked;                       /* updated with __atomic builtins */
 static size_t live_total;
@@ -70,6 +75,16 @@ static void nap(long ms)
 {
     struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
     nanosleep(&ts, NULL);
+}
+
+/* --duty: sleep out the idle part of the current period, if we are in it. */
+static void duty_wait(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long ms = (long)(now.tv_nsec / 1000000L) % DUTY_PERIOD_MS;
+    if (ms >= duty)
+        nap(DUTY_PERIOD_MS - ms);
 }
 
 /* Replace one block of the live set by a new one of a random size. */
@@ -103,8 +118,11 @@ static void *worker(void *arg)
     __atomic_add_fetch(&live_total, live, __ATOMIC_RELAXED);
     __atomic_add_fetch(&parked, 1, __ATOMIC_RELEASE);
     if (busy && id % 2 == 1)
-        for (;;)                         /* --busy: the allocation wall (allocdiag wall) */
+        for (long i = 0;; i++) {         /* --busy: the allocation wall (allocdiag wall) */
+            if (duty < 100 && i % DUTY_CHECK_EVERY == 0)
+                duty_wait();
             replace_one(id, &r, blk, sz);
+        }
 
     /* Park, keeping the live set (blk stays reachable from this frame). */
     if (id % 2 == 0) {
@@ -191,12 +209,16 @@ int main(int argc, char **argv)
             ops = atol(argv[++i]);
         else if (!strcmp(argv[i], "--busy"))
             busy = 1;
+        else if (!strcmp(argv[i], "--duty") && i + 1 < argc)
+            duty = atol(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--threads N] [--live N] [--ops N] [--busy]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--threads N] [--live N] [--ops N] [--busy] [--duty PCT]\n",
+                    argv[0]);
             return 2;
         }
     }
-    if (n_threads < 1 || n_threads > 1000 || live_blocks < 1 || ops < 0) {
+    if (n_threads < 1 || n_threads > 1000 || live_blocks < 1 || ops < 0 || duty < 1
+        || duty > 100) {
         fprintf(stderr, "arena_sprawl: bad arguments\n");
         return 2;
     }

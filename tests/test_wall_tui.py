@@ -236,6 +236,62 @@ def test_time_tab_on_a_real_process_with_one_glibc_arena():
         asyncio.run(go())
 
 
+def _time_tab_on_example(workload, env, args, check):
+    """The process view of a real running example (examples/launch.py),
+    Time tab, until its first window: CHECK(app, wall) on what is shown."""
+    import sys
+    sys.path.insert(0, os.path.dirname(HERE))
+    from examples import launch
+    proc = launch.start(workload, "glibc", env=env, args=args)
+    try:
+        launch.wait_ready(proc, timeout=60)
+        src = ProcessSource(proc.pid)
+
+        async def go():
+            app = make_app(process_source=src, interval=1000)
+            async with app.run_test(size=(120, 40)) as pilot:
+                await settle(pilot, app)
+                await pilot.press("6")
+                tab = app.screen.query_one("#wall-tab")
+                await wait_for(pilot, lambda: tab.wall is not None
+                               or "cannot" in text_of(app, "#wall-state"), timeout=30)
+                assert tab.wall is not None, text_of(app, "#wall-state")
+                assert tab.wall.window.pid == proc.pid
+                check(app, tab.wall)
+                await pilot.press("1")
+                await settle(pilot, app)
+                assert not tab.sampling
+        asyncio.run(go())
+    finally:
+        launch.stop(proc)
+
+
+def test_time_tab_shows_the_arena_sprawl_examples_lock_wait_and_finding():
+    def check(app, w):
+        assert w.off_cpu.allocator_lock_s > 0, w.off_cpu
+        lock = text_of(app, "#wall-lock")
+        assert f"{w.off_cpu.allocator_lock_share * 100:.1f}%" in lock
+        assert "__lll_lock_wait_private" in lock
+        notes = text_of(app, "#wall-notes")
+        assert "waiting for glibc arena locks" in notes and "knob arena_max" in notes, notes
+        assert table_column(app, "#wall-sites")[0] == "replace_one"
+    # the demo's scene (diag.demo): 2 busy threads on one arena, half of each 100 ms
+    _time_tab_on_example("arena_sprawl", {"MALLOC_ARENA_MAX": "1"},
+                         ["--threads", "4", "--busy", "--duty", "50"], check)
+
+
+def test_time_tab_shows_the_alloc_wall_examples_allocator_share():
+    def check(app, w):
+        assert w.cpu.allocator_share > 0.05, w.cpu
+        cpu = text_of(app, "#wall-cpu")
+        assert f"allocator CPU {w.cpu.allocator_share * 100:.1f}%" in cpu
+        assert w.cpu.by_function[0].function in cpu
+        assert table_column(app, "#wall-sites")
+    _time_tab_on_example("alloc_wall", {"PYTHONMALLOC": "malloc"},
+                         ["--mode", "perrequest", "--seconds", "0.5", "--then", "busy",
+                          "--duty", "30"], check)
+
+
 # -- SVG baseline (pytest-textual-snapshot; fixed size, UTC, the captured window) -------
 
 def test_time_tab_snapshot(snap_compare, monkeypatch):

@@ -12,22 +12,27 @@ def add_parser(sub):
         description="Start a set of the example workloads (LazyFree-inflated RSS under jemalloc, "
                     "glibc holding freed memory, arena sprawl, a fragmentation staircase, a "
                     "preload typo, tcmalloc's page heap and mimalloc's committed segments "
-                    "keeping a freed burst) under the installed allocators, then open the "
-                    "terminal UI on them; with --no-tui print `explain` for each.  Every "
+                    "keeping a freed burst, and two allocation walls: threads queueing on one "
+                    "glibc arena lock, a request handler allocating per request) under the "
+                    "installed allocators, then open the terminal UI on them (select a wall "
+                    "scene, Enter, then the Time tab: 6); with --no-tui print `explain` for "
+                    "each and, for the wall scenes, a 2 s `wall` window.  Every "
                     "workload is stopped when the demo ends.  Needs about 1.3 GiB of memory.",
-        examples=["allocdiag demo", "allocdiag demo --no-tui --only glibc_held"])
-    p.add_argument("--no-tui", action="store_true", help="print explain for each instead")
+        examples=["allocdiag demo", "allocdiag demo --no-tui --only glibc_held",
+                  "allocdiag demo --no-tui --only arena_sprawl:glibc:busy --only alloc_wall"])
+    p.add_argument("--no-tui", action="store_true", help="print explain for each instead (and a 2 s wall window for the "
+                        "wall scenes)")
     p.add_argument("--only", action="append", metavar="WORKLOAD",
-                   help="run only this workload, or WORKLOAD:ALLOCATOR for one scene "
-                        "(repeatable); see --list")
-    p.add_argument("--list", action="store_true", help="list the workloads and exit")
+                   help="run only this workload, or WORKLOAD:ALLOCATOR[:VARIANT] for one "
+                        "scene (repeatable); see --list")
+    p.add_argument("--list", action="store_true", help="list the scenes (WORKLOAD:ALLOCATOR[:VARIANT]) and exit")
     return p
 
 
 def run(args):
     from diag import demo
     if args.list:
-        for name, alloc, _, what in demo.SCENES:
-            print(f"{name:18} {alloc:10} {what}")
+        for s in demo.SCENES:
+            print(f"{s.key:24} {s.what}")
         return ExitCode.OK
     return demo.run(only=args.only, tui=not args.no_tui)
