@@ -205,6 +205,26 @@ def test_time_tab_says_why_it_cannot_sample(case):
     asyncio.run(go())
 
 
+def _first_window(src, pid, check):
+    """The process view of SRC (a real process), Time tab, until its first
+    window: CHECK(app, wall) on what is shown; leaving the tab stops sampling."""
+    async def go():
+        app = make_app(process_source=src, interval=1000)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot, app)
+            await pilot.press("6")
+            tab = app.screen.query_one("#wall-tab")
+            await wait_for(pilot, lambda: tab.wall is not None
+                           or "cannot" in text_of(app, "#wall-state"), timeout=30)
+            assert tab.wall is not None, text_of(app, "#wall-state")
+            assert tab.wall.window.pid == pid
+            check(app, tab.wall)
+            await pilot.press("1")
+            await settle(pilot, app)
+            assert not tab.sampling
+    asyncio.run(go())
+
+
 def test_time_tab_on_a_real_process_with_one_glibc_arena():
     """A real window of tests/targets/wall_ui.c (4 threads, MALLOC_ARENA_MAX=1)
     through ProcessSource and the sampler: allocator time and lock waits, with
@@ -212,28 +232,15 @@ def test_time_tab_on_a_real_process_with_one_glibc_arena():
     from targets import build_c, start
     exe = build_c("wall_ui.c", "-pthread")
     env = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": "131072"}
-    with start([exe, "4"], env=env) as target:
-        src = ProcessSource(target.pid)
 
-        async def go():
-            app = make_app(process_source=src, interval=1000)
-            async with app.run_test(size=(120, 40)) as pilot:
-                await settle(pilot, app)
-                await pilot.press("6")
-                tab = app.screen.query_one("#wall-tab")
-                await wait_for(pilot, lambda: tab.wall is not None
-                               or "cannot" in text_of(app, "#wall-state"), timeout=30)
-                assert tab.wall is not None, text_of(app, "#wall-state")
-                w = tab.wall
-                assert w.window.pid == target.pid and w.cpu.samples > 0
-                assert w.cpu.allocator_share > 0.02
-                assert {"parse_request", "build_response", "spill_buffer"} & \
-                    {s.function for s in w.sites}
-                assert w.syscalls["mmap"].per_s > 0
-                await pilot.press("1")
-                await settle(pilot, app)
-                assert not tab.sampling
-        asyncio.run(go())
+    def check(app, w):
+        assert w.cpu.samples > 0
+        assert w.cpu.allocator_share > 0.02
+        assert {"parse_request", "build_response", "spill_buffer"} & \
+            {s.function for s in w.sites}
+        assert w.syscalls["mmap"].per_s > 0
+    with start([exe, "4"], env=env) as target:
+        _first_window(ProcessSource(target.pid), target.pid, check)
 
 
 def _time_tab_on_example(workload, env, args, check):
@@ -245,23 +252,7 @@ def _time_tab_on_example(workload, env, args, check):
     proc = launch.start(workload, "glibc", env=env, args=args)
     try:
         launch.wait_ready(proc, timeout=60)
-        src = ProcessSource(proc.pid)
-
-        async def go():
-            app = make_app(process_source=src, interval=1000)
-            async with app.run_test(size=(120, 40)) as pilot:
-                await settle(pilot, app)
-                await pilot.press("6")
-                tab = app.screen.query_one("#wall-tab")
-                await wait_for(pilot, lambda: tab.wall is not None
-                               or "cannot" in text_of(app, "#wall-state"), timeout=30)
-                assert tab.wall is not None, text_of(app, "#wall-state")
-                assert tab.wall.window.pid == proc.pid
-                check(app, tab.wall)
-                await pilot.press("1")
-                await settle(pilot, app)
-                assert not tab.sampling
-        asyncio.run(go())
+        _first_window(ProcessSource(proc.pid), proc.pid, check)
     finally:
         launch.stop(proc)
 
