@@ -34,9 +34,10 @@ import time
 import zlib
 
 from collectors.errors import BadInput, MalformedData, NoSuchProcess
+from diag.jsondoc import Bad as _Bad, finding as _finding, int_or_none as _int_or_none, \
+    obj as _obj
 from diag.model import (SCHEMA_VERSION, Allocator, AllocatorRef, Binding, CgroupMemory,
-                        CollectorStatus, Finding, Knob, Preload, ProcessMemory, Runtime,
-                        Snapshot, Value)
+                        CollectorStatus, Preload, ProcessMemory, Runtime, Snapshot, Value)
 
 __all__ = ["Recorder", "read_recording", "read_recording_events", "snapshot_from_json",
            "record", "RecordInterrupted", "release_event", "append_event", "EVENT_KEY"]
@@ -100,24 +101,6 @@ class Recorder:
 
 
 # -- JSON -> model ---------------------------------------------------------
-
-class _Bad(Exception):
-    """Internal: a document that does not describe a snapshot."""
-
-
-def _obj(doc, what):
-    if doc is None:
-        return {}
-    if not isinstance(doc, dict):
-        raise _Bad(f"{what} is not an object")
-    return doc
-
-
-def _int_or_none(v, what):
-    if v is None or (isinstance(v, int) and not isinstance(v, bool)):
-        return v
-    raise _Bad(f"{what} is not an integer: {v!r}")
-
 
 def _str_or_none(v, what):
     if v is None or isinstance(v, str):
@@ -204,23 +187,6 @@ def _runtime(doc):
                    located_by=_str_or_none(doc.get("located_by"), "runtime.located_by"),
                    reason=_str_or_none(doc.get("reason"), "runtime.reason"),
                    missed=_tuple(doc.get("missed"), "runtime.missed"))
-
-
-def _finding(doc, what):
-    doc = _obj(doc, what)
-    if not isinstance(doc.get("id"), str) or not isinstance(doc.get("title"), str):
-        raise _Bad(f"{what} has no id/title")
-    knob = doc.get("knob")
-    if knob is not None:
-        knob = _obj(knob, f"{what}.knob")
-        if not isinstance(knob.get("name"), str):
-            raise _Bad(f"{what}.knob has no name")
-        knob = Knob(**{k: knob[k] for k in Knob.__dataclass_fields__ if k in knob})
-    return Finding(id=doc["id"], severity=doc.get("severity", "info"), title=doc["title"],
-                   evidence=_obj(doc.get("evidence"), f"{what}.evidence"), knob=knob,
-                   expected_effect_bytes=_int_or_none(doc.get("expected_effect_bytes"),
-                                                      f"{what}.expected_effect_bytes"),
-                   confidence=doc.get("confidence", "medium"))
 
 
 def _collector(doc, what):

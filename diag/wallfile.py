@@ -18,21 +18,9 @@ import datetime
 
 from collectors.errors import MalformedData
 from diag import wall as W
-from diag.model import Finding, Knob
+from diag.jsondoc import Bad as _Bad, finding as _finding, obj as _obj
 
 EVENT = "wall"      # the event name of a wall line
-
-
-class _Bad(Exception):
-    pass
-
-
-def _obj(doc, what):
-    if doc is None:
-        return {}
-    if not isinstance(doc, dict):
-        raise _Bad(f"{what} is not an object")
-    return doc
 
 
 def _num(v, what, default=None):
@@ -99,20 +87,6 @@ def _off_cpu(doc):
                ("blocked_switches", "preempted_switches", "allocator_lock_switches",
                 "switches_sampled")})
     return W.OffCpu(by_function=_functions(doc.get("by_function"), "off_cpu.by_function"), **kw)
-
-
-def _finding(doc, what):
-    doc = _obj(doc, what)
-    if not isinstance(doc.get("id"), str) or not isinstance(doc.get("title"), str):
-        raise _Bad(f"{what} has no id/title")
-    knob = doc.get("knob")
-    if knob is not None:
-        knob = Knob(**{k: v for k, v in _obj(knob, f"{what}.knob").items()
-                       if k in Knob.__dataclass_fields__})
-    return Finding(id=doc["id"], severity=doc.get("severity", "info"), title=doc["title"],
-                   evidence=_obj(doc.get("evidence"), f"{what}.evidence"), knob=knob,
-                   expected_effect_bytes=doc.get("expected_effect_bytes"),
-                   confidence=doc.get("confidence", "medium"))
 
 
 def _window(doc):

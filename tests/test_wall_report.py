@@ -68,7 +68,9 @@ def test_wall_documents_read_back_to_the_same_document():
 
 @pytest.mark.parametrize("bad", [None, [], {"kind": "compare"},
                                  {"kind": "wall", "schema_version": 99},
-                                 {"kind": "wall", "schema_version": 1, "window": {"pid": "x"}}])
+                                 {"kind": "wall", "schema_version": 1, "window": {"pid": "x"}},
+                                 {"kind": "wall", "schema_version": 1, "window": {"pid": 1},
+                                  "findings": [{"id": "x", "title": "t", "knob": {}}]}])
 def test_a_malformed_wall_document_is_malformed_data(bad):
     with pytest.raises(MalformedData):
         wallfile.wall_from_json(bad)
