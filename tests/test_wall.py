@@ -90,15 +90,21 @@ def _phase_share(w):
     return inside / total if total else None
 
 
-@pytest.mark.parametrize("allocator", ["glibc", "jemalloc", "tcmalloc", "mimalloc"])
-def test_cpu_share_agrees_with_the_targets_own_clock(exe, allocator):
+def _mix_window(exe, seconds, allocator="glibc"):
+    """A CPU-only window of EXE's ``mix 2`` (999 Hz) and the target's own
+    share of its CPU time in its allocation phase over the same window."""
     with targets.start([exe, "mix", "2"], allocator=allocator) as t:
         lines = Lines(t)
         time.sleep(0.3)
-        w = wall_take.take(t.pid, duration_s=2.5, hz=999, counters=False, switches=False,
+        w = wall_take.take(t.pid, duration_s=seconds, hz=999, counters=False, switches=False,
                            syscalls=())
-        (m0, a0, c0, _), (m1, a1, c1, _) = lines.between(*_window_mono(w))
-    truth = (a1 - a0) / (c1 - c0)
+        (_, a0, c0, _), (_, a1, c1, _) = lines.between(*_window_mono(w))
+    return w, (a1 - a0) / (c1 - c0)
+
+
+@pytest.mark.parametrize("allocator", ["glibc", "jemalloc", "tcmalloc", "mimalloc"])
+def test_cpu_share_agrees_with_the_targets_own_clock(exe, allocator):
+    w, truth = _mix_window(exe, 2.5, allocator=allocator)
     sampled = _phase_share(w)
     # samples = rate x the target's CPU time, which a shared 2-CPU box cuts
     assert w.window.samples >= 400, w.window
@@ -388,13 +394,7 @@ def test_static_jemalloc_is_attributed_by_name():
     # recognised by their names in the executable's own symbols
     exe = targets.build_c("wall_target.c", "-lpthread", *targets.static_jemalloc_flags(),
                           name="wall_target_static_je")
-    with targets.start([exe, "mix", "2"]) as t:
-        lines = Lines(t)
-        time.sleep(0.3)
-        w = wall_take.take(t.pid, duration_s=2.0, hz=999, counters=False, switches=False,
-                           syscalls=())
-        (m0, a0, c0, _), (m1, a1, c1, _) = lines.between(*_window_mono(w))
-    truth = (a1 - a0) / (c1 - c0)
+    w, truth = _mix_window(exe, 2.0)
     assert abs(_phase_share(w) - truth) <= SHARE_TOLERANCE, (_phase_share(w), truth)
     assert w.cpu.allocator_share > 0.10
     assert w.sites[0].function == "alloc_batch"

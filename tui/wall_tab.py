@@ -151,6 +151,13 @@ def header_text(w, number=None, recorded=False):
     return text
 
 
+def _framed_bar(text, segs, width):
+    """Append the bar of SEGS to TEXT between its dim end marks."""
+    text.append("▕", style="dim")
+    text.append_text(bar(segs, width))
+    text.append("▏", style="dim")
+
+
 def cpu_text(w, width=BAR_WIDTH):
     """The CPU split bar, its legend and the kernel-mode share."""
     cpu = w.cpu
@@ -165,16 +172,14 @@ def cpu_text(w, width=BAR_WIDTH):
     text.append(pct(cpu.allocator_share), style="bold")
     text.append(f" ({secs(cpu.allocator_s)})\n")
     segs = cpu_segments(cpu)
-    text.append("▕", style="dim")
-    text.append_text(bar(segs, width))
-    text.append("▏\n", style="dim")
+    _framed_bar(text, segs, width)
+    text.append("\n")
     text.append_text(legend([(glyph, colour, f"{label} {pct(share)}")
                              for label, share, (colour, glyph) in segs], width + 2))
     # kernel-mode samples overlap the split above (each is charged to the user
     # stack that entered the kernel): their own bar, on the same scale
-    text.append("\n▕", style="dim")
-    text.append_text(bar([("in kernel", cpu.kernel_share or 0.0, KERNEL)], width))
-    text.append("▏", style="dim")
+    text.append("\n")
+    _framed_bar(text, [("in kernel", cpu.kernel_share or 0.0, KERNEL)], width)
     text.append(f" in kernel {pct(cpu.kernel_share)}\n")
     text.append("  kernel samples are charged to the user stack that entered the kernel (a "
                 f"madvise inside free is allocator time) · unwound to the first frame "
@@ -197,10 +202,8 @@ def lock_text(w, width=BAR_WIDTH):
                 f"{WALL_BY_NAME['off_cpu.allocator_lock_s'].label} ")
     text.append(f"{secs(off.allocator_lock_s)} ({pct(off.allocator_lock_share)})", style="bold")
     text.append(f" in {off.allocator_lock_switches:,} switch-outs\n")
-    share = off.allocator_lock_share or 0.0
-    text.append("▕", style="dim")
-    text.append_text(bar([("lock", share, LOCK)], width))
-    text.append("▏\n", style="dim")
+    _framed_bar(text, [("lock", off.allocator_lock_share or 0.0, LOCK)], width)
+    text.append("\n")
     text.append(f"  blocked {secs(off.blocked_s)} ({pct(off.blocked_share)}, "
                 f"{off.blocked_switches:,} switch-outs) · preempted {secs(off.preempted_s)} "
                 f"({off.preempted_switches:,}): runnable but no CPU, not a lock wait", style="dim")
