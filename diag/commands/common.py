@@ -7,7 +7,8 @@ import sys
 from collectors.errors import AllocdiagError
 from diag.exitcodes import ExitCode, HELP as EXIT_CODES_HELP
 
-__all__ = ["EXIT_CODES_HELP", "UsageError", "pid_arg", "sample_interval", "dump_json", "confirm",
+__all__ = ["EXIT_CODES_HELP", "UsageError", "pid_arg", "bounded", "sample_interval", "dump_json",
+           "confirm",
            "add_command", "print_error", "take"]
 
 
@@ -54,15 +55,22 @@ def add_command(sub, name, *, help, description, examples=(), keys=None):
                           formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
-def sample_interval(text):
-    """argparse type for a sampling interval in seconds (at least 0.2)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if value < 0.2:
-        raise argparse.ArgumentTypeError("must be at least 0.2 seconds")
-    return value
+def bounded(convert, lo, hi, not_a, out_of_range):
+    """An argparse type: CONVERT(text) within [LO, HI] (None: unbounded);
+    "not a NOT_A: 'text'" when it does not convert, OUT_OF_RANGE when out."""
+    def parse(text):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a {not_a}: {text!r}") from None
+        if not ((lo is None or lo <= value) and (hi is None or value <= hi)):   # nan: out
+            raise argparse.ArgumentTypeError(out_of_range)
+        return value
+    return parse
+
+
+# argparse type for a sampling interval in seconds (at least 0.2)
+sample_interval = bounded(float, 0.2, None, "number of seconds", "must be at least 0.2 seconds")
 
 
 def print_error(exc, out=None):

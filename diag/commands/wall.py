@@ -1,32 +1,16 @@
 """``allocdiag wall``: the allocation wall of a live process over a window."""
 
-import argparse
 import sys
 
-from diag.commands.common import add_command, dump_json, pid_arg
+from diag.commands.common import add_command, bounded, dump_json, pid_arg
 from diag.exitcodes import ExitCode
 
 NAME = "wall"
 
 
-def _duration(text):
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0.2 <= v <= 3600:
-        raise argparse.ArgumentTypeError("--duration must be between 0.2 and 3600 seconds")
-    return v
-
-
-def _hz(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a sampling rate: {text!r}") from None
-    if not 1 <= v <= 10000:
-        raise argparse.ArgumentTypeError("--hz must be between 1 and 10000")
-    return v
+_duration = bounded(float, 0.2, 3600, "number of seconds",
+                    "--duration must be between 0.2 and 3600 seconds")
+_hz = bounded(int, 1, 10000, "sampling rate", "--hz must be between 1 and 10000")
 
 
 def add_parser(sub):
