@@ -8,8 +8,7 @@ from collectors.errors import AllocdiagError
 from diag.exitcodes import ExitCode, HELP as EXIT_CODES_HELP
 
 __all__ = ["EXIT_CODES_HELP", "UsageError", "pid_arg", "bounded", "sample_interval", "dump_json",
-           "confirm",
-           "add_command", "print_error", "take"]
+           "confirm", "add_command", "print_error", "take"]
 
 
 class UsageError(AllocdiagError):
