@@ -99,8 +99,7 @@ def is_lock_wait(attribution):
     condition-wait or sleep frame among them.  The whole stack is looked at:
     without libc's debug file the leaf is an unnamed libc helper and the
     named frame is pthread_cond_timedwait above it."""
-    return attribution.cls == ALLOCATOR and not any(
-        IDLE_WAIT_RE.search(f) for f in attribution.folded)
+    return attribution.lock_wait
 
 
 def internal_name(frame, glibc_malloc):
@@ -136,11 +135,13 @@ def _program_code(frame):
 class Attribution:
     """What one stack says; shared by equal stacks (cached by the caller)."""
 
-    __slots__ = ("cls", "function", "entry", "site", "site_frames", "folded")
+    __slots__ = ("cls", "function", "entry", "site", "site_frames", "folded", "lock_wait")
 
     def __init__(self, cls, function, entry, site, site_frames, folded):
         self.cls, self.function, self.entry = cls, function, entry
         self.site, self.site_frames, self.folded = site, site_frames, folded
+        # judged once per stack (equal stacks share this object), not per interval
+        self.lock_wait = cls == ALLOCATOR and not any(IDLE_WAIT_RE.search(f) for f in folded)
 
 
 class Attributor:
