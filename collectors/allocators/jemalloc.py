@@ -199,6 +199,32 @@ def forget_general(process_key=None):
         _general_cache.pop(process_key, None)
 
 
+def print_stats(c, a, print_opts, size, first=None):
+    """``malloc_stats_print(strcat, buf, PRINT_OPTS)`` on the borrowed thread C
+    (A from plan) into a SIZE-byte Call.buffer; its text.  SIZE must bound
+    what those options print: an unterminated buffer is RemoteCallError."""
+    # BUF is zeroed memory outside the stack: strcat appends at its start.
+    buf = c.buffer(size)
+    opt_at = c.scratch(len(print_opts) + 1)
+    c.write(opt_at, print_opts + b"\0")
+    strcat = a["strcat"]
+    if a.get("strcat_ifunc"):
+        # The symbol is glibc's IFUNC resolver: ask it for this CPU's
+        # strcat (x86-64 resolvers take no arguments and only read
+        # cpu_features).
+        key = a.get("process_key")
+        strcat = (_ifunc_cache.get(key) if key is not None else None) or c.call(strcat)
+        if key is not None:
+            _ifunc_cache[key] = strcat
+    c.call(a["print"], strcat, buf, opt_at)
+    text, terminated = common.text_at(c, buf, size, first=first)
+    if not terminated:
+        # Cannot happen within the options' bound; if it did, memory past
+        # the buffer was written: stop using this process.
+        raise RemoteCallError("jemalloc malloc_stats_print wrote past its buffer")
+    return text
+
+
 def plan(res, obj, alloc, opts):
     prefix = getattr(alloc, "prefix", None) or ""
     mallctl = common.need(res.address(obj, prefix + "mallctl"), prefix + "mallctl", "jemalloc")
@@ -261,24 +287,7 @@ def gather(c, a, opts):
         else:
             print_opts = STATS_OPTS
         raw["process_key"] = key
-        # BUF is zeroed memory outside the stack: strcat appends at its start.
-        buf = c.buffer(STATS_BUF)
-        opt_at = c.scratch(len(print_opts) + 1)
-        c.write(opt_at, print_opts + b"\0")
-        strcat = a["strcat"]
-        if a.get("strcat_ifunc"):
-            # The symbol is glibc's IFUNC resolver: ask it for this CPU's
-            # strcat (x86-64 resolvers take no arguments and only read
-            # cpu_features).
-            strcat = _ifunc_cache.get(a["process_key"]) or c.call(strcat)
-            _ifunc_cache[a["process_key"]] = strcat
-        c.call(a["print"], strcat, buf, opt_at)
-        text, terminated = common.text_at(c, buf, STATS_BUF, first=STATS_READ_FIRST)
-        if not terminated:
-            # Cannot happen within STATS_BOUND; if it did, memory past the
-            # buffer was written: stop using this process.
-            raise RemoteCallError("jemalloc malloc_stats_print wrote past its buffer")
-        raw["json"] = text
+        raw["json"] = print_stats(c, a, print_opts, STATS_BUF, first=STATS_READ_FIRST)
         raw["mallctl"] = {}
     else:
         raw["mallctl"] = _per_call(c, a, scratch)

@@ -31,8 +31,7 @@ mallctl per mutex (``...mutexes.<m>.total_wait_time`` and ``max_wait_time``).
 
 import json
 
-from collectors.allocators import common
-from collectors.allocators.jemalloc import mallctl_read, mallctl_scratch
+from collectors.allocators.jemalloc import mallctl_read, mallctl_scratch, print_stats
 from collectors.errors import MalformedData, RemoteCallError
 
 PRINT_OPTS = b"Jgdableh"
@@ -61,16 +60,7 @@ def gather(c, a):
     and arenas.narenas."""
     if not a.get("print") or not a.get("strcat"):
         raise RemoteCallError("jemalloc counters need malloc_stats_print and strcat")
-    strcat = a["strcat"]
-    if a.get("strcat_ifunc"):
-        strcat = c.call(strcat)        # glibc's IFUNC resolver: this CPU's strcat
-    buf = c.buffer(BUF)        # zeroed, outside the stack: strcat appends at its start
-    opt_at = c.scratch(len(PRINT_OPTS) + 1)
-    c.write(opt_at, PRINT_OPTS + b"\0")
-    c.call(a["print"], strcat, buf, opt_at)
-    text, terminated = common.text_at(c, buf, BUF)
-    if not terminated:
-        raise RemoteCallError("jemalloc malloc_stats_print wrote past its buffer")
+    text = print_stats(c, a, PRINT_OPTS, BUF)
     scratch = mallctl_scratch(c)
     narenas = mallctl_read(c, a["mallctl"], "arenas.narenas", "unsigned", scratch)
     version = mallctl_read(c, a["mallctl"], "version", "const char*", scratch)
