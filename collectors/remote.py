@@ -122,6 +122,7 @@ from collections import namedtuple
 
 from collectors import memory, ptrace, safepoints, stackbounds, unwind
 from collectors.ranges import Ranges
+from collectors.procfs import parse_maps
 from collectors.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,
                                RemoteCallError, Unsupported)
 
@@ -614,7 +615,7 @@ class RemoteProcess:
         self._round_sps = tuple(sps.items())
         # True when no thread runs: every one blocked (in a wait or not)
         self._parked = all(f[0] not in ("R", "D") and f[1] != -1 for f in facts_of.values())
-        self._stackmaps = stackbounds.StackMaps(stackbounds.parse_maps(
+        self._stackmaps = stackbounds.StackMaps(parse_maps(
             _read_bytes(f"{self.procfs}/{self.pid}/maps", self.pid)))
         for tid, (state, nr, args, sp, pc, comm) in facts_of.items():
             facts = {"nr": nr, "args": args, "sp": sp, "pc": pc, "comm": comm, "room": None}

@@ -34,27 +34,14 @@ from collections import namedtuple
 PAGE_SIZE = 4096
 MARGIN = 4096                 # bytes kept free above the mapping's lowest page
 
-Mapping = namedtuple("Mapping", "start end perms path")
 Bounds = namedtuple("Bounds", "start end floor kind")
 Bounds.__doc__ = ("A thread's stack mapping [start, end) and FLOOR, the lowest address "
                   "anything may be written or used; KIND 'main' or 'thread'.")
 
 
-def parse_maps(data):
-    """/proc/PID/maps (bytes) -> [Mapping] in address order."""
-    out = []
-    for line in data.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) < 5:
-            continue
-        start, _, end = parts[0].partition(b"-")
-        path = parts[5].strip().decode("utf-8", "replace") if len(parts) > 5 else ""
-        out.append(Mapping(int(start, 16), int(end, 16), parts[1].decode(), path))
-    return out
-
-
 class StackMaps:
-    """The mappings of one process, for stack-bound lookups."""
+    """The mappings of one process (collectors.procfs.parse_maps), for
+    stack-bound lookups."""
 
     def __init__(self, maps):
         self.maps = maps

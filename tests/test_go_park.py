@@ -14,6 +14,7 @@ import deps
 from collectors import image as process_image
 from collectors import remote, safepoints, stackbounds
 from collectors.errors import RemoteCallError
+from collectors.procfs import parse_maps
 from diag import snapshot
 from targets import BUILD_DIR, build_go, start
 
@@ -69,7 +70,7 @@ def _settled(pid):
 
 def _stack_kind(pid, sp):
     with open(f"/proc/{pid}/maps", "rb") as f:
-        maps = stackbounds.StackMaps(stackbounds.parse_maps(f.read()))
+        maps = stackbounds.StackMaps(parse_maps(f.read()))
     bounds, _ = maps.bounds(sp)
     return bounds.kind if bounds else None
 

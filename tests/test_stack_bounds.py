@@ -35,6 +35,7 @@ from collectors.allocators import glibc as glibc_mod, gperftools, jemalloc, mima
 from collectors.errors import RemoteCallError
 from collectors.detect import detect
 from collectors.image import ProcessImage
+from collectors.procfs import parse_maps
 from diag import snapshot
 from servers import untraced
 from targets import build_c, start
@@ -85,7 +86,7 @@ RSEQ_AREA = 32      # struct rseq (linux/rseq.h): cpu_id_start, cpu_id, rseq_cs,
 def stack_blocks(pid, threads):
     """{tid: (start, end)} of each pool thread's whole stack mapping (stack,
     static TLS, struct pthread), from /proc/PID/maps."""
-    maps = stackbounds.parse_maps(open(f"/proc/{pid}/maps", "rb").read())
+    maps = parse_maps(open(f"/proc/{pid}/maps", "rb").read())
     sm = stackbounds.StackMaps(maps)
     out = {}
     for tid, (lo, hi, _, rseq) in threads.items():
@@ -218,7 +219,7 @@ def test_bounds_come_from_the_threads_own_mapping():
     mapping, or a thread pointer elsewhere, refuses it."""
     with pool(4, 2, 64) as t:
         ths = pool_threads(t)
-        maps = stackbounds.parse_maps(open(f"/proc/{t.pid}/maps", "rb").read())
+        maps = parse_maps(open(f"/proc/{t.pid}/maps", "rb").read())
         sm = stackbounds.StackMaps(maps)
         tid, (lo, hi, _, _) = next(iter(ths.items()))
         sp = int(open(f"/proc/{t.pid}/task/{tid}/syscall").read().split()[-2], 16)
