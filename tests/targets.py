@@ -10,7 +10,6 @@ import contextlib
 import hashlib
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys

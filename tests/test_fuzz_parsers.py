@@ -27,7 +27,6 @@ import io
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 
 import pytest

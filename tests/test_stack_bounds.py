@@ -228,7 +228,7 @@ def test_bounds_come_from_the_threads_own_mapping():
         i = sm.index(sp)
         assert maps[i - 1].perms == "---p" and maps[i - 1].end == b.start
         assert b.floor == b.start + stackbounds.PAGE_SIZE + stackbounds.MARGIN
-        assert sm.bounds(sp, others=[(1, sp - 4096)])[1].endswith(f"thread 1's stack")
+        assert sm.bounds(sp, others=[(1, sp - 4096)])[1].endswith("thread 1's stack")
         assert "not the thread's own stack" in sm.bounds(sp, fs_base=0x1000)[1]
         heap = [m for m in maps if m.path == "[heap]"]
         if heap:

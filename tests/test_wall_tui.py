@@ -9,10 +9,10 @@ import os
 import time
 
 import pytest
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
 from diag.wallfile import wall_from_json
-from fakes import FakeProcess, FakeReplay, staircase
+from fakes import FakeProcess
 from test_tui import make_app, settle, table_column
 from tui.source import WALL_NO_ATTACH, WALL_NOT_RECORDED, ProcessSource, ReplaySource
 
