@@ -29,7 +29,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from targets import build_c, start  # noqa: E402
-from collectors import heapcontrol  # noqa: E402
+from collectors import heapcontrol
 
 JE_ARMED = "prof:true,prof_active:false"
 

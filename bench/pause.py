@@ -67,11 +67,11 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from targets import build_c, start  # noqa: E402
 from diag import snapshot  # noqa: E402
-from collectors import allocators, livestats  # noqa: E402
-from collectors.allocators import jemalloc as je_module  # noqa: E402
-from collectors.allocators import gperftools as tc_module  # noqa: E402
+from collectors import allocators, livestats
+from collectors.allocators import jemalloc as je_module
+from collectors.allocators import gperftools as tc_module
 from collectors.detect import detect  # noqa: E402
-from collectors.image import ProcessImage  # noqa: E402
+from collectors.binary.image import ProcessImage  # noqa: E402
 
 GDB_CALL = {"glibc": "call (void) malloc_stats()",
             "jemalloc": "call (void) malloc_stats_print(0, 0, 0)",

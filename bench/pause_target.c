@@ -63,7 +63,7 @@ typedef int (*mallctl_t)(const char *, void *, size_t *, void *, size_t);
 typedef int (*getprop_t)(const char *, size_t *);
 typedef void (*print_t)(void (*)(void *, const char *), void *, const char *);
 
-/* The names the per-call path reads (collectors/allocators/jemalloc.py MALLCTLS). */
+/* The names the per-call path reads (collectors/allocators/jemalloc/__init__.py MALLCTLS). */
 static const char *JE_NAMES[] = {"version", "config.debug", "config.fill", "config.malloc_conf",
     "config.prof", "config.stats", "opt.retain", "opt.dss", "opt.narenas", "opt.percpu_arena",
     "opt.oversize_threshold", "opt.metadata_thp", "opt.background_thread", "opt.dirty_decay_ms",

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Cost of the out-of-process runtime walks, and what they cost the target.
 
-(a) pymalloc: `collectors.pymalloc.collect` (locate the obmalloc state, walk
+(a) pymalloc: `collectors.runtimes.pymalloc.collect` (locate the obmalloc state, walk
     every arena and pool header, pagemap for resident) on a target holding
     about 40 MiB of arenas, for every CPython on the machine; the walk alone
     (state already located) is reported too.
-(b) mimalloc 2.0.9: `collectors.mimalloc_segments.collect` (maps scan,
+(b) mimalloc 2.0.9: `collectors.allocators.mimalloc.segments.collect` (maps scan,
     cookie-validated headers, slices, pending free lists) on the
     rt_mimalloc target (two normal segments, one abandoned, one huge).
 (c) the target's serving thread (a 1 ms sleeper in the Python target):
@@ -30,9 +30,10 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from targets import SOURCES, build_c, start  # noqa: E402
-from collectors import mimalloc_segments, pymalloc  # noqa: E402
-from collectors.image import ProcessImage  # noqa: E402
-from collectors.memory import MemoryReader  # noqa: E402
+from collectors.allocators.mimalloc import segments as mimalloc_segments
+from collectors.runtimes import pymalloc
+from collectors.binary.image import ProcessImage  # noqa: E402
+from collectors.engine.memory import MemoryReader  # noqa: E402
 
 PY_TARGET = os.path.join(SOURCES, "rt_pyobjects.py")
 # rt_pyobjects N=115000 holds ~40 arenas of 1 MiB on 3.10-3.13.

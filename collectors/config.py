@@ -13,7 +13,7 @@ case-insensitively).
 
 import os
 
-from collectors.memory import MemoryReader
+from collectors.engine.memory import MemoryReader
 from collectors.errors import AllocdiagError
 
 

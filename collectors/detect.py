@@ -25,7 +25,7 @@ loader name; Go ``.go.buildinfo``.
 import os
 
 from collectors.errors import AccessDenied
-from collectors.memory import MemoryReader
+from collectors.engine.memory import MemoryReader
 from diag.model import Allocator, AllocatorRef, Binding
 
 JEMALLOC_PREFIXES = ("", "je_", "_rjem_")
@@ -258,7 +258,7 @@ class Detection:
 def detect(image, mem=None, all_bindings=False):
     """Detect the serving allocator of ProcessImage IMAGE.
 
-    MEM is an open ``collectors.memory.MemoryReader`` (None: opened here;
+    MEM is an open ``collectors.engine.memory.MemoryReader`` (None: opened here;
     when reading memory is denied, detection falls back to lookup order and
     says so in the evidence).
     """
@@ -422,6 +422,6 @@ def _others(image, serving, order):
 
 def detect_pid(pid, procfs=None):
     """Convenience: (ProcessImage, Detection) for PID."""
-    from collectors.image import ProcessImage
+    from collectors.binary.image import ProcessImage
     image = ProcessImage(pid, procfs)
     return image, detect(image)

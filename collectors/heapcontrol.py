@@ -1,6 +1,6 @@
 """Heap profiling in a running process (issue 10): what it can do, and
 start / dump / stop through the allocator's own profiler, called on one
-borrowed thread at a safe point (collectors.remote; DESIGN.md rule 7: only
+borrowed thread at a safe point (collectors.engine.remote; DESIGN.md rule 7: only
 on an explicit user action).
 
 gperftools (full ``libtcmalloc.so.4``; src/gperftools/heap-profiler.h):
@@ -41,13 +41,15 @@ import shutil
 import stat
 import struct
 
-from collectors import livestats, remote
+from collectors import livestats
+
+from collectors.engine import remote
 from collectors.allocators import common, jemalloc
 from collectors.config import parse_conf
 from collectors.detect import detect
 from collectors.errors import AccessDenied, MalformedData, RemoteCallError, Unsupported
-from collectors.image import ProcessImage
-from collectors.procfs import ProcFS
+from collectors.binary.image import ProcessImage
+from collectors.proc.procfs import ProcFS
 
 # GetHeapProfile walks every bucket under the profiler's lock; with many
 # sites that takes a while.  A call still running then is abandoned (and the

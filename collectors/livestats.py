@@ -1,5 +1,5 @@
 """Live allocator stats: the allocator's own functions, called inside the
-target on one borrowed thread (collectors.remote).  What is called and how
+target on one borrowed thread (collectors.engine.remote).  What is called and how
 it is parsed lives in one module per allocator (collectors.allocators.*:
 plan, gather, parse, normalise, and the table of native fields); this module
 resolves addresses, borrows the thread, and runs them.  Self mode
@@ -28,11 +28,15 @@ import os
 import time
 from collections import namedtuple
 
-from collectors import allocators, heapmaps, remote
+from collectors import allocators
+
+from collectors.allocators.glibc import heapmaps
+
+from collectors.engine import remote
 import collectors.allocators.common  # noqa: F401  (allocators.common.Retry)
 from collectors.allocators.glibc import LARGE_TEXT  # noqa: F401  (tests/test_safety.py)
 from collectors.errors import Unsupported
-from collectors.remote import RemoteProcess
+from collectors.engine.remote import RemoteProcess
 from diag.model import Value
 
 LiveStats = namedtuple("LiveStats", "kind native stats pause_us thread")
@@ -151,8 +155,8 @@ def _own_ifunc(name):
     return out
 
 
-# Safe-point policy lives in collectors.safepoints; re-exported for callers.
-from collectors.safepoints import (JEMALLOC_PUBLIC, GoRuntime,  # noqa: E402,F401
+# Safe-point policy lives in collectors.engine.safepoints; re-exported for callers.
+from collectors.engine.safepoints import (JEMALLOC_PUBLIC, GoRuntime,  # noqa: E402,F401
                                    forbidden_ranges, static_allocator_ranges)
 
 
@@ -223,7 +227,7 @@ def collect(image, detection, *, deadline_s=2.0, call_timeout_s=CALL_TIMEOUT_S, 
 
 def glibc_resident(image, native, stats):
     """glibc's resident: smaps Rss of its heaps plus the present pages of
-    its mmapped chunks, found by their headers (collectors.heapmaps).  The
+    its mmapped chunks, found by their headers (collectors.allocators.glibc.heapmaps).  The
     chunks found are checked against malloc_info's / mallinfo2's own count
     and bytes (hblks, hblkhd): when they disagree the figure says so."""
     res, heaps, maps = heapmaps.glibc_heap_resident(image.procfs, image.pid)

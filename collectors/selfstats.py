@@ -10,7 +10,7 @@ the allocator.
 
 The numbers are read by the same code the live path runs
 (collectors.allocators: plan, gather, parse, normalise), driven by an
-in-process call object (collectors.inproc.InProcess) instead of a borrowed
+in-process call object (collectors.engine.inproc.InProcess) instead of a borrowed
 thread, so the native document has the same shape in both modes.  Side
 effects are those of the live path (``native["side_effects"]``): e.g. glibc's
 fmemopen FILE, jemalloc's malloc_stats_print output buffer.
@@ -22,8 +22,8 @@ import os
 from collectors import allocators
 from collectors.allocators import common
 from collectors.errors import AllocdiagError, Unsupported
-from collectors.inproc import InProcess, SelfResolver, symbol
-from collectors.procfs import parse_maps
+from collectors.engine.inproc import InProcess, SelfResolver, symbol
+from collectors.proc.procfs import parse_maps
 
 
 class _DlInfo(ctypes.Structure):
@@ -58,7 +58,7 @@ def malloc_provider():
     stub, and dladdr then names the executable."""
     try:
         from collectors.detect import detect as detect_process
-        from collectors.image import ProcessImage
+        from collectors.binary.image import ProcessImage
         det = detect_process(ProcessImage(os.getpid()))
         if det.serving is not None and det.allocator.kind != "unknown":
             path = det.serving.path

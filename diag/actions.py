@@ -5,8 +5,8 @@ import time
 
 from collectors import actions as remote_actions
 from collectors.detect import detect
-from collectors.image import ProcessImage
-from collectors.procfs import ProcFS
+from collectors.binary.image import ProcessImage
+from collectors.proc.procfs import ProcFS
 from diag import snapshot
 
 

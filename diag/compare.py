@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass, field
 
 from collectors.errors import AllocdiagError, NoSuchProcess
-from collectors.procfs import ProcFS, cgroup_memory
+from collectors.proc.procfs import ProcFS, cgroup_memory
 from diag.exitcodes import ExitCode
 from diag.fields import CGROUP_FIELDS, PROCESS_FIELDS, STATS_FIELDS
 

@@ -3,7 +3,7 @@ the legacy text written back out, and the diff of two profiles next to the
 allocator and kernel layers at the same two moments.
 
 ``load`` parses (``collectors.heapprofile``) and symbolizes
-(``collectors.symbolize``) one dump; every view works on the resulting
+(``collectors.binary.symbolize``) one dump; every view works on the resulting
 ``ProfileView``.  Values are the scaled estimates pprof/jeprof print (the
 numbers as written for gperftools' unsampled ``heapprofile``); JSON byte and
 object values are integers.
@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 
 from collectors import heapprofile
 from collectors.errors import AccessDenied, BadInput, BadPath, MalformedData, Unsupported
-from collectors.symbolize import DEBUG_ROOT, Symbolizer, drop_allocator_frames
+from collectors.binary.symbolize import DEBUG_ROOT, Symbolizer, drop_allocator_frames
 from diag.render import human_bytes, table
 
 VALUE_KEYS = ("inuse_bytes", "inuse_objects", "alloc_bytes", "alloc_objects")

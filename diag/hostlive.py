@@ -69,7 +69,7 @@ def _code(exc):
 def _remote_code(pid, col, remote):
     """The REASONS word for a remote collector that did not read (the
     snapshot keeps only its message, so the quarantine is asked directly)."""
-    from collectors.remote import is_quarantined
+    from collectors.engine.remote import is_quarantined
     if col.first_denied is not None:
         return "denied"
     if getattr(col, "unsupported", None) is not None:

@@ -1,7 +1,7 @@
 """Scan every process on the host (``allocdiag ps`` and the TUI host view).
 
 Nothing is stopped.  Per process: status, smaps_rollup, maps, the ELF
-objects (parsed once per file for the whole scan, see collectors.elf) and
+objects (parsed once per file for the whole scan, see collectors.binary.elf) and
 one read of the executable's malloc GOT slot.  psutil gives the process
 list, each process's identity (pid + create time), its user name and CPU
 times; its exceptions are translated here, once, into collectors.errors.
@@ -15,9 +15,9 @@ import psutil
 
 from collectors.detect import detect
 from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess
-from collectors.image import ProcessImage
+from collectors.binary.image import ProcessImage
 from collectors.preload import verdict
-from collectors.procfs import ProcFS
+from collectors.proc.procfs import ProcFS
 from diag import findings
 from diag.model import Snapshot
 

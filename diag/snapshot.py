@@ -9,12 +9,18 @@ propagates, because there is nothing left to describe.
 import dataclasses
 import time
 
-from collectors import config, heapmaps, livestats, mimalloc_segments, pymalloc
+from collectors import config, livestats
+
+from collectors.allocators.glibc import heapmaps
+
+from collectors.allocators.mimalloc import segments as mimalloc_segments
+
+from collectors.runtimes import pymalloc
 from collectors import preload as preload_mod
 from collectors.detect import detect
 from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess, Unsupported
-from collectors.image import ProcessImage
-from collectors.procfs import ProcFS, cgroup_memory
+from collectors.binary.image import ProcessImage
+from collectors.proc.procfs import ProcFS, cgroup_memory
 from diag.model import (Allocator, CgroupMemory, CollectorStatus, Preload, ProcessMemory,
                         Snapshot, Value)
 from diag import findings, invariants, knobs
@@ -208,7 +214,7 @@ def _fit_to_kernel(col, procfs, pid, kind, stats, process, rollup):
 
 def _mimalloc_walk(col, image, stats, native):
     """A release mimalloc counts no allocated bytes: walk its segments
-    (collectors.mimalloc_segments, no stop) and, for a pinned build, make
+    (collectors.allocators.mimalloc.segments, no stop) and, for a pinned build, make
     ``allocated`` a real number."""
     res = col.run("mimalloc_walk", lambda: mimalloc_segments.collect(image))
     if res is None:

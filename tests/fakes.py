@@ -240,7 +240,7 @@ def captured_view(name):
     machine resolved (heap-tui-session.json "frames"): the same on any
     machine, whatever build of python3.11 and libc it has."""
     from collectors import heapprofile
-    from collectors.symbolize import Frame, drop_allocator_frames
+    from collectors.binary.symbolize import Frame, drop_allocator_frames
     from diag.heapview import ProfileView
     with open(os.path.join(FIXTURES, name), "rb") as f:
         prof = heapprofile.parse(f.read())

@@ -225,7 +225,7 @@ def test_unit_files_verify(tmp_path):
     assert r.returncode == 0 and not r.stderr.strip(), r.stdout + r.stderr
 
 
-# System calls the tracer makes (collectors/ptrace.py, memory.py, remote.py);
+# System calls the tracer makes (collectors/engine/tracee.py, memory.py, remote.py);
 # the units' SystemCallFilter must allow every one.
 TRACER_SYSCALLS = {"ptrace", "process_vm_readv", "process_vm_writev", "wait4", "tgkill",
                    "rt_sigprocmask", "prctl", "sched_setscheduler", "pread64", "openat"}

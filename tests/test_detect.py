@@ -7,7 +7,7 @@ import stat
 import pytest
 
 from collectors.detect import detect
-from collectors.image import ProcessImage
+from collectors.binary.image import ProcessImage
 from collectors.preload import verdict
 from targets import (LIBDIR, PRELOADS, build_c, build_go, prefixed_jemalloc_archive,
                      python_argv, start, static_jemalloc_flags)

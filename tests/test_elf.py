@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from collectors.elf import ElfCache, ElfObject, ObjectFile
+from collectors.binary.elf import ElfCache, ElfObject, ObjectFile
 from collectors.errors import MalformedData
 from targets import LIBDIR, build_c, require_file
 
@@ -95,7 +95,7 @@ def test_cache_keyed_by_file_identity(tmp_path):
 
 
 def test_object_file_prefers_map_files():
-    from collectors.procfs import ProcFS
+    from collectors.proc.procfs import ProcFS
     from targets import start
     with start([build_c("idle.c"), "1"]) as t:
         m = next(m for m in ProcFS().maps(t.pid) if m.path and "libc" in m.path)

@@ -190,7 +190,7 @@ def test_stats_json_documents(kind, name, budget):
 
 @BUDGET
 def test_mallinfo2_struct(budget):
-    from collectors import glibc_stats
+    from collectors.allocators.glibc import stats as glibc_stats
 
     @check(budget, st.binary(max_size=200))
     def prop(raw):
@@ -357,7 +357,7 @@ CGROUP_SEEDS = {"memory.current": b"123731968\n", "memory.max": b"max\n",
 
 @BUDGET
 def test_captured_proc_tree(budget):
-    from collectors.procfs import ProcFS, cgroup_memory
+    from collectors.proc.procfs import ProcFS, cgroup_memory
     pid = 4242
     with open("/sys/fs/cgroup/memory.stat", "rb") if os.path.exists(
             "/sys/fs/cgroup/memory.stat") else io.BytesIO(b"anon 1\ninactive_file 4096\n") as f:
@@ -432,7 +432,7 @@ def elf_mutations(region):
 
 @BUDGET
 def test_elf_notes(budget, tmp_path):
-    from collectors.elf import ElfObject
+    from collectors.binary.elf import ElfObject
     path = tmp_path / "fuzz.elf"
 
     @check(budget, elf_mutations("notes"))
@@ -445,7 +445,7 @@ def test_elf_notes(budget, tmp_path):
 
 @BUDGET
 def test_eh_frame(budget, tmp_path):
-    from collectors.unwind import CfiTable, UnwindError
+    from collectors.binary.unwind import CfiTable, UnwindError
     data, _ = _elf_seed()
     good = CfiTable("seed", io.BytesIO(data))
     pcs = [good._fde(i)[0] + 1 for i in range(len(good))][:20]
@@ -480,11 +480,12 @@ def _first_fde_pointing_at_itself(data, spans):
 
 
 def test_found_crashes_stay_fixed(tmp_path):
-    from collectors import allocators, tcmalloc_stats
-    from collectors.elf import ElfObject
+    from collectors import allocators
+    from collectors.allocators import tcmalloc_stats
+    from collectors.binary.elf import ElfObject
     from collectors.errors import MalformedData
-    from collectors.procfs import ProcFS, parse_maps
-    from collectors.unwind import CfiTable, UnwindError
+    from collectors.proc.procfs import ProcFS, parse_maps
+    from collectors.binary.unwind import CfiTable, UnwindError
     mi_text = fixture("mimalloc-2.0.9-stats.txt")
     cases = [
         # mimalloc stats text: int()/float() of a damaged number, IndexError on an empty one

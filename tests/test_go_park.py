@@ -1,4 +1,4 @@
-"""The Go runtime park rule (collectors.safepoints.GoRuntime): in a cgo
+"""The Go runtime park rule (collectors.engine.safepoints.GoRuntime): in a cgo
 binary the Ms the Go runtime parks in its own stubs (runtime.futex notes,
 sysmon's timed note) on glibc thread stacks are borrowed; a park on a
 goroutine stack, on the main [stack], or in a stripped binary is not."""
@@ -11,10 +11,12 @@ import time
 import pytest
 
 import deps
-from collectors import image as process_image
-from collectors import remote, safepoints, stackbounds
+from collectors.binary import image as process_image
+from collectors.engine import remote
+from collectors.engine import safepoints
+from collectors.engine import stackbounds
 from collectors.errors import RemoteCallError
-from collectors.procfs import parse_maps
+from collectors.proc.procfs import parse_maps
 from diag import snapshot
 from targets import BUILD_DIR, build_go, start
 

@@ -15,8 +15,8 @@ import pytest
 import deps
 import symtarget
 import targets
-from collectors import demangle as dm
-from collectors.symbolize import Frame, Symbolizer, drop_allocator_frames, is_allocator_frame
+from collectors.binary import demangle as dm
+from collectors.binary.symbolize import Frame, Symbolizer, drop_allocator_frames, is_allocator_frame
 from diag import heapview
 
 GROW = "allocdiag_sym_grow_site"

@@ -12,7 +12,7 @@ import pytest
 
 from collectors import livestats
 from collectors.detect import detect
-from collectors.image import ProcessImage
+from collectors.binary.image import ProcessImage
 from diag import snapshot
 from targets import build_c, prefixed_jemalloc_archive, start, static_jemalloc_flags
 
@@ -267,7 +267,7 @@ def test_glibc_resident_attributed_from_smaps():
 
 # -- one native shape per allocator: live, self and file ----------------------------
 
-from collectors import schema  # noqa: E402
+from collectors import schema
 
 SELF_CODE = """
 import json

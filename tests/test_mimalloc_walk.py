@@ -12,8 +12,8 @@ import time
 import deps
 from targets import BUILD_DIR, PRELOADS, build_c, start
 
-from collectors import mimalloc_segments as ms
-from collectors.image import ProcessImage
+from collectors.allocators.mimalloc import segments as ms
+from collectors.binary.image import ProcessImage
 from diag import snapshot
 
 

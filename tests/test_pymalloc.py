@@ -18,8 +18,8 @@ import pytest
 import deps
 from targets import SOURCES, start
 
-from collectors import pymalloc
-from collectors.image import ProcessImage
+from collectors.runtimes import pymalloc
+from collectors.binary.image import ProcessImage
 from diag import breakdown, findings, snapshot
 from diag.fields import RUNTIME_FIELDS
 from diag.recording import snapshot_from_json

@@ -20,8 +20,8 @@ import pytest
 import servers
 from collectors import livestats
 from collectors.detect import detect
-from collectors.image import ProcessImage
-from collectors.remote import RemoteProcess
+from collectors.binary.image import ProcessImage
+from collectors.engine.remote import RemoteProcess
 from servers import traced_tasks, untraced
 from targets import build_c, start
 from test_cli import allocdiag

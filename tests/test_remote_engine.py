@@ -1,4 +1,4 @@
-"""The remote-call engine (collectors/remote.py) against real processes.
+"""The remote-call engine (collectors/engine/remote.py) against real processes.
 
 Every safety rule of DESIGN.md "Remote calls" has a test here that fails
 without it; a few tests switch one protection off (``_unsafe=``) to show the
@@ -19,10 +19,10 @@ import pytest
 
 from targets import build_c, start, PRELOADS
 
-from collectors import ptrace
+from collectors.engine import tracee as ptrace
 from collectors.errors import (AccessDenied, NoSuchProcess, Quarantined,
                                RemoteCallError)
-from collectors.remote import RemoteProcess, is_quarantined, text_ranges
+from collectors.engine.remote import RemoteProcess, is_quarantined, text_ranges
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -167,7 +167,7 @@ def test_access_denied_for_unprivileged_user(waits):
     import unpriv
     code = (
         "import sys\n"
-        "from collectors.remote import RemoteProcess\n"
+        "from collectors.engine.remote import RemoteProcess\n"
         "from collectors.errors import AccessDenied\n"
         "try:\n"
         f"    with RemoteProcess({t.pid}).borrow() as c: pass\n"
@@ -457,7 +457,7 @@ def _engine_loop_code(pid, tid, func):
     return (
         "import sys\n"
         f"sys.path.insert(0, {ROOT!r})\n"
-        "from collectors.remote import RemoteProcess\n"
+        "from collectors.engine.remote import RemoteProcess\n"
         f"rp = RemoteProcess({pid})\n"
         "print('LOOPING', flush=True)\n"
         "while True:\n"

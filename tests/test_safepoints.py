@@ -1,4 +1,4 @@
-"""Safe points of the remote engine (collectors/safepoints.py) on real
+"""Safe points of the remote engine (collectors/engine/safepoints.py) on real
 processes: epoll-family waits made invisible, restartable waits, futex waits
 proven by a stack walk, borrowing order and refusal messages.
 
@@ -14,9 +14,11 @@ import pytest
 
 from targets import build_c, start
 
-from collectors import ptrace, remote
+from collectors.engine import tracee as ptrace
+
+from collectors.engine import remote
 from collectors.errors import RemoteCallError, Unsupported
-from collectors.remote import RemoteProcess, text_ranges
+from collectors.engine.remote import RemoteProcess, text_ranges
 
 ITERS, EINTR, BAD, LAST_RET, LAST_ERRNO, USR1, DONE, TIMEOUTS = range(8)
 LIBC_NAMES = ("libc.so", "ld-linux", "libjemalloc", "libtcmalloc", "libmimalloc")
@@ -81,7 +83,7 @@ def sp():
 
 def rax_at_stop(pid, tid):
     """Stop TID once (no call), return (rax, orig_rax), restore exactly."""
-    from collectors import arch_x86_64 as arch
+    from collectors.engine import arch_x86_64 as arch
     ptrace.seize(tid, pid)
     ptrace.interrupt(tid, pid)
     while ptrace.waitpid_nohang(tid, pid) is None:
@@ -347,7 +349,7 @@ def test_borrowing_order_prefers_restartable_then_epoll(sp):
 def test_order_epoll_before_proven_futex(sp):
     """Main thread in a condvar wait (borrowable after a walk), worker in
     epoll_wait: the epoll thread is taken, and no CFI is even loaded."""
-    from collectors import unwind
+    from collectors.binary import unwind
     t, a = sp("epoll_wait", env={"SP_MAIN": "condwait"})
     rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))
     for _ in range(5):
@@ -364,7 +366,7 @@ def test_order_epoll_before_proven_futex(sp):
 def test_order_restartable_before_futex(sp):
     """Worker in a condvar wait, main in read(): restartable first.  The CFI
     is parsed only when a futex thread is the next candidate."""
-    from collectors import unwind
+    from collectors.binary import unwind
     unwind.clear_cache()
     t, a = sp("condwait")
     rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from collectors import ptrace
+from collectors.engine import tracee as ptrace
 from collectors.livestats import LARGE_TEXT
 from diag import snapshot
 from servers import traced_tasks, untraced

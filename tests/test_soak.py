@@ -19,7 +19,7 @@ import pytest
 
 from collectors import livestats
 from collectors.detect import detect
-from collectors.image import ProcessImage
+from collectors.binary.image import ProcessImage
 from servers import traced_tasks, untraced
 from targets import build_c, start
 from test_real_servers import ALL, INFINITE, Load, ask, counts, server

@@ -30,12 +30,16 @@ import time
 
 import pytest
 
-from collectors import actions, livestats, remote, stackbounds
+from collectors import actions, livestats
+
+from collectors.engine import remote
+
+from collectors.engine import stackbounds
 from collectors.allocators import glibc as glibc_mod, gperftools, jemalloc, mimalloc
 from collectors.errors import RemoteCallError
 from collectors.detect import detect
-from collectors.image import ProcessImage
-from collectors.procfs import parse_maps
+from collectors.binary.image import ProcessImage
+from collectors.proc.procfs import parse_maps
 from diag import snapshot
 from servers import untraced
 from targets import build_c, start

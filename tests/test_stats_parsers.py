@@ -8,7 +8,10 @@ import struct
 import pytest
 
 from collectors.errors import MalformedData
-from collectors import glibc_stats, jemalloc_stats, tcmalloc_stats, mimalloc_stats
+from collectors.allocators.glibc import stats as glibc_stats
+from collectors.allocators.jemalloc import stats as jemalloc_stats
+from collectors.allocators import tcmalloc_stats
+from collectors.allocators.mimalloc import stats as mimalloc_stats
 from diag.fields import STATS_FIELDS
 from diag.model import DERIVED, MEASURED, UNKNOWN
 import targets

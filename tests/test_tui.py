@@ -431,7 +431,7 @@ def test_source_close_detaches_held_threads(monkeypatch):
     remote engine still holds (orphans that did not stop in time); other
     processes' orphans stay for their own source.  Before the fix close()
     looked for a diag.actions.detach that does not exist and did nothing."""
-    from collectors import remote
+    from collectors.engine import remote
     from tui import source as source_mod
     held = {101: types.SimpleNamespace(pid=4242), 202: types.SimpleNamespace(pid=999)}
     monkeypatch.setattr(remote, "_orphans", held)

@@ -1,4 +1,4 @@
-"""The .eh_frame CFI unwinder (collectors/unwind.py) on real processes: a
+"""The .eh_frame CFI unwinder (collectors/binary/unwind.py) on real processes: a
 walk from a stopped thread's registers names the real call chain, tables are
 parsed once per file identity, and anything not understood is an error."""
 
@@ -10,7 +10,13 @@ from elftools.elf.elffile import ELFFile
 
 from targets import build_c, start
 
-from collectors import arch_x86_64 as arch, memory, ptrace, unwind
+from collectors.engine import arch_x86_64 as arch
+
+from collectors.engine import memory
+
+from collectors.engine import tracee as ptrace
+
+from collectors.binary import unwind
 
 
 def sp_bin():

@@ -462,7 +462,7 @@ def test_background_thread_sleep_is_idle_with_or_without_libc_debug_file(debug_r
     registers as the session does: without libc6-dbg (a fresh Debian) its
     leaf is an unnamed libc helper under pthread_cond_timedwait; either way
     the wait is idle, and the helper is not called glibc's malloc."""
-    from collectors import unwind
+    from collectors.binary import unwind
     from collectors.sampler.attribution import (ALLOCATOR, LIBC_INTERNAL, Attributor,
                                                 is_lock_wait)
     with targets.start([targets.build_c("burst.c"), "16", "64", "0", "sleep"],

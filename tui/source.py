@@ -154,7 +154,7 @@ class ProcessSource:
         """The profile now, parsed and symbolized through the process's own
         root (containers), and the process right after it."""
         from collectors import heapprofile
-        from collectors.procfs import ProcFS
+        from collectors.proc.procfs import ProcFS
         from diag import heapview
         data, info = self._heapcontrol("dump").dump(self.pid)
         view = heapview.view_of(heapprofile.parse(data), root=ProcFS().path(self.pid, "root"),
@@ -183,11 +183,11 @@ class ProcessSource:
     def close(self):
         """Leave nothing attached: every snapshot detaches after its calls, but a
         thread that did not stop in time is held as an orphan until it does
-        (collectors.remote); restore and detach this process's orphans now.
+        (collectors.engine.remote); restore and detach this process's orphans now.
         Returns the tids still held (the at-exit reaper retries them)."""
         if self.no_attach:
             return []
-        from collectors import remote
+        from collectors.engine import remote
         return remote.detach_orphans(self.pid)
 
 

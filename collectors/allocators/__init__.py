@@ -8,7 +8,7 @@ native fields, collectors.schema.NativeField) and the four steps:
     Resolve every address before any thread is stopped (raises Unsupported).
 ``gather(call, addrs, opts) -> raw``
     Make the calls; ``call`` is a remote ``Call`` from
-    ``RemoteProcess.borrow()`` or an in-process ``collectors.inproc.InProcess``
+    ``RemoteProcess.borrow()`` or an in-process ``collectors.engine.inproc.InProcess``
     (same interface: ``.call(addr, *args)``, ``.read``, ``.write``,
     ``.scratch(n)``, ``.cstring``).  Copies raw bytes/integers out only.
 ``parse(raw, allocator) -> native``

@@ -7,7 +7,7 @@ Native document::
 """
 
 from collectors.allocators import common, gperftools
-from collectors import tcmalloc_stats
+from collectors.allocators import tcmalloc_stats
 from collectors.schema import BYTES, FLAG, NativeField, RATIO, TEXT
 
 _SRC = "google/tcmalloc tcmalloc/global_stats.cc GetNumericProperty"

@@ -4,7 +4,7 @@ normalise; the native fields.
 Native document::
 
     {"properties": {name: int | None},   # exactly the names of PROPERTIES
-     "getstats": {...} | None,           # collectors.tcmalloc_stats.parse_getstats
+     "getstats": {...} | None,           # collectors.allocators.tcmalloc_stats.parse_getstats
      "version": str | None,
      "variant": "minimal" | None}
 """
@@ -13,7 +13,7 @@ import os
 import struct
 import time
 
-from collectors import tcmalloc_stats
+from collectors.allocators import tcmalloc_stats
 from collectors.allocators import common
 from collectors.errors import AllocdiagError
 from collectors.schema import BYTES, COUNT, FLAG, NativeField, TEXT
@@ -107,7 +107,7 @@ GETSTATS_BUF = common.SCRATCH_TEXT     # >= 10000: DumpStats level 2 (size class
 
 
 # Stack the gather's calls use below the engine's frame on the borrowed thread
-# (collectors.remote stack_need): the high-water mark measured by
+# (collectors.engine.remote stack_need): the high-water mark measured by
 # tests/targets/stack_need.c (pattern-filled 1 MiB stack, the larger of two calls,
 # Debian 12 packages; tests/test_stack_bounds.py re-measures and checks it):
 #   MallocExtension_GetStats(buf, 48 KiB) 6,887 B, GetNumericProperty 3,431 B.

@@ -4,7 +4,7 @@ functions, entered where, from which call site (issue 20 item 3).
 A frame is the allocator's when it lies in an allocator library
 (libjemalloc, libtcmalloc*, libmimalloc: their whole text -- they have no
 .symtab, reference/cpu-wall.md) or its function is an allocator entry point
-or internal function by name (collectors.symbolize's lists, plus the entry
+or internal function by name (collectors.binary.symbolize's lists, plus the entry
 points below and their je_/tc_/mi_/prefixed variants: static and prefixed
 builds are recognised by name).  A stack is the allocator's when any frame
 is; the OUTERMOST such frame names the entry point and the frame just
@@ -12,15 +12,15 @@ outside it is the call site.  Matching the leaf against public symbol ranges
 alone is wrong for glibc (_int_malloc, _int_free, unlink_chunk lie between
 the exported symbols: 20.9 % vs 36.1 % measured), so the walk decides.
 
-A walk that stopped early (collectors.unwind ``tolerant``) still counts as
+A walk that stopped early (collectors.binary.unwind ``tolerant``) still counts as
 application time when it reached the program's own code (an allocator does
 not call back into it): a named function outside the system libraries whose
 name is not reserved (no leading underscore: static executables carry their
 libc); otherwise the sample is ``unknown`` -- never application time by
 default.
 
-Names come from collectors.symbolize (``.symtab``, the debug file by
-build-id such as libc6-dbg's, else ``.dynsym``) and collectors.demangle.  An
+Names come from collectors.binary.symbolize (``.symtab``, the debug file by
+build-id such as libc6-dbg's, else ``.dynsym``) and collectors.binary.demangle.  An
 unnamed libc frame under an allocator entry is GLIBC_INTERNAL, an unnamed
 frame of an allocator library "jemalloc (internal)" and the like.
 """
@@ -29,8 +29,8 @@ import os
 import re
 
 from collectors.heapprofile import Mapping
-from collectors.unwind import executable_file_maps
-from collectors.symbolize import ALLOCATOR_OBJECT_RE, DEBUG_ROOT, GCC_CLONE_RE, Symbolizer, \
+from collectors.binary.unwind import executable_file_maps
+from collectors.binary.symbolize import ALLOCATOR_OBJECT_RE, DEBUG_ROOT, GCC_CLONE_RE, Symbolizer, \
     is_allocator_frame
 from diag.wall import GLIBC_INTERNAL
 
@@ -74,7 +74,7 @@ def is_entry(fn):
 
 
 def is_allocator(frame):
-    """FRAME (collectors.symbolize.Frame) belongs to the allocator."""
+    """FRAME (collectors.binary.symbolize.Frame) belongs to the allocator."""
     if is_allocator_frame(frame):
         return True
     return is_entry(frame.function)

@@ -1,9 +1,9 @@
 """The allocator's own counters at the two ends of a wall window (issue 20
-item 4), read with the borrowed call (collectors.remote: one thread stopped
+item 4), read with the borrowed call (collectors.engine.remote: one thread stopped
 for a few ms, never a sampling stop) and returned as diag.wall.Counter
 deltas with provenance.
 
-- jemalloc: collectors.allocators.jemalloc_counters (mutexes, purges,
+- jemalloc: collectors.allocators.jemalloc.counters (mutexes, purges,
   fills/flushes, nmalloc/ndalloc, arenas vs threads);
 - glibc: no counters exist; the arena count from the malloc_info walk
   (collectors.livestats) against the thread count is the hint;
@@ -16,10 +16,11 @@ deltas with provenance.
 import time
 
 from collectors import livestats
-from collectors.allocators import jemalloc, jemalloc_counters
+from collectors.allocators import jemalloc
+from collectors.allocators.jemalloc import counters as jemalloc_counters
 from collectors.errors import AllocdiagError, Unsupported
-from collectors.image import ProcessImage
-from collectors.procfs import ProcFS
+from collectors.binary.image import ProcessImage
+from collectors.proc.procfs import ProcFS
 from diag import wall
 
 DEADLINE_S = 2.0

@@ -52,7 +52,7 @@ CLOCK_MONOTONIC = 1                     # time.h
 REGS_MASK = 0x1FF | (0xFF << 16)
 REG_NAMES = ("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp", "rip",
              "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15")
-# DWARF numbers (collectors.unwind.DWARF_REGS) of the registers above, in order
+# DWARF numbers (collectors.binary.unwind.DWARF_REGS) of the registers above, in order
 REG_DWARF = (0, 3, 2, 1, 4, 5, 6, 7, 16, 8, 9, 10, 11, 12, 13, 14, 15)
 # ring: perf_event_mmap_page
 DATA_HEAD_OFF, DATA_TAIL_OFF, DATA_OFFSET_OFF, DATA_SIZE_OFF = 1024, 1032, 1040, 1048

@@ -6,7 +6,7 @@ takes only its own task's events), all sharing the thread's one ring through
 PERF_EVENT_IOC_SET_OUTPUT:
 
 - CPU-clock samples at HZ with the user registers and a STACK_BYTES copy of
-  the user stack (unwound with collectors.unwind, CFI parsed once per file);
+  the user stack (unwound with collectors.binary.unwind, CFI parsed once per file);
 - context-switch samples (at most SWITCH_HZ per thread, SWITCH_STACK_BYTES
   copy) plus ``context_switch`` SWITCH records for every switch: the time
   until the switch-in, split voluntary (blocked) / preempted, and for the
@@ -36,7 +36,7 @@ import resource
 import time
 from collections import Counter, defaultdict
 
-from collectors import unwind
+from collectors.binary import unwind
 from collectors.errors import AccessDenied, NoSuchProcess
 from collectors.sampler import perf, records
 from collectors.sampler.attribution import ALLOCATOR, UNKNOWN, Attributor, is_lock_wait

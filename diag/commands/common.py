@@ -82,7 +82,7 @@ def print_error(exc, out=None):
 
 def take(args, expect=None, attach=False):
     """A snapshot of args.pid read through args.proc: (Snapshot, Collection)."""
-    from collectors.procfs import ProcFS
+    from collectors.proc.procfs import ProcFS
     from diag import snapshot
     return snapshot.take(args.pid, procfs=ProcFS(args.proc), expect=expect, attach=attach,
                          per_arena=getattr(args, "arenas", False))

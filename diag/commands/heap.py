@@ -131,7 +131,7 @@ def run(args):
 
 
 def _procfs(args):
-    from collectors.procfs import ProcFS
+    from collectors.proc.procfs import ProcFS
     return ProcFS(args.proc)
 
 

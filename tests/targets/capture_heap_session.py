@@ -29,9 +29,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
 sys.path[:0] = [TESTS, os.path.dirname(TESTS)]
 
-from collectors import heapcontrol, heapprofile  # noqa: E402
+from collectors import heapcontrol, heapprofile
 from collectors.errors import Unsupported  # noqa: E402
-from collectors.symbolize import Symbolizer, _build_id_of  # noqa: E402  (what it keys on)
+from collectors.binary.symbolize import Symbolizer, _build_id_of  # noqa: E402  (what it keys on)
 from diag import heapview, snapshot  # noqa: E402
 from targets import python_argv, start  # noqa: E402
 

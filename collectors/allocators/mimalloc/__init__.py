@@ -2,7 +2,7 @@
 
 Native document::
 
-    {"stats": {...},                # collectors.mimalloc_stats: parse_stats_text
+    {"stats": {...},                # collectors.allocators.mimalloc.stats: parse_stats_text
                                     # ("format": "text") or parse_stats_json ("json")
      "process_info": {...} | None,  # mi_process_info's eight out-parameters
      "options": {name: int} | None, # mi_option_get, names of the running version
@@ -11,7 +11,7 @@ Native document::
 
 import struct
 
-from collectors import mimalloc_stats
+from collectors.allocators.mimalloc import stats as mimalloc_stats
 from collectors.allocators import common
 from collectors.errors import AllocdiagError, Unsupported
 from collectors.schema import BYTES, COUNT, FLAG, MS, NativeField, RATIO, TEXT
@@ -19,7 +19,7 @@ from collectors.schema import BYTES, COUNT, FLAG, MS, NativeField, RATIO, TEXT
 _ST = "mimalloc src/stats.c _mi_stats_print (mi_stats_print_out)"
 _JS = "mimalloc src/stats.c mi_stats_get_json"
 _PI = "mimalloc src/stats.c mi_process_info"
-_WK = "collectors/mimalloc_segments.py (segment walk from memory)"
+_WK = "collectors/allocators/mimalloc/segments.py (segment walk from memory)"
 
 # Rows of the text report (mimalloc 2.0.9 _mi_stats_print) and counts of
 # the JSON one, with their unit: mi_stat_print's unit argument (1 = bytes,
@@ -101,7 +101,7 @@ FIELDS = (
     NativeField("options.?", COUNT, "an mi_option value (mi_option_get)",
                 "mimalloc include/mimalloc.h mi_option_t"),
     NativeField("version", TEXT, "mimalloc version (mi_version() 209 = 2.0.9)", "mimalloc"),
-    # Added by diag.snapshot from collectors.mimalloc_segments (no stop).
+    # Added by diag.snapshot from collectors.allocators.mimalloc.segments (no stop).
     NativeField("mimalloc_walk.ok", FLAG, "the out-of-process segment walk succeeded", _WK),
     NativeField("mimalloc_walk.reason", TEXT, "why there was no walk (build not pinned, ...)", _WK),
     NativeField("mimalloc_walk.build", TEXT, "the pinned mimalloc build walked", _WK),
@@ -155,7 +155,7 @@ OPTIONS_2_0 = (
 
 
 # Stack the gather's calls use below the engine's frame on the borrowed thread
-# (collectors.remote stack_need): the high-water mark measured by
+# (collectors.engine.remote stack_need): the high-water mark measured by
 # tests/targets/stack_need.c (pattern-filled 1 MiB stack, the larger of two calls,
 # Debian 12 packages; tests/test_stack_bounds.py re-measures and checks it):
 #   mi_stats_print_out(fputs, fmemopen stream) 3,375 B, mi_process_info 1,671 B,

@@ -32,7 +32,7 @@ MALLCTL_ARENAS_DESTROYED = 4097
 
 # The mallctls normalise_jemalloc reads (and the parse result's "mallctl"
 # holds).  The full list allocdiag reports, with types, units and meanings,
-# is collectors/allocators/jemalloc.py MALLCTLS.
+# is collectors/allocators/jemalloc/__init__.py MALLCTLS.
 _NORMALISED = ("version", "config.stats", "opt.background_thread", "opt.narenas",
                "opt.dirty_decay_ms", "opt.muzzy_decay_ms", "opt.retain", "arenas.narenas",
                "arenas.page", "arenas.dirty_decay_ms", "arenas.muzzy_decay_ms",

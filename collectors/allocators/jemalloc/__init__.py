@@ -16,7 +16,7 @@ on the same keys.
 import struct
 import time
 
-from collectors import jemalloc_stats
+from collectors.allocators.jemalloc import stats as jemalloc_stats
 from collectors.allocators import common
 from collectors.errors import MalformedData, RemoteCallError
 from collectors.schema import BYTES, COUNT, FLAG, MS, NativeField, PAGES, TEXT
@@ -182,7 +182,7 @@ _print_broken = {}             # process key -> why its malloc_stats_print JSON 
 
 
 # Stack the gather's calls use below the engine's frame on the borrowed thread
-# (collectors.remote stack_need): the high-water mark measured by
+# (collectors.engine.remote stack_need): the high-water mark measured by
 # tests/targets/stack_need.c (pattern-filled 1 MiB stack, the larger of two calls,
 # Debian 12 packages; tests/test_stack_bounds.py re-measures and checks it):
 #   malloc_stats_print(strcat, buf, "Jdablxeh") 13,143 B (also with "g"),

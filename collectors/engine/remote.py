@@ -1,8 +1,8 @@
 """Remote calls: run a function inside a live process on one borrowed thread.
 
-Pure Python over ctypes (``collectors.ptrace``); the register/call-frame
+Pure Python over ctypes (``collectors.engine.tracee``); the register/call-frame
 details live in the arch module picked by ``platform.machine()``
-(``collectors.arch_x86_64``).  DESIGN.md "Remote calls: rules that keep
+(``collectors.engine.arch_x86_64``).  DESIGN.md "Remote calls: rules that keep
 production safe" is the contract; every rule has a test in
 ``tests/test_remote_engine.py``.
 
@@ -58,14 +58,14 @@ accepted from the tracing thread); different borrows may use different threads.
 
 Safety rules implemented here
 -----------------------------
-- Safe points (policy in ``collectors.safepoints``), tried in this order:
+- Safe points (policy in ``collectors.engine.safepoints``), tried in this order:
   restartable waits (read, poll, select, pause, nanosleep, accept/accept4,
   recvfrom/recvmsg, wait4/waitid, rt_sigsuspend, ...; issued from outside
   allocator text), epoll-family waits (epoll_wait/epoll_pwait/epoll_pwait2/
   rt_sigtimedwait: they hold -EINTR at the stop and are given back with
   rax = -ERESTARTNOHAND, orig_rax and rip unchanged, after checking `0f 05`
   at rip-2 and cs 0x33), FUTEX_WAIT_BITSET waits that a ``.eh_frame`` walk
-  (``collectors.unwind``; CFI parsed before the stop) proves outside the
+  (``collectors.binary.unwind``; CFI parsed before the stop) proves outside the
   allocator and inside pthread_cond_*wait/sem_*wait/pthread_join, the Go
   runtime's own parks in a cgo binary (``go_runtime``: a
   ``safepoints.GoRuntime``; PC in its runtime.futex/runtime.usleep stub, on a
@@ -97,7 +97,7 @@ Safety rules implemented here
   allocator frame; restored exactly, it continues to its original deadline.
   An epoll-family wait restored with -ERESTARTNOHAND gets what is left of
   its timeout (``_keep_deadline``), not the whole timeout again.
-- Stack bounds (``collectors.stackbounds``): every byte written on the
+- Stack bounds (``collectors.engine.stackbounds``): every byte written on the
   borrowed stack -- red zone kept, scratch, call frame, alignment -- and the
   callee's own measured stack need (``stack_need``) lie inside the thread's
   own stack mapping above its lowest page and a margin; a thread without
@@ -120,9 +120,17 @@ import threading
 import time
 from collections import namedtuple
 
-from collectors import memory, ptrace, safepoints, stackbounds, unwind
-from collectors.ranges import Ranges
-from collectors.procfs import parse_maps
+from collectors.engine import memory
+
+from collectors.engine import tracee as ptrace
+
+from collectors.engine import safepoints
+
+from collectors.engine import stackbounds
+
+from collectors.binary import unwind
+from collectors.binary.ranges import Ranges
+from collectors.proc.procfs import parse_maps
 from collectors.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,
                                RemoteCallError, Unsupported)
 
@@ -156,7 +164,7 @@ def _load_arch(machine=None):
         raise Unsupported(f"unsupported architecture {machine}: remote calls (live "
                           "allocator stats) are implemented for x86_64 only; "
                           "--no-attach still works")
-    return importlib.import_module(f"collectors.{mod}")
+    return importlib.import_module(f"collectors.engine.{mod}")
 
 
 # ---- signals ---------------------------------------------------------------

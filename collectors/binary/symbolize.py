@@ -14,7 +14,7 @@ instruction, not the one after it):
    vaddr`` that also covers it (``st_size``), from ``.symtab``, else from the
    separate debug file (``/usr/lib/debug/.build-id/xx/yyyy.debug`` by the
    ``NT_GNU_BUILD_ID`` note, then ``.gnu_debuglink``), else ``.dynsym``;
-4. C++ names go through ``collectors.demangle``.
+4. C++ names go through ``collectors.binary.demangle``.
 
 An address that cannot be named is shown as ``object+0xVADDR`` (or the bare
 address when no mapping holds it), never dropped.
@@ -27,8 +27,8 @@ replaced since), with a warning.
 
 The symbol tables come from pyelftools for the structure (program headers,
 notes, section headers, with decompression of compressed debug sections) and
-a flat ``struct`` unpack for the entries (``collectors.elf`` explains why);
-``collectors.elf.ElfObject`` itself is not used here because it reads
+a flat ``struct`` unpack for the entries (``collectors.binary.elf`` explains why);
+``collectors.binary.elf.ElfObject`` itself is not used here because it reads
 section bytes at their file offsets and decodes ``.dynamic``, which separate
 debug files keep as NOBITS (it refuses them: measured on libc6-dbg's file),
 and it does not keep ``p_filesz``.  Tables are cached per (path, build-id),
@@ -51,10 +51,10 @@ from dataclasses import dataclass
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
-from collectors.demangle import demangle
-from collectors.elf import STB_GLOBAL, STB_WEAK, STT_FUNC
+from collectors.binary.demangle import demangle
+from collectors.binary.elf import STB_GLOBAL, STB_WEAK, STT_FUNC
 from collectors.heapprofile import printable
-from collectors.ranges import Ranges
+from collectors.binary.ranges import Ranges
 
 DEBUG_ROOT = "/usr/lib/debug"
 PROCFS = "/proc"

@@ -2,7 +2,7 @@
 
 ptrace (SEIZE, INTERRUPT, CONT, DETACH, GETREGS/SETREGS, GETREGSET/SETREGSET,
 GETSIGINFO/SETSIGINFO, GETSIGMASK/SETSIGMASK), waitpid with ``__WALL`` and
-tgkill.  Process memory is ``collectors.memory`` (``read_memory`` /
+tgkill.  Process memory is ``collectors.engine.memory`` (``read_memory`` /
 ``write_memory`` here delegate to it).
 
 Nothing here knows about registers' meaning or call frames (that is the
@@ -198,16 +198,16 @@ def waitpid_nohang(tid, pid):
 
 
 # --------------------------------------------------------------------------
-# memory of another process: collectors.memory is the one reader; these names
+# memory of another process: collectors.engine.memory is the one reader; these names
 # stay for callers (raise MemoryFault, a RemoteCallError, when unmapped).
 
 def read_memory(pid, addr, n):
-    from collectors import memory
+    from collectors.engine import memory
     return memory.read(pid, addr, n)
 
 
 def write_memory(pid, addr, data):
-    from collectors import memory
+    from collectors.engine import memory
     memory.write(pid, addr, data)
 
 

@@ -31,8 +31,8 @@ by ``collectors.livestats``.
 
 import os
 
-from collectors import unwind
-from collectors.ranges import Ranges
+from collectors.binary import unwind
+from collectors.binary.ranges import Ranges
 
 # ---- syscalls (x86-64 numbers, arch/x86/entry/syscalls/syscall_64.tbl) -----
 # Waits that restart transparently after a ptrace stop (rax at the stop, on
@@ -229,7 +229,7 @@ class StackJudge:
         if self._libc_done:
             return self._libc
         self._libc_done = True
-        from collectors import elf
+        from collectors.binary import elf
         for m in self.unwinder._maps:
             if not os.path.basename(m.path).startswith(("libc.so", "libc-")):
                 continue

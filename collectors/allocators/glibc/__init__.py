@@ -2,14 +2,14 @@
 
 Native document::
 
-    {"malloc_info": {...} | None,   # collectors.glibc_stats.parse_malloc_info
+    {"malloc_info": {...} | None,   # collectors.allocators.glibc.stats.parse_malloc_info
      "mallinfo2": {10 fields},      # from malloc_info (exact), or called
      "mallinfo2_from": "malloc_info" | "mallinfo2",
      "version": "2.36" | None,
      "error": str | None}
 """
 
-from collectors import glibc_stats
+from collectors.allocators.glibc import stats as glibc_stats
 from collectors.allocators import common
 from collectors.schema import BYTES, COUNT, FLAG, NativeField, TEXT
 
@@ -112,7 +112,7 @@ LARGE_TEXT = 4 << 20
 
 
 # Stack the gather's calls use below the engine's frame on the borrowed thread
-# (collectors.remote stack_need): the high-water mark measured by
+# (collectors.engine.remote stack_need): the high-water mark measured by
 # tests/targets/stack_need.c (pattern-filled 1 MiB stack, the larger of two calls,
 # Debian 12 packages; tests/test_stack_bounds.py re-measures and checks it):
 #   fmemopen 3,303 B (first call: lazy binding), malloc_info 14,887 B (vfprintf),

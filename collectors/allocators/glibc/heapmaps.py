@@ -24,9 +24,9 @@ import os
 import struct
 
 from collectors.errors import AccessDenied, AllocdiagError
-from collectors.memory import MemoryReader
-from collectors.pagemap import PAGE_SIZE, Pagemap
-from collectors.procfs import parse_maps
+from collectors.engine.memory import MemoryReader
+from collectors.proc.pagemap import PAGE_SIZE, Pagemap
+from collectors.proc.procfs import parse_maps
 
 HEAP_MAX_SIZE = 64 << 20
 # malloc/malloc.c: the low bits of a chunk's size field.

@@ -27,8 +27,8 @@ import struct
 from collections import namedtuple
 
 from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess
-from collectors.memory import MemoryReader
-from collectors.pagemap import Pagemap
+from collectors.engine.memory import MemoryReader
+from collectors.proc.pagemap import Pagemap
 
 # Builds whose layout was checked (offsetof() against v2.0.9's
 # include/mimalloc-types.h compiled with -DNDEBUG, and a live walk).

@@ -36,7 +36,7 @@ from diag.model import Value
 from collectors.errors import MalformedData
 
 # struct mallinfo2 (malloc/malloc.h, glibc >= 2.33): ten size_t, in this
-# order.  Units and meanings: collectors/allocators/glibc.py MALLINFO2.
+# order.  Units and meanings: collectors/allocators/glibc/__init__.py MALLINFO2.
 MALLINFO2_FIELDS = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
                     "uordblks", "fordblks", "keepcost")
 _MALLINFO2 = struct.Struct("@10N")   # native size_t; 80 bytes on x86-64

@@ -13,7 +13,7 @@ by parsing every entry up front.  Measured on this machine: libc 3,713 FDEs,
 0.08 s vs 11.8 s; a walk ~0.3 ms.  An FDE's rule table is decoded once.
 
 Tables are cached per file identity (st_dev, st_ino, st_size, st_mtime_ns;
-as ``collectors.elf`` caches) for the rest of the run.  The remote engine
+as ``collectors.binary.elf`` caches) for the rest of the run.  The remote engine
 loads what a walk needs *before* it stops a thread (``Unwinder.prepare``, a
 look-ahead walk from /proc/PID/task/TID/syscall's pc and sp) and, while a
 thread is stopped, walks only with tables already loaded
@@ -35,8 +35,8 @@ from elftools.common.exceptions import ELFError
 from elftools.dwarf.callframe import FDE, CallFrameInfo, RegisterRule
 from elftools.elf.elffile import ELFFile
 
-from collectors import elf
-from collectors.ranges import Ranges
+from collectors.binary import elf
+from collectors.binary.ranges import Ranges
 
 __all__ = ["UnwindError", "CfiTable", "Frame", "Unwinder", "cfi_table", "DWARF_REGS",
            "PagedMemory", "StackCopy", "BeyondCopy", "Walk"]
@@ -217,7 +217,7 @@ def cached_table(opener):
 
 
 def cfi_table(opener):
-    """The CfiTable of the file OPENER (``collectors.elf.ObjectFile``) opens,
+    """The CfiTable of the file OPENER (``collectors.binary.elf.ObjectFile``) opens,
     parsed at most once per file identity.  A file that cannot be parsed is
     remembered as such (UnwindError raised again, no second parse)."""
     try:
@@ -330,7 +330,7 @@ def executable_file_maps(maps_text):
 class Unwinder:
     """Walks threads of one process.  ``maps_text`` is /proc/PID/maps text;
     ``read(addr, n)`` returns bytes or None (process memory); ``procfs`` and
-    ``pid`` locate the mapped files (container-safe, as ``collectors.elf``)."""
+    ``pid`` locate the mapped files (container-safe, as ``collectors.binary.elf``)."""
 
     def __init__(self, pid, maps_text, read, procfs="/proc"):
         self.pid = pid

@@ -6,7 +6,7 @@ finds the main interpreter's obmalloc state in the target and walks it
 from outside: the ``arenas`` vector (``allarenas`` in 3.12+), then the
 header of every carved pool in every arena, exactly as
 ``_PyObject_DebugMallocStats`` does in Objects/obmalloc.c.  Every read is a
-``pread`` of /proc/PID/mem (collectors.memory) and /proc/PID/pagemap: no
+``pread`` of /proc/PID/mem (collectors.engine.memory) and /proc/PID/pagemap: no
 thread is stopped, nothing runs in the target.
 
 Why not call ``_PyObject_DebugMallocStats`` / ``_Py_GetAllocatedBlocks`` in
@@ -47,8 +47,8 @@ import struct
 from collections import namedtuple
 
 from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess
-from collectors.memory import MemoryReader
-from collectors.pagemap import Pagemap
+from collectors.engine.memory import MemoryReader
+from collectors.proc.pagemap import Pagemap
 from diag.model import Runtime, Value
 
 # -- layout ---------------------------------------------------------------

@@ -1,6 +1,6 @@
 """x86-64 specifics of the remote-call engine (the only arch-specific module).
 
-The engine (``collectors.remote``) talks to an ``Arch`` object with this small
+The engine (``collectors.engine.remote``) talks to an ``Arch`` object with this small
 interface; an ``arch_aarch64.py`` providing the same names is an addition, not
 a rewrite (there: GETREGSET NT_PRSTATUS for ``user_pt_regs``, NT_PRFPREG +
 NT_ARM_SVE for the vector state, NT_ARM_SYSTEM_CALL for the syscall number,
@@ -37,7 +37,7 @@ varargs); the direction and trap flags are cleared.
 
 import ctypes
 
-from collectors import ptrace
+from collectors.engine import tracee as ptrace
 
 NAME = "x86_64"
 WORD = 8
@@ -46,7 +46,7 @@ STACK_ALIGN = 16
 MASK64 = (1 << 64) - 1
 
 # Names of syscalls for messages.  Which waits are safe points is policy,
-# in collectors.safepoints (x86-64 numbers there too).
+# in collectors.engine.safepoints (x86-64 numbers there too).
 IDLE_SYSCALLS = {
     0: "read", 7: "poll", 23: "select", 34: "pause", 35: "nanosleep",
     230: "clock_nanosleep", 270: "pselect6", 271: "ppoll",
@@ -55,7 +55,7 @@ IDLE_SYSCALLS = {
 # restart_syscall(2): what a thread runs when a sleep with a restart block
 # (nanosleep, clock_nanosleep, poll) or a futex wait with a timeout was
 # interrupted -- by an earlier stop, allocdiag's or anyone's -- and resumed.
-# Judged like any other wait (collectors.safepoints.classify_restart).
+# Judged like any other wait (collectors.engine.safepoints.classify_restart).
 RESTART_SYSCALL = 219
 
 SYSCALL_NAMES = dict(IDLE_SYSCALLS)

@@ -7,7 +7,7 @@ Two kernel paths, with different semantics, chosen explicitly:
   protections, so a stack guard page or a PROT_NONE reservation is
   *unreadable*, and process_vm_writev never grows a stack mapping (the
   remote engine's writes fail cleanly outside a mapping; their bounds come
-  from collectors.stackbounds, never from readability).
+  from collectors.engine.stackbounds, never from readability).
 - ``/proc/PID/mem`` (``force=True``): FOLL_FORCE access, which also reads
   PROT_NONE pages of a mapping (as zeros when never touched).  Heap walkers
   (pymalloc, mimalloc segments) and detection read this way.
@@ -54,7 +54,7 @@ for _f in (_pvr, _pvw):
 
 
 def _vm(fn, pid, addr, buf, n, what):
-    from collectors import ptrace          # errno translation lives there
+    from collectors.engine import tracee as ptrace
     local = _iovec(ctypes.addressof(buf), n)
     remote = _iovec(addr, n)
     ctypes.set_errno(0)

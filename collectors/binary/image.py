@@ -8,9 +8,9 @@ initial environment, and each mapped ELF object with its load bias.
 import os
 from collections import namedtuple
 
-from collectors.elf import CACHE, ObjectFile
+from collectors.binary.elf import CACHE, ObjectFile
 from collectors.errors import AccessDenied, MalformedData, NoSuchProcess
-from collectors.procfs import AT_SECURE, ProcFS
+from collectors.proc.procfs import AT_SECURE, ProcFS
 
 AT_PHDR = 3
 AT_ENTRY = 9

@@ -246,7 +246,7 @@ def normalise_mimalloc(native=None, process_info=None):
                   RSS of 100.9 MiB.  mi_process_info's current_rss on Linux is
                   this same counter, not the RSS.
       resident  = unknown here; diag.snapshot measures it from the pages of
-                  the segments (collectors.mimalloc_segments + pagemap).
+                  the segments (collectors.allocators.mimalloc.segments + pagemap).
       mapped    = reserved.current (address space reserved: OS allocations
                   incl. not-yet-committed parts of segments/arenas)
       active, retained, metadata, dirty, muzzy: unknown (not tracked, or

@@ -1,0 +1,1 @@
+"""ELF, call-frame information (CFI) and symbols of the objects a process maps."""

@@ -1,0 +1,1 @@
+"""/proc readers: the kernel's view of a process, read without stopping it."""

@@ -1,0 +1,1 @@
+"""Language runtimes' own allocator layers, read out of a live process."""
