@@ -50,6 +50,7 @@ from collectors.detect import detect
 from collectors.errors import AccessDenied, MalformedData, RemoteCallError, Unsupported
 from collectors.binary.image import ProcessImage
 from collectors.proc.procfs import ProcFS
+from collectors.proc.stat import start_time
 
 # GetHeapProfile walks every bucket under the profiler's lock; with many
 # sites that takes a while.  A call still running then is abandoned (and the
@@ -305,7 +306,7 @@ class WorkDir:
     """allocdiag's directory for one target process, inside the target's root."""
 
     def __init__(self, t):
-        start = remote._starttime(t.pid, t.procfs.root)
+        start = start_time(t.pid, t.procfs.root)
         self.inside = os.path.join(WORK_DIR_PARENT, WORK_DIR_NAME.format(pid=t.pid, start=start))
         self.local = os.path.join(t.root, self.inside.lstrip("/"))
         self.uid, self.gid = _fs_ids(t)

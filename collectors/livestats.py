@@ -36,6 +36,7 @@ from collectors.engine import remote
 import collectors.allocators.common  # noqa: F401  (allocators.common.Retry)
 from collectors.allocators.glibc import LARGE_TEXT  # noqa: F401  (tests/test_safety.py)
 from collectors.errors import Unsupported
+from collectors.proc.stat import start_time
 from collectors.engine.remote import RemoteProcess
 from diag.model import Value
 
@@ -117,7 +118,7 @@ class Resolver:
     def process_key(self, obj):
         """(pid, start time, object): a key a recycled pid cannot match."""
         image = self.image
-        return (image.pid, remote._starttime(image.pid, image.procfs.root), obj.path)
+        return (image.pid, start_time(image.pid, image.procfs.root), obj.path)
 
 
 class _LinkMap(ctypes.Structure):

@@ -23,7 +23,7 @@ from collectors import allocators
 from collectors.allocators import common
 from collectors.errors import AllocdiagError, Unsupported
 from collectors.engine.inproc import InProcess, SelfResolver, symbol
-from collectors.proc.procfs import parse_maps
+from collectors.proc.maps import parse_maps
 
 
 class _DlInfo(ctypes.Structure):

@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+from collectors.proc.stat import start_time
 from collectors.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,
                                RemoteCallError, Unsupported)
 
@@ -77,16 +78,6 @@ def _remote_code(pid, col, remote):
     if is_quarantined(pid):
         return "quarantined"
     return "remote_failed"
-
-
-def start_time(pid):
-    """The process's start time (clock ticks since boot), or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return int(data[data.rindex(b")") + 2:].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _default_take(pid, deadline_s):

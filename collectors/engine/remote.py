@@ -130,7 +130,8 @@ from collectors.engine import stackbounds
 
 from collectors.binary import unwind
 from collectors.binary.ranges import Ranges
-from collectors.proc.procfs import parse_maps
+from collectors.proc.maps import parse_maps
+from collectors.proc.stat import start_time
 from collectors.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,
                                RemoteCallError, Unsupported)
 
@@ -250,18 +251,9 @@ _qlock = REGISTRY.lock
 _quarantine = REGISTRY.quarantine
 
 
-def _starttime(pid, procfs="/proc"):
-    try:
-        with open(f"{procfs}/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return int(data.rsplit(b")", 1)[1].split()[19])
-
-
 def quarantine_reason(pid, procfs="/proc"):
     """Why PID is quarantined, or None."""
-    key = (pid, _starttime(pid, procfs))
+    key = (pid, start_time(pid, procfs))
     with _qlock:
         return _quarantine.get(key)
 
@@ -485,7 +477,7 @@ class RemoteProcess:
                       "boundary_stops": 0, "pause_us_total": 0}
         if not ptrace.process_exists(self.pid, procfs):
             raise NoSuchProcess(self.pid)
-        self._start = _starttime(self.pid, procfs)
+        self._start = start_time(self.pid, procfs)
         self._auxv = self._read_auxv()
         maps = _read_text(f"{procfs}/{self.pid}/maps", self.pid)
         first = maps.split("-", 1)[0]
@@ -508,7 +500,7 @@ class RemoteProcess:
         if reason:
             raise Quarantined(f"no remote calls: {reason}", pid=self.pid)
         st = _status_fields(_read_text(f"{self.procfs}/{self.pid}/status", self.pid))
-        if _starttime(self.pid, self.procfs) != self._start:
+        if start_time(self.pid, self.procfs) != self._start:
             raise NoSuchProcess(self.pid, "the process exited (pid reused)")
         state = st.get("State", "?")[:1]
         if state in ("Z", "X"):
@@ -850,7 +842,7 @@ class RemoteProcess:
         t_end = time.monotonic() + 0.3
         while True:
             if not ptrace.process_exists(self.pid, self.procfs) or \
-                    _starttime(self.pid, self.procfs) != self._start:
+                    start_time(self.pid, self.procfs) != self._start:
                 return NoSuchProcess(self.pid, f"the process exited {when}")
             try:
                 f = _status_fields(_read_text(f"{self.procfs}/{self.pid}/status",

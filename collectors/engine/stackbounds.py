@@ -40,7 +40,7 @@ Bounds.__doc__ = ("A thread's stack mapping [start, end) and FLOOR, the lowest a
 
 
 class StackMaps:
-    """The mappings of one process (collectors.proc.procfs.parse_maps), for
+    """The mappings of one process (collectors.proc.maps.parse_maps), for
     stack-bound lookups."""
 
     def __init__(self, maps):

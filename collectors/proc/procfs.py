@@ -12,9 +12,9 @@ PTRACE_MODE_READ (``maps``, ``smaps*``, ``environ``, ``auxv``) or nothing.
 import errno
 import functools
 import os
-from collections import namedtuple
 
 from collectors.errors import AccessDenied, MalformedData, NoSuchProcess, Unsupported
+from collectors.proc.maps import Mapping, parse_maps  # noqa: F401  (the one maps parser)
 from diag.model import CgroupMemory, ProcessMemory
 
 _READ_CHUNK = 1 << 17
@@ -50,11 +50,6 @@ def is_allocator_var(name):
     if name.startswith(b"MALLOC_") and name.endswith(b"_"):
         return True
     return name.upper().startswith(ALLOCATOR_ENV_PREFIXES)
-
-
-# One line of /proc/PID/maps.  ``path`` is None for anonymous mappings and
-# keeps pseudo names like "[heap]"; ``deleted`` marks "(deleted)" files.
-Mapping = namedtuple("Mapping", "start end perms offset dev inode path deleted")
 
 
 def _translate(pid, exc, what):
@@ -305,31 +300,6 @@ def cgroup_memory(paths, cgroup_root="/sys/fs/cgroup"):
 
 
 # -- parsing helpers (pure, exported for tests) -------------------------------
-
-def parse_maps(data):
-    """/proc/PID/maps bytes -> [Mapping]; a line that is not a mapping (a
-    damaged capture) raises MalformedData naming it."""
-    out = []
-    for lineno, line in enumerate(data.split(b"\n"), 1):
-        if not line:
-            continue
-        parts = line.split(None, 5)
-        if len(parts) < 5:
-            continue
-        addr, perms, offset, dev, inode = parts[:5]
-        start, _, end = addr.partition(b"-")
-        path = parts[5].strip() if len(parts) > 5 else b""
-        deleted = path.endswith(b" (deleted)")
-        if deleted:
-            path = path[:-10]
-        try:
-            out.append(Mapping(int(start, 16), int(end, 16), perms.decode(), int(offset, 16),
-                               dev.decode(), int(inode),
-                               path.decode(errors="surrogateescape") if path else None, deleted))
-        except ValueError:      # UnicodeDecodeError included
-            raise MalformedData(f"maps line {lineno}: not a mapping: {line[:100]!r}") from None
-    return out
-
 
 def parse_auxv(data):
     import struct

@@ -26,7 +26,7 @@ import struct
 from collectors.errors import AccessDenied, AllocdiagError
 from collectors.engine.memory import MemoryReader
 from collectors.proc.pagemap import PAGE_SIZE, Pagemap
-from collectors.proc.procfs import parse_maps
+from collectors.proc.maps import parse_maps
 
 HEAP_MAX_SIZE = 64 << 20
 # malloc/malloc.c: the low bits of a chunk's size field.
