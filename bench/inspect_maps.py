@@ -22,7 +22,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from targets import build_c, start  # noqa: E402
-from diag import snapshot  # noqa: E402
+from diag import snapshot
 
 
 def main():

@@ -66,7 +66,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from targets import build_c, start  # noqa: E402
-from diag import snapshot  # noqa: E402
+from diag import snapshot
 from collectors import allocators, livestats
 from collectors.allocators import jemalloc as je_module
 from collectors.allocators import gperftools as tc_module

@@ -15,7 +15,7 @@ import struct
 
 from collectors import livestats
 from collectors.allocators import common, gperftools, jemalloc, mimalloc
-from collectors.errors import Unsupported
+from diag.model.errors import Unsupported
 
 ACTION_TIMEOUT_S = 10.0     # malloc_trim of a multi-GiB heap takes a while
 # Stack the release/set calls use on the borrowed thread (high-water marks

@@ -14,7 +14,7 @@ case-insensitively).
 import os
 
 from collectors.engine.memory import MemoryReader
-from collectors.errors import AllocdiagError
+from diag.model.errors import AllocdiagError
 
 
 def jemalloc_sources(image, obj, prefix, mem=None):

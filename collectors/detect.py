@@ -24,7 +24,7 @@ loader name; Go ``.go.buildinfo``.
 
 import os
 
-from collectors.errors import AccessDenied
+from diag.model.errors import AccessDenied
 from collectors.engine.memory import MemoryReader
 from diag.model import Allocator, AllocatorRef, Binding
 

@@ -47,7 +47,7 @@ from collectors.engine import remote
 from collectors.allocators import common, jemalloc
 from collectors.config import parse_conf
 from collectors.detect import detect
-from collectors.errors import AccessDenied, MalformedData, RemoteCallError, Unsupported
+from diag.model.errors import AccessDenied, MalformedData, RemoteCallError, Unsupported
 from collectors.binary.image import ProcessImage
 from collectors.proc.procfs import ProcFS
 from collectors.proc.stat import start_time

@@ -64,7 +64,7 @@ import re
 from collections import namedtuple
 from dataclasses import dataclass, field
 
-from collectors.errors import MalformedData
+from diag.model.errors import MalformedData
 
 # pprof's heapHeaderRE / heapSampleRE, anchored (we refuse trailing junk).
 HEADER_RE = re.compile(

@@ -35,7 +35,7 @@ from collectors.allocators.glibc import heapmaps
 from collectors.engine import remote
 import collectors.allocators.common  # noqa: F401  (allocators.common.Retry)
 from collectors.allocators.glibc import LARGE_TEXT  # noqa: F401  (tests/test_safety.py)
-from collectors.errors import Unsupported
+from diag.model.errors import Unsupported
 from collectors.proc.stat import start_time
 from collectors.engine.remote import RemoteProcess
 from diag.model import Value

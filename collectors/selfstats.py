@@ -21,7 +21,7 @@ import os
 
 from collectors import allocators
 from collectors.allocators import common
-from collectors.errors import AllocdiagError, Unsupported
+from diag.model.errors import AllocdiagError, Unsupported
 from collectors.engine.inproc import InProcess, SelfResolver, symbol
 from collectors.proc.maps import parse_maps
 

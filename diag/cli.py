@@ -2,17 +2,17 @@
 
 Each command lives in its own module under ``diag.commands`` (parser and
 ``run``); its human text comes from ``diag.render_text``.  Errors are
-``collectors.errors.AllocdiagError`` subclasses, printed and mapped to
-``diag.exitcodes.ExitCode`` here, once.
+``diag.model.errors.AllocdiagError`` subclasses, printed and mapped to
+``diag.model.exitcodes.ExitCode`` here, once.
 """
 
 import argparse
 import sys
 
-from collectors.errors import AccessDenied, AllocdiagError, BadPath
+from diag.model.errors import AccessDenied, AllocdiagError, BadPath
 from diag import __version__, commands
 from diag.commands.common import EXIT_CODES_HELP, print_error
-from diag.exitcodes import ExitCode
+from diag.model.exitcodes import ExitCode
 
 
 def build_parser():

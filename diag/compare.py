@@ -42,9 +42,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from collectors.errors import AllocdiagError, NoSuchProcess
+from diag.model.errors import AllocdiagError, NoSuchProcess
 from collectors.proc.procfs import ProcFS, cgroup_memory
-from diag.exitcodes import ExitCode
+from diag.model.exitcodes import ExitCode
 from diag.fields import CGROUP_FIELDS, PROCESS_FIELDS, STATS_FIELDS
 
 LIBDIR = "/usr/lib/x86_64-linux-gnu"

@@ -15,8 +15,8 @@ import signal
 import sys
 from typing import NamedTuple
 
-from collectors.errors import Unsupported
-from diag.exitcodes import ExitCode
+from diag.model.errors import Unsupported
+from diag.model.exitcodes import ExitCode
 
 WALL_WINDOW_S = 2.0     # the --no-tui wall window of a wall scene
 
@@ -157,7 +157,7 @@ def run(only=None, tui=True, out=sys.stdout):
 def print_wall(pid, seconds=WALL_WINDOW_S, out=sys.stdout):
     """A short ``allocdiag wall`` window of PID, compact; progress on a terminal;
     a window that cannot be sampled says why (the rest of the demo goes on)."""
-    from collectors.errors import AllocdiagError
+    from diag.model.errors import AllocdiagError
     from diag import render_wall, wall_take
     tty = sys.stderr.isatty()
 

@@ -19,10 +19,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Optional
 
-from collectors.errors import AccessDenied, AllocdiagError, MissingExtra
-from diag.exitcodes import ExitCode
+from diag.model.errors import AccessDenied, AllocdiagError, MissingExtra
+from diag.model.exitcodes import ExitCode
 from diag import hostlive, hostscan, metrics as M, walllive
-from diag.wall import SYSCALLS
+from diag.model.wall import SYSCALLS
 
 try:        # an optional extra: the command names the install line when it is missing
     import prometheus_client

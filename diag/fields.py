@@ -169,9 +169,9 @@ EXPORTER_FIELD_ROWS = (
 EXPORTER_BY_NAME = {f.name: f for f in EXPORTER_FIELD_ROWS}
 
 
-# -- the allocation wall (``allocdiag wall``; diag.wall) ---------------------------------
+# -- the allocation wall (``allocdiag wall``; diag.model.wall) ---------------------------------
 # Names are the dotted paths of the wall JSON document; looked up with WALL_BY_NAME.
-# ``syscalls.NAME.*`` rows stand for each of diag.wall.SYSCALLS; ``counters.NAME`` for
+# ``syscalls.NAME.*`` rows stand for each of diag.model.wall.SYSCALLS; ``counters.NAME`` for
 # every allocator counter (its own name and source are in the document).
 _SAMPLING = "perf_event_open"
 WALL_FIELD_ROWS = (

@@ -12,7 +12,7 @@ import json
 import os
 
 from collectors import allocators
-from collectors.errors import AccessDenied, AllocdiagError, BadInput, BadPath
+from diag.model.errors import AccessDenied, AllocdiagError, BadInput, BadPath
 from diag.fields import STATS_FIELDS
 from diag.model import Allocator, CollectorStatus, Snapshot, Value
 

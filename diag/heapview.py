@@ -50,7 +50,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from collectors import heapprofile
-from collectors.errors import AccessDenied, BadInput, BadPath, MalformedData, Unsupported
+from diag.model.errors import AccessDenied, BadInput, BadPath, MalformedData, Unsupported
 from collectors.binary.symbolize import DEBUG_ROOT, Symbolizer, drop_allocator_frames
 from diag.render import human_bytes, table
 

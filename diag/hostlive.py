@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from collectors.proc.stat import start_time
-from collectors.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,
+from diag.model.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,
                                RemoteCallError, Unsupported)
 
 # Why a process was "not read", as a fixed list (a metric label must not be

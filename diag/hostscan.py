@@ -4,7 +4,7 @@ Nothing is stopped.  Per process: status, smaps_rollup, maps, the ELF
 objects (parsed once per file for the whole scan, see collectors.binary.elf) and
 one read of the executable's malloc GOT slot.  psutil gives the process
 list, each process's identity (pid + create time), its user name and CPU
-times; its exceptions are translated here, once, into collectors.errors.
+times; its exceptions are translated here, once, into diag.model.errors.
 """
 
 import functools
@@ -14,7 +14,7 @@ import time
 import psutil
 
 from collectors.detect import detect
-from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess
+from diag.model.errors import AccessDenied, AllocdiagError, NoSuchProcess
 from collectors.binary.image import ProcessImage
 from collectors.preload import verdict
 from collectors.proc.procfs import ProcFS

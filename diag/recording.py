@@ -12,7 +12,7 @@ document ``doc`` read from a recording,
 Snapshot whose ``taken_at`` had finer precision comes back rounded to the
 microsecond; ``native`` comes back as JSON has it: lists, string keys.)
 
-A file that is not such a recording raises ``collectors.errors.BadInput`` (a
+A file that is not such a recording raises ``diag.model.errors.BadInput`` (a
 MalformedData with the usage exit code: the user named the wrong file)
 naming the line and what was expected, never a bare JSON or gzip traceback.
 
@@ -33,7 +33,7 @@ import json
 import time
 import zlib
 
-from collectors.errors import BadInput, MalformedData, NoSuchProcess
+from diag.model.errors import BadInput, MalformedData, NoSuchProcess
 from diag.jsondoc import Bad as _Bad, finding as _finding, int_or_none as _int_or_none, \
     obj as _obj
 from diag.model import (SCHEMA_VERSION, Allocator, AllocatorRef, Binding, CgroupMemory,
@@ -356,7 +356,8 @@ def _record_wall(rec, wall, pid, seconds, stop):
     exits during it ends the window (the next snapshot ends the recording).
     The sampler ends a window on Ctrl-C and returns it (``interrupted``):
     it is written, then the interrupt goes on to end the recording."""
-    from diag import wall as wall_model, wallfile
+    from diag import wallfile
+    from diag.model import wall as wall_model
     try:
         w = wall(pid, seconds, stop)
     except NoSuchProcess:
@@ -386,7 +387,7 @@ def record(pid, path, interval=2.0, duration=None, progress_cb=None, no_attach=F
     the wait for the next one ends at once, and the count is returned.
     A KeyboardInterrupt (a second Ctrl-C) leaves the file closed with whole
     lines; the count it holds is then ``RecordInterrupted.count``.
-    WALL (``record --wall``): ``wall(pid, seconds, stop) -> diag.wall.Wall``
+    WALL (``record --wall``): ``wall(pid, seconds, stop) -> diag.model.wall.Wall``
     samples the process's allocation wall; it is called instead of sleeping
     between two samples, so the windows cover the recording, and each is
     written as a wall line (diag.wallfile) after the snapshot it follows.

@@ -1,4 +1,4 @@
-"""Text of an allocation wall (diag.wall.Wall) for ``allocdiag wall``.
+"""Text of an allocation wall (diag.model.wall.Wall) for ``allocdiag wall``.
 
 Labels come from diag.fields (WALL_BY_NAME); a figure that was not measured
 prints as "-" with its reason in the "missing" section, never as 0.
@@ -8,7 +8,7 @@ import sys
 
 from diag import render
 from diag.fields import WALL_BY_NAME
-from diag.wall import SYSCALLS
+from diag.model.wall import SYSCALLS
 
 TOP_FUNCTIONS = 8
 TOP_SITES = 10

@@ -37,11 +37,11 @@ import os
 import statistics
 import zlib
 
-from collectors.errors import BadInput
+from diag.model.errors import BadInput
 from diag import findings as findings_mod
 from diag import report_charts as charts
 from diag import wallfile
-from diag.wall import SYSCALLS
+from diag.model.wall import SYSCALLS
 from diag.fields import BY_NAME
 from diag.recording import open_text, read_recording_events
 from diag.render import evidence_text, evidence_unit, human_bytes

@@ -11,7 +11,7 @@ import io
 import itertools
 import re
 
-from collectors.errors import MissingExtra
+from diag.model.errors import MissingExtra
 from diag.fields import BY_NAME
 
 

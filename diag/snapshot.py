@@ -18,7 +18,7 @@ from collectors.allocators.mimalloc import segments as mimalloc_segments
 from collectors.runtimes import pymalloc
 from collectors import preload as preload_mod
 from collectors.detect import detect
-from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess, Unsupported
+from diag.model.errors import AccessDenied, AllocdiagError, NoSuchProcess, Unsupported
 from collectors.binary.image import ProcessImage
 from collectors.proc.procfs import ProcFS, cgroup_memory
 from diag.model import (Allocator, CgroupMemory, CollectorStatus, Preload, ProcessMemory,

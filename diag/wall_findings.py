@@ -1,5 +1,5 @@
 """Findings of an allocation wall (issue 20 item 5): pure functions of a
-diag.wall.Wall and the target's allocator variables.  Each rule with a knob
+diag.model.wall.Wall and the target's allocator variables.  Each rule with a knob
 has a test that starts a target showing it, applies the knob and sees the
 named figure move the promised way (tests/test_wall_findings.py); a rule
 without such a test is not here.

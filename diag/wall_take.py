@@ -1,6 +1,6 @@
 """Take allocation-wall windows of a live process: the allocator's counters
 (borrowed call), the sampling window (collectors.sampler), the counters
-again, findings -> diag.wall.Wall.  The entry points for ``allocdiag wall``
+again, findings -> diag.model.wall.Wall.  The entry points for ``allocdiag wall``
 (``take``) and for views that sample while they are open -- the TUI tab,
 ``record --wall``, the exporter (``Live``).
 
@@ -13,10 +13,11 @@ returned.
 
 import time
 
-from collectors.errors import AllocdiagError, NoSuchProcess
+from diag.model.errors import AllocdiagError, NoSuchProcess
 from collectors.sampler import counters as counters_mod
 from collectors.sampler.session import DEFAULT_HZ, DRAIN_S, Session
-from diag import wall as wall_model, wall_findings
+from diag import wall_findings
+from diag.model import wall as wall_model
 
 ALLOCATOR_ENV = ("MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
                  "GLIBC_TUNABLES", "MALLOC_CONF", "LD_PRELOAD")

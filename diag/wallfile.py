@@ -1,5 +1,5 @@
 """Wall windows in a recording (``record --wall``): the line written and the
-``diag.wall.Wall`` read back.
+``diag.model.wall.Wall`` read back.
 
 A wall line is an event line of diag.recording (so every older reader skips
 it): ``{"event": "wall", "taken_at": ISO-8601 end of the window, "pid",
@@ -11,13 +11,13 @@ from the window's duration (``per_s``, ``cpu.allocator_s``) are recomputed
 over the duration as stored (to the millisecond), so they may differ in
 their last digit.
 
-Malformed wall documents raise ``collectors.errors.MalformedData``.
+Malformed wall documents raise ``diag.model.errors.MalformedData``.
 """
 
 import datetime
 
-from collectors.errors import MalformedData
-from diag import wall as W
+from diag.model.errors import MalformedData
+from diag.model import wall as W
 from diag.jsondoc import Bad as _Bad, finding as _finding, obj as _obj
 
 EVENT = "wall"      # the event name of a wall line

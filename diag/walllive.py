@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from collectors.errors import AllocdiagError, NoSuchProcess
+from diag.model.errors import AllocdiagError, NoSuchProcess
 
 WINDOW_S = 5.0          # reference/cpu-wall.md: 5-10 s windows at 99 Hz
 EVERY_S = 60.0          # a target's window starts at most this often
@@ -25,7 +25,7 @@ EVERY_S = 60.0          # a target's window starts at most this often
 
 @dataclass
 class WallEntry:
-    """The last window of one target: ``wall`` (diag.wall.Wall) or ``error``."""
+    """The last window of one target: ``wall`` (diag.model.wall.Wall) or ``error``."""
 
     pid: int
     at: float                       # monotonic time the window ended

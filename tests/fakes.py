@@ -324,7 +324,7 @@ class FakeProcess:
     def _heap_possible(self):
         """What heapcontrol raises for an allocator without a heap profiler
         (its _unsupported, from the captured status)."""
-        from collectors.errors import Unsupported
+        from diag.model.errors import Unsupported
         doc = self.heap["status_before"]
         if not doc["possible"]:
             raise Unsupported(f"heap profiling is not possible: {doc['reason']}", pid=self.pid,
@@ -345,7 +345,7 @@ class FakeProcess:
     def heap_stop(self, force=False):
         """The program's own profile (tcmalloc_own) is refused without FORCE,
         with heapcontrol's captured message."""
-        from collectors.errors import Unsupported
+        from diag.model.errors import Unsupported
         self.heap_calls.append("stop(force)" if force else "stop")
         self._heap_possible()
         refused = self.heap.get("stop_refused")

@@ -131,7 +131,7 @@ def test_kernel_thread_is_named_as_one_exit_5(argv):
 def test_kernel_thread_without_the_status_line_is_found_by_its_flags(tmp_path):
     """Before Linux 6.10 status has no ``Kthread:`` line: PF_KTHREAD in
     /proc/PID/stat decides (a real capture with that line removed)."""
-    from collectors.errors import Unsupported
+    from diag.model.errors import Unsupported
     from collectors.proc.procfs import ProcFS
     pid = _kernel_thread()
     d = tmp_path / str(pid)

@@ -151,7 +151,7 @@ def test_hostlive_fills_resident_and_finding_without_blocking():
 
 
 def test_hostlive_not_read_is_reported_and_not_retried():
-    from collectors.errors import AccessDenied
+    from diag.model.errors import AccessDenied
     from diag import hostlive
     calls = []
 

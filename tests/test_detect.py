@@ -228,7 +228,7 @@ def test_unreadable_memory_is_a_typed_fact_not_a_phrase(monkeypatch):
     # from lookup order, says so as a flag (not an English phrase that the
     # snapshot would have to search for), and the snapshot marks detect partial.
     from collectors import detect as detect_mod
-    from collectors.errors import AccessDenied
+    from diag.model.errors import AccessDenied
     from diag import snapshot
 
     def denied(pid, *a, **kw):

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from collectors.binary.elf import ElfCache, ElfObject, ObjectFile
-from collectors.errors import MalformedData
+from diag.model.errors import MalformedData
 from targets import LIBDIR, build_c, require_file
 
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"

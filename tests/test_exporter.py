@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from diag import exporter, fields, metrics
 from diag.commands import exporter as cmd
-from diag.exitcodes import ExitCode
+from diag.model.exitcodes import ExitCode
 from diag.hostlive import REASONS, HostLive
 from diag.snapshot import take
 from servers import free_port, wait_port

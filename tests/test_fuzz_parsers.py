@@ -4,7 +4,7 @@ Property-based (hypothesis): every parser of data allocdiag reads from
 outside -- malloc_info XML, jemalloc stats JSON, gperftools and mimalloc stats
 text, heap profiles, recordings (plain and gzip), captured /proc trees, ELF
 notes and ``.eh_frame`` -- gives a parsed result or the project's error
-(collectors.errors; ``UnwindError`` for the unwinder, whose API stays) with a
+(diag.model.errors; ``UnwindError`` for the unwinder, whose API stays) with a
 message, never another exception, never a hang.
 
 Inputs are seeded from real captures (tests/fixtures, a /proc tree and an ELF
@@ -33,7 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collectors.errors import AllocdiagError
+from diag.model.errors import AllocdiagError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
@@ -202,7 +202,7 @@ def test_mallinfo2_struct(budget):
 @BUDGET
 def test_stats_file_through_filemode(budget, tmp_path):
     """inspect --from: any file is a Snapshot or BadInput (exit 2)."""
-    from collectors.errors import BadInput
+    from diag.model.errors import BadInput
     from diag import filemode
     seeds = [fixture(n) for names in STATS.values() for n in names]
     path = tmp_path / "stats"
@@ -303,7 +303,7 @@ def test_snapshot_documents(budget):
 def test_recording_files(budget, form, tmp_path):
     """read_recording_events on mutated recordings: plain text, the mutation
     gzip-compressed, and the gzip bytes themselves mutated."""
-    from collectors.errors import BadInput
+    from diag.model.errors import BadInput
     from diag.recording import read_recording_events
     plain = _recording()
     seeds = [plain, plain.split(b"\n", 2)[0] + b"\n", b""]
@@ -483,7 +483,7 @@ def test_found_crashes_stay_fixed(tmp_path):
     from collectors import allocators
     from collectors.allocators import tcmalloc_stats
     from collectors.binary.elf import ElfObject
-    from collectors.errors import MalformedData
+    from diag.model.errors import MalformedData
     from collectors.proc.procfs import ProcFS, parse_maps
     from collectors.binary.unwind import CfiTable, UnwindError
     mi_text = fixture("mimalloc-2.0.9-stats.txt")

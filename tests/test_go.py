@@ -13,7 +13,7 @@ import pytest
 
 from collectors.livestats import GO_HEAP
 from diag import snapshot
-from diag.exitcodes import ExitCode
+from diag.model.exitcodes import ExitCode
 from targets import build_go, start
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

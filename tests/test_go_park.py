@@ -15,7 +15,7 @@ from collectors.binary import image as process_image
 from collectors.engine import remote
 from collectors.engine import safepoints
 from collectors.engine import stackbounds
-from collectors.errors import RemoteCallError
+from diag.model.errors import RemoteCallError
 from collectors.proc.procfs import parse_maps
 from diag import snapshot
 from targets import BUILD_DIR, build_go, start

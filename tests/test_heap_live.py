@@ -19,7 +19,7 @@ import tempfile
 import pytest
 
 from diag.cli import main
-from diag.exitcodes import ExitCode
+from diag.model.exitcodes import ExitCode
 import unpriv
 from targets import build_c, start
 

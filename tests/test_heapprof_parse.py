@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.errors import MalformedData
+from diag.model.errors import MalformedData
 from collectors.heapprofile import JEMALLOC, parse, unparse
 from diag import heapview
 

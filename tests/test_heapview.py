@@ -15,7 +15,7 @@ import pytest
 import deps
 import symtarget
 import targets
-from collectors.errors import BadPath, MalformedData, Unsupported
+from diag.model.errors import BadPath, MalformedData, Unsupported
 from collectors.heapprofile import parse
 from diag import heapview
 

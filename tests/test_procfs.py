@@ -7,7 +7,7 @@ import pytest
 
 import unpriv
 
-from collectors.errors import AccessDenied, NoSuchProcess
+from diag.model.errors import AccessDenied, NoSuchProcess
 from collectors.proc.procfs import ProcFS, cgroup_memory, is_allocator_var, parse_maps
 
 ROLLUP = b"""55d5c0e2a000-7ffd1a9f1000 ---p 00000000 00:00 0                          [rollup]
@@ -144,7 +144,7 @@ def test_live_process_auxv_and_memory():
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop privileges")
 def test_permission_denied_is_access_denied():
     # A non-dumpable root process cannot be read by another uid.
-    code = ("from collectors.proc.procfs import ProcFS\nfrom collectors.errors import AccessDenied\n"
+    code = ("from collectors.proc.procfs import ProcFS\nfrom diag.model.errors import AccessDenied\n"
             "try:\n    ProcFS().maps(1)\nexcept AccessDenied as e:\n    print('DENIED', e.exit_code)\n")
     out = unpriv.run(["-c", code])
     assert "DENIED 4" in out.stdout, out.stderr

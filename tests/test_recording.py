@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from collectors.errors import MalformedData, NoSuchProcess
+from diag.model.errors import MalformedData, NoSuchProcess
 from diag.model import Snapshot
 from diag.recording import Recorder, read_recording, record, snapshot_from_json
 from fakes import SNAPSHOTS, jemalloc_snapshot, staircase

@@ -20,7 +20,7 @@ import pytest
 from targets import build_c, start, PRELOADS
 
 from collectors.engine import tracee as ptrace
-from collectors.errors import (AccessDenied, NoSuchProcess, Quarantined,
+from diag.model.errors import (AccessDenied, NoSuchProcess, Quarantined,
                                RemoteCallError)
 from collectors.engine.remote import RemoteProcess, is_quarantined, text_ranges
 
@@ -168,7 +168,7 @@ def test_access_denied_for_unprivileged_user(waits):
     code = (
         "import sys\n"
         "from collectors.engine.remote import RemoteProcess\n"
-        "from collectors.errors import AccessDenied\n"
+        "from diag.model.errors import AccessDenied\n"
         "try:\n"
         f"    with RemoteProcess({t.pid}).borrow() as c: pass\n"
         "except AccessDenied as e:\n"

@@ -17,7 +17,7 @@ from targets import build_c, start
 from collectors.engine import tracee as ptrace
 
 from collectors.engine import remote
-from collectors.errors import RemoteCallError, Unsupported
+from diag.model.errors import RemoteCallError, Unsupported
 from collectors.engine.remote import RemoteProcess, text_ranges
 
 ITERS, EINTR, BAD, LAST_RET, LAST_ERRNO, USR1, DONE, TIMEOUTS = range(8)

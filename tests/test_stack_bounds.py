@@ -36,7 +36,7 @@ from collectors.engine import remote
 
 from collectors.engine import stackbounds
 from collectors.allocators import glibc as glibc_mod, gperftools, jemalloc, mimalloc
-from collectors.errors import RemoteCallError
+from diag.model.errors import RemoteCallError
 from collectors.detect import detect
 from collectors.binary.image import ProcessImage
 from collectors.proc.procfs import parse_maps

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from collectors.errors import MalformedData
+from diag.model.errors import MalformedData
 from collectors.allocators.glibc import stats as glibc_stats
 from collectors.allocators.jemalloc import stats as jemalloc_stats
 from collectors.allocators import tcmalloc_stats

@@ -13,7 +13,7 @@ import types
 
 import pytest
 
-from collectors.errors import AccessDenied, NoSuchProcess
+from diag.model.errors import AccessDenied, NoSuchProcess
 from diag.model import CollectorStatus, ProcessMemory, Snapshot, Value
 from diag.recording import read_recording
 from diag.render import human_bytes

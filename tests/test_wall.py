@@ -20,7 +20,8 @@ import pytest
 import deps
 import targets
 import unpriv
-from diag import wall, wall_take
+from diag import wall_take
+from diag.model import wall
 
 SHARE_TOLERANCE = 0.05          # issue 20 item 6: within 5 percentage points
 RATE_TOLERANCE = 0.10           # ... rates within 10 % of perf stat

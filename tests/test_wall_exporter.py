@@ -8,7 +8,7 @@ import os
 import pytest
 
 from diag import exporter, metrics, walllive
-from diag.exitcodes import ExitCode
+from diag.model.exitcodes import ExitCode
 from diag.fields import WALL_BY_NAME
 from diag.wallfile import wall_from_json
 from targets import build_c, start
@@ -50,7 +50,7 @@ def test_once_with_wall_exports_the_targets_wall_with_help_from_fields():
 
 
 def test_a_failed_window_sets_the_wall_collector_to_zero():
-    from collectors.errors import AccessDenied
+    from diag.model.errors import AccessDenied
 
     def refused(pid, seconds, stop):
         raise AccessDenied(pid, "perf_event_open: EACCES")

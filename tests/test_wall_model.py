@@ -1,6 +1,8 @@
-"""The wall model's JSON document (diag.wall) and its field table (diag.fields)."""
+"""The wall model's JSON document (diag.model.wall) and its field table (diag.fields)."""
 
-from diag import fields, wall
+from diag import fields
+
+from diag.model import wall
 
 
 def _wall():

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from collectors.errors import MalformedData
+from diag.model.errors import MalformedData
 from diag import report, wallfile
 from diag.recording import read_recording, read_recording_events
 

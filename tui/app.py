@@ -122,7 +122,7 @@ def run_replay(path):
 
 
 def main(argv=None):
-    from collectors.errors import AllocdiagError
+    from diag.model.errors import AllocdiagError
     p = argparse.ArgumentParser(prog="python -m tui.app", description="allocdiag TUI")
     sub = p.add_subparsers(dest="mode")
     sub.add_parser("host")

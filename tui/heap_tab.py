@@ -19,7 +19,7 @@ from textual import on, work
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Button, DataTable, Static
 
-from collectors.errors import AllocdiagError
+from diag.model.errors import AllocdiagError
 from diag import heapview
 from diag.render import human_bytes
 from tui.dialogs import ConfirmDialog

@@ -9,7 +9,7 @@ import time
 
 from textual.message import Message
 
-from collectors.errors import AllocdiagError
+from diag.model.errors import AllocdiagError
 
 
 HISTORY_LIMIT = 1800            # samples kept for the time series

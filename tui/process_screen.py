@@ -18,7 +18,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Label, Static, TabbedContent, TabPane
 
-from collectors.errors import AccessDenied, NoSuchProcess
+from diag.model.errors import AccessDenied, NoSuchProcess
 from tui import layers
 from tui import process_tabs as tabs
 from tui.heap_tab import HeapTab

@@ -22,7 +22,7 @@ from constructed Snapshots):
     layers; None when it could not be read), ``call``, ``notes``,
     ``pause_us``.
     The allocation wall (the Time tab; ``diag.wallsample``): ``wall(seconds,
-    stop, lock) -> diag.wall.Wall``, one window of perf_event_open sampling that
+    stop, lock) -> diag.model.wall.Wall``, one window of perf_event_open sampling that
     ends early when ``stop()`` is true (LOCK: held around its calls into the
     process); ``wall_unavailable() -> str or None``
     (why this source cannot sample); ``walls() -> [(taken_at, Wall)]`` (the
@@ -39,7 +39,7 @@ Sources are called from worker threads; they must not touch the UI.
 import importlib
 import inspect
 
-from collectors.errors import AllocdiagError
+from diag.model.errors import AllocdiagError
 
 
 NEEDS_LIVE_PROCESS = "heap profiles need a live process: a recording has none"

@@ -3,7 +3,7 @@
 While the tab is open, a worker thread samples the process in windows of
 WINDOW_S seconds (``source.wall``: perf_event_open through diag.wallsample,
 no thread stopped for the sampling) and posts ONE ``WallTaken`` per window
-with an immutable ``diag.wall.Wall``; the widgets only render it.  Leaving
+with an immutable ``diag.model.wall.Wall``; the widgets only render it.  Leaving
 the tab (or the view), or pausing the view, ends the window in progress and
 stops sampling.
 
@@ -11,7 +11,7 @@ A replay shows the windows a ``record --wall`` recording holds, the one that
 covers the sample under the cursor; a recording without them, and a view
 started with --no-attach, say why there is nothing to show.
 
-Figures and words come from the model (diag.wall) and its field rows
+Figures and words come from the model (diag.model.wall) and its field rows
 (diag.fields WALL_BY_NAME): what a share is of, what "unknown" means.
 """
 
@@ -23,7 +23,7 @@ from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from diag import wall as W
+from diag.model import wall as W
 from diag.fields import WALL_BY_NAME
 from diag.wallfile import wall_at
 from tui.messages import clock, error_text

@@ -1,7 +1,7 @@
 """Helpers the allocator modules share: symbol checks, stdio streams over
 scratch memory, and reading text the allocator wrote."""
 
-from collectors.errors import MalformedData, RemoteCallError, Unsupported
+from diag.model.errors import MalformedData, RemoteCallError, Unsupported
 
 SCRATCH_TEXT = 48 * 1024      # bytes of the buffer (Call.buffer, never the stack) for text/XML
 IONBF = 2                     # stdio.h _IONBF: no stdio buffer (nothing malloc'd for it)

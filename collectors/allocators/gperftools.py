@@ -15,7 +15,7 @@ import time
 
 from collectors.allocators import tcmalloc_stats
 from collectors.allocators import common
-from collectors.errors import AllocdiagError
+from diag.model.errors import AllocdiagError
 from collectors.schema import BYTES, COUNT, FLAG, NativeField, TEXT
 
 _TC = "gperftools src/tcmalloc.cc GetNumericProperty"

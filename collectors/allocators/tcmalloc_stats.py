@@ -25,7 +25,7 @@ google/tcmalloc (tcmalloc/global_stats.cc GetNumericProperty):
 import re
 
 from diag.model import Value
-from collectors.errors import MalformedData
+from diag.model.errors import MalformedData
 
 # The property names each flavour answers, with units and meanings, are
 # declared in collectors/allocators/gperftools.py and google_tcmalloc.py.

@@ -31,7 +31,7 @@ from elftools.common.exceptions import ELFError
 from elftools.construct.core import ConstructError   # a struct pyelftools cannot unpack
 from elftools.elf.elffile import ELFFile
 
-from collectors.errors import MalformedData
+from diag.model.errors import MalformedData
 
 # Symbol: name, st_value, st_size, st_info type (STT_*), binding (STB_*),
 # defined (st_shndx != SHN_UNDEF).

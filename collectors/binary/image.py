@@ -9,7 +9,7 @@ import os
 from collections import namedtuple
 
 from collectors.binary.elf import CACHE, ObjectFile
-from collectors.errors import AccessDenied, MalformedData, NoSuchProcess
+from diag.model.errors import AccessDenied, MalformedData, NoSuchProcess
 from collectors.proc.procfs import AT_SECURE, ProcFS
 
 AT_PHDR = 3

@@ -16,7 +16,7 @@ import ctypes
 import os
 import threading
 
-from collectors.errors import RemoteCallError
+from diag.model.errors import RemoteCallError
 
 SCRATCH_BYTES = 64 * 1024     # scratch + buffers: jemalloc's 56 KiB stats buffer fits
 _ALIGN = 16

@@ -31,7 +31,7 @@ import errno
 import os
 import struct
 
-from collectors.errors import AccessDenied, NoSuchProcess, RemoteCallError
+from diag.model.errors import AccessDenied, NoSuchProcess, RemoteCallError
 
 __all__ = ["MemoryFault", "ProcessMemory", "MemoryReader", "read", "try_read", "write"]
 

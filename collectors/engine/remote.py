@@ -132,7 +132,7 @@ from collectors.binary import unwind
 from collectors.binary.ranges import Ranges
 from collectors.proc.maps import parse_maps
 from collectors.proc.stat import start_time
-from collectors.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,
+from diag.model.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,
                                RemoteCallError, Unsupported)
 
 __all__ = ["RemoteProcess", "Call", "is_quarantined", "quarantine_reason",

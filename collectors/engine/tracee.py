@@ -9,7 +9,7 @@ Nothing here knows about registers' meaning or call frames (that is the
 ``arch_*`` module) or about when it is safe to stop a thread (``remote``).
 
 errno is translated exactly once, here, into the exception family of
-``collectors.errors`` (``translate_errno``); the /proc readers of ``remote``
+``diag.model.errors`` (``translate_errno``); the /proc readers of ``remote``
 use the same function so the whole engine speaks one language:
 
 - ESRCH  -> NoSuchProcess when the process is gone, otherwise RemoteCallError
@@ -22,7 +22,7 @@ import ctypes
 import errno
 import os
 
-from collectors.errors import AccessDenied, NoSuchProcess, RemoteCallError
+from diag.model.errors import AccessDenied, NoSuchProcess, RemoteCallError
 
 _libc = ctypes.CDLL(None, use_errno=True)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from collectors.errors import MalformedData
+from diag.model.errors import MalformedData
 
 DELETED_SUFFIX = b" (deleted)"    # fs/proc/task_mmu.c: a file unlinked while mapped
 

@@ -10,7 +10,7 @@ A transparent huge page reports each of its 4 KiB subpages as present.
 import os
 import struct
 
-from collectors.errors import AccessDenied, NoSuchProcess
+from diag.model.errors import AccessDenied, NoSuchProcess
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 PM_ENTRY_BYTES = 8

@@ -3,7 +3,7 @@
 Everything is read as bytes and parsed without regexes on the hot paths.  The
 procfs root is a parameter (``ProcFS(root=...)``) so tests can feed a
 captured tree.  OS errors are translated here, once, into the exception
-family of ``collectors.errors``.
+family of ``diag.model.errors``.
 
 Nothing here stops or traces the target: every file read needs only
 PTRACE_MODE_READ (``maps``, ``smaps*``, ``environ``, ``auxv``) or nothing.
@@ -13,7 +13,7 @@ import errno
 import functools
 import os
 
-from collectors.errors import AccessDenied, MalformedData, NoSuchProcess, Unsupported
+from diag.model.errors import AccessDenied, MalformedData, NoSuchProcess, Unsupported
 from collectors.proc.maps import Mapping, parse_maps  # noqa: F401  (the one maps parser)
 from diag.model import CgroupMemory, ProcessMemory
 

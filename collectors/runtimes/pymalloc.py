@@ -46,7 +46,7 @@ import re
 import struct
 from collections import namedtuple
 
-from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess
+from diag.model.errors import AccessDenied, AllocdiagError, NoSuchProcess
 from collectors.engine.memory import MemoryReader
 from collectors.proc.pagemap import Pagemap
 from diag.model import Runtime, Value

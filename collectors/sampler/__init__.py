@@ -4,7 +4,7 @@
 - ``perf``: perf_event_attr, the syscall, ioctls, the mmapped ring and its drain;
 - ``records``: the decoder of ring records (SAMPLE, SWITCH, LOST);
 - ``attribution``: "inside the allocator" for an unwound stack, call sites, names;
-- ``session``: per-thread events, the drain loop, aggregation into diag.wall;
+- ``session``: per-thread events, the drain loop, aggregation into diag.model.wall;
 - ``counters``: the allocator's own counters at the window's ends, as deltas.
 
 No ptrace stop for sampling, no BPF, no perf binary.

@@ -32,7 +32,7 @@ from collectors.heapprofile import Mapping
 from collectors.binary.unwind import executable_file_maps
 from collectors.binary.symbolize import ALLOCATOR_OBJECT_RE, DEBUG_ROOT, GCC_CLONE_RE, Symbolizer, \
     is_allocator_frame
-from diag.wall import GLIBC_INTERNAL
+from diag.model.wall import GLIBC_INTERNAL
 
 # Entry points (issue 20 item 3); prefixed builds add je_/tc_/mi_/_rjem_ ...
 ENTRY_NAMES = frozenset((

@@ -1,6 +1,6 @@
 """The allocator's own counters at the two ends of a wall window (issue 20
 item 4), read with the borrowed call (collectors.engine.remote: one thread stopped
-for a few ms, never a sampling stop) and returned as diag.wall.Counter
+for a few ms, never a sampling stop) and returned as diag.model.wall.Counter
 deltas with provenance.
 
 - jemalloc: collectors.allocators.jemalloc.counters (mutexes, purges,
@@ -18,10 +18,10 @@ import time
 from collectors import livestats
 from collectors.allocators import jemalloc
 from collectors.allocators.jemalloc import counters as jemalloc_counters
-from collectors.errors import AllocdiagError, Unsupported
+from diag.model.errors import AllocdiagError, Unsupported
 from collectors.binary.image import ProcessImage
 from collectors.proc.procfs import ProcFS
-from diag import wall
+from diag.model import wall
 
 DEADLINE_S = 2.0
 
@@ -108,7 +108,7 @@ def _flatten(out, prefix, node, kind, source, depth=0):
 
 
 def deltas(start, end, duration_s):
-    """{name: diag.wall.Counter} from two reads (a name missing at one end
+    """{name: diag.model.wall.Counter} from two reads (a name missing at one end
     has that end None)."""
     out = {}
     for name in sorted(set(start) | set(end)):

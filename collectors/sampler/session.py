@@ -37,10 +37,10 @@ import time
 from collections import Counter, defaultdict
 
 from collectors.binary import unwind
-from collectors.errors import AccessDenied, NoSuchProcess
+from diag.model.errors import AccessDenied, NoSuchProcess
 from collectors.sampler import perf, records
 from collectors.sampler.attribution import ALLOCATOR, UNKNOWN, Attributor, is_lock_wait
-from diag import wall
+from diag.model import wall
 
 DEFAULT_HZ = 99
 STACK_BYTES = 16384             # reference: covers the outermost allocator frame in 100 %
@@ -550,7 +550,7 @@ class Session:
     # -- the result ------------------------------------------------------------
     def run(self, duration_s, tick=None):
         """start(), poll for DURATION_S (Ctrl-C ends early), stop(); returns
-        the way the window ended (diag.wall COMPLETE / INTERRUPTED / EXITED)."""
+        the way the window ended (diag.model.wall COMPLETE / INTERRUPTED / EXITED)."""
         self.start()
         return self.run_started(duration_s, tick)
 
@@ -591,7 +591,7 @@ class Session:
             pause_us=tuple(pause_us))
 
     def parts(self):
-        """(cpu, off_cpu, faults, syscalls, sites, stacks) for diag.wall.Wall;
+        """(cpu, off_cpu, faults, syscalls, sites, stacks) for diag.model.wall.Wall;
         of a running session, what was gathered so far (faults and syscall
         counts only once stopped: the counters are read when a thread is
         closed)."""

@@ -7,7 +7,7 @@ Each module in ``MODULES`` defines:
   ``ArgumentParser.add_subparsers`` returned) and returns it;
 - ``run(args) -> int``: does the work and returns an ``ExitCode``.
 
-Errors are raised as ``collectors.errors.AllocdiagError`` subclasses; the
+Errors are raised as ``diag.model.errors.AllocdiagError`` subclasses; the
 dispatcher in ``diag.cli`` prints them and maps them to exit codes once.
 Shared helpers for command modules live in ``diag.commands.common``.
 """

@@ -4,8 +4,8 @@ import argparse
 import json
 import sys
 
-from collectors.errors import AllocdiagError
-from diag.exitcodes import ExitCode, HELP as EXIT_CODES_HELP
+from diag.model.errors import AllocdiagError
+from diag.model.exitcodes import ExitCode, HELP as EXIT_CODES_HELP
 
 __all__ = ["EXIT_CODES_HELP", "UsageError", "pid_arg", "bounded", "sample_interval", "dump_json",
            "confirm", "add_command", "print_error", "take"]

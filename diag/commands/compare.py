@@ -5,7 +5,7 @@ import os
 import sys
 
 from diag.commands.common import UsageError, add_command, dump_json
-from diag.exitcodes import ExitCode
+from diag.model.exitcodes import ExitCode
 
 NAME = "compare"
 

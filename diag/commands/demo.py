@@ -1,7 +1,7 @@
 """``allocdiag demo``: the example situations, live."""
 
 from diag.commands.common import add_command
-from diag.exitcodes import ExitCode
+from diag.model.exitcodes import ExitCode
 
 NAME = "demo"
 

@@ -9,9 +9,9 @@ import signal
 import sys
 import threading
 
-from collectors.errors import NoSuchProcess
+from diag.model.errors import NoSuchProcess
 from diag.commands.common import UsageError, add_command, pid_arg
-from diag.exitcodes import ExitCode
+from diag.model.exitcodes import ExitCode
 
 NAME = "exporter"
 DEFAULT_LISTEN = "127.0.0.1:9731"

@@ -10,7 +10,7 @@ import time
 
 from diag.commands.common import (EXIT_CODES_HELP, UsageError, add_command, confirm,
                                   dump_json, pid_arg, print_error)
-from diag.exitcodes import ExitCode
+from diag.model.exitcodes import ExitCode
 
 NAME = "heap"
 VIEW_KEYS = ("inuse_bytes", "inuse_objects", "alloc_bytes", "alloc_objects")

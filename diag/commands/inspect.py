@@ -2,7 +2,7 @@
 
 from diag import render_text
 from diag.commands.common import UsageError, add_command, dump_json, pid_arg, print_error, take
-from diag.exitcodes import ExitCode
+from diag.model.exitcodes import ExitCode
 
 NAME = "inspect"
 

@@ -5,7 +5,7 @@ import sys
 
 from diag import render
 from diag.commands.common import add_command, dump_json
-from diag.exitcodes import ExitCode
+from diag.model.exitcodes import ExitCode
 
 NAME = "ps"
 SORT_KEYS = {"rss": lambda r: -(r["rss"] or 0), "pid": lambda r: r["pid"],

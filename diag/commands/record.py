@@ -9,7 +9,7 @@ import time
 
 from diag import render
 from diag.commands.common import add_command, pid_arg, sample_interval
-from diag.exitcodes import ExitCode
+from diag.model.exitcodes import ExitCode
 
 NAME = "record"
 
@@ -49,7 +49,7 @@ def _release_events(args):
     """The ``events`` argument of diag.recording.record for --release-at."""
     if args.release_at is None:
         return ()
-    from collectors.errors import AllocdiagError, Unsupported
+    from diag.model.errors import AllocdiagError, Unsupported
     from diag import actions, recording
     from diag.commands.common import UsageError, confirm
     if args.no_attach:

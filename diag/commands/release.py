@@ -3,10 +3,10 @@ with before/after figures so the gain is measured."""
 
 import sys
 
-from collectors.errors import Unsupported
+from diag.model.errors import Unsupported
 from diag import render, render_text
 from diag.commands.common import add_command, confirm, dump_json, pid_arg
-from diag.exitcodes import ExitCode
+from diag.model.exitcodes import ExitCode
 
 NAME = "release"
 

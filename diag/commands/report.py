@@ -4,7 +4,7 @@ self-contained HTML page."""
 import sys
 
 from diag.commands.common import add_command
-from diag.exitcodes import ExitCode
+from diag.model.exitcodes import ExitCode
 
 NAME = "report"
 

@@ -12,9 +12,9 @@ import os
 import shlex
 import sys
 
-from collectors.errors import MissingExtra, NoSuchProcess
+from diag.model.errors import MissingExtra, NoSuchProcess
 from diag.commands.common import UsageError, add_command
-from diag.exitcodes import ExitCode
+from diag.model.exitcodes import ExitCode
 
 NAME = "serve"
 

@@ -3,7 +3,7 @@
 import sys
 
 from diag.commands.common import UsageError, add_command, confirm, dump_json, pid_arg
-from diag.exitcodes import ExitCode
+from diag.model.exitcodes import ExitCode
 
 NAME = "set"
 

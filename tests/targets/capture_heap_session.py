@@ -30,9 +30,9 @@ TESTS = os.path.dirname(HERE)
 sys.path[:0] = [TESTS, os.path.dirname(TESTS)]
 
 from collectors import heapcontrol, heapprofile
-from collectors.errors import Unsupported  # noqa: E402
+from diag.model.errors import Unsupported  # noqa: E402
 from collectors.binary.symbolize import Symbolizer, _build_id_of  # noqa: E402  (what it keys on)
-from diag import heapview, snapshot  # noqa: E402
+from diag import heapview, snapshot
 from targets import python_argv, start  # noqa: E402
 
 FIXTURES = os.path.join(TESTS, "fixtures")

@@ -1,5 +1,5 @@
 """Capture the wall fixtures of the Time tab, the report and the exporter:
-real ``diag.wall.Wall`` documents sampled by collectors.sampler from
+real ``diag.model.wall.Wall`` documents sampled by collectors.sampler from
 tests/targets/wall_ui.c.
 
 - ``wall-glibc-arena1.json``: a list of WINDOWS windows of WINDOW_S s
@@ -24,7 +24,7 @@ TESTS = os.path.dirname(HERE)
 ROOT = os.path.dirname(TESTS)
 sys.path[:0] = [TESTS, ROOT]
 
-from diag import wallsample  # noqa: E402
+from diag import wallsample
 from targets import build_c, start  # noqa: E402
 
 FIXTURES = os.path.join(TESTS, "fixtures")

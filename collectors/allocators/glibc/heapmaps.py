@@ -23,7 +23,7 @@ mapping, and their present pages come from /proc/PID/pagemap.
 import os
 import struct
 
-from collectors.errors import AccessDenied, AllocdiagError
+from diag.model.errors import AccessDenied, AllocdiagError
 from collectors.engine.memory import MemoryReader
 from collectors.proc.pagemap import PAGE_SIZE, Pagemap
 from collectors.proc.maps import parse_maps

@@ -33,7 +33,7 @@ so that ``rest`` matches ``int_mallinfo``'s numbers exactly; see
 import struct
 
 from diag.model import Value
-from collectors.errors import MalformedData
+from diag.model.errors import MalformedData
 
 # struct mallinfo2 (malloc/malloc.h, glibc >= 2.33): ten size_t, in this
 # order.  Units and meanings: collectors/allocators/glibc/__init__.py MALLINFO2.

@@ -18,7 +18,7 @@ import time
 
 from collectors.allocators.jemalloc import stats as jemalloc_stats
 from collectors.allocators import common
-from collectors.errors import MalformedData, RemoteCallError
+from diag.model.errors import MalformedData, RemoteCallError
 from collectors.schema import BYTES, COUNT, FLAG, MS, NativeField, PAGES, TEXT
 
 # (mallctl name, C type, unit, meaning).  The one list of the mallctls

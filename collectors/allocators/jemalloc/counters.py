@@ -32,7 +32,7 @@ mallctl per mutex (``...mutexes.<m>.total_wait_time`` and ``max_wait_time``).
 import json
 
 from collectors.allocators.jemalloc import mallctl_read, mallctl_scratch, print_stats
-from collectors.errors import MalformedData, RemoteCallError
+from diag.model.errors import MalformedData, RemoteCallError
 
 PRINT_OPTS = b"Jgdableh"
 # Bound of the output: every value goes through emitter.h's 256-byte buffer;

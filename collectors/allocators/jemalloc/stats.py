@@ -25,7 +25,7 @@ output is disabled), see stats_print_helper in src/stats.c.
 import json
 
 from diag.model import Value
-from collectors.errors import MalformedData
+from diag.model.errors import MalformedData
 
 MALLCTL_ARENAS_ALL = 4096        # include/jemalloc/jemalloc_macros.h.in
 MALLCTL_ARENAS_DESTROYED = 4097

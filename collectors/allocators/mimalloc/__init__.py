@@ -13,7 +13,7 @@ import struct
 
 from collectors.allocators.mimalloc import stats as mimalloc_stats
 from collectors.allocators import common
-from collectors.errors import AllocdiagError, Unsupported
+from diag.model.errors import AllocdiagError, Unsupported
 from collectors.schema import BYTES, COUNT, FLAG, MS, NativeField, RATIO, TEXT
 
 _ST = "mimalloc src/stats.c _mi_stats_print (mi_stats_print_out)"

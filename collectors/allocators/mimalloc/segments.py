@@ -26,7 +26,7 @@ library's build-id; any other build is reported unknown.
 import struct
 from collections import namedtuple
 
-from collectors.errors import AccessDenied, AllocdiagError, NoSuchProcess
+from diag.model.errors import AccessDenied, AllocdiagError, NoSuchProcess
 from collectors.engine.memory import MemoryReader
 from collectors.proc.pagemap import Pagemap
 

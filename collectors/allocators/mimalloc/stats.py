@@ -33,7 +33,7 @@ import json
 import re
 
 from diag.model import Value
-from collectors.errors import MalformedData
+from diag.model.errors import MalformedData
 
 _AMOUNT = re.compile(r"(-?\d+)(?:\.(\d))?(?:\s+([KMG])(i?)(B?)|\s+(B)\b)?")
 _ROW = re.compile(r"^\s*(?P<name>-?[A-Za-z][A-Za-z _]*?)\s*:(?P<rest>.*)$")

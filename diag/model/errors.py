@@ -3,11 +3,11 @@
 Every error a collector can raise about a target process is translated once,
 where the OS call is made, into one of these classes.  Each carries the pid,
 a one-line message and, where the user can do something about it, a
-remediation text.  Each class carries its exit code from diag.exitcodes
+remediation text.  Each class carries its exit code from diag.model.exitcodes
 (which, like diag.model, imports nothing of ours).
 """
 
-from diag.exitcodes import ExitCode
+from diag.model.exitcodes import ExitCode
 
 PTRACE_HELP = (
     "Reading another process's memory or calling into it needs ptrace rights:\n"

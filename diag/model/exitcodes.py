@@ -1,5 +1,5 @@
 """Exit codes of every allocdiag command (DESIGN.md "Output contracts"),
-defined once.  The exception family (collectors.errors) carries the code of
+defined once.  The exception family (diag.model.errors) carries the code of
 each error class; the CLI, --help texts and docs read them from here.  Like
 diag.model it imports nothing of allocdiag's, so collectors may import it."""
 
