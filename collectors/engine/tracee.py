@@ -22,7 +22,7 @@ import ctypes
 import errno
 import os
 
-from diag.model.errors import AccessDenied, NoSuchProcess, RemoteCallError
+from collectors.proc import oserror
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -78,24 +78,12 @@ _SYS_tgkill = {"x86_64": 234, "aarch64": 131}.get(os.uname().machine)
 # --------------------------------------------------------------------------
 # errno translation (the one place)
 
-def process_exists(pid, procfs="/proc"):
-    return os.path.exists(f"{procfs}/{pid}")
+process_exists = oserror.process_exists
 
 
 def translate_errno(err, pid, what, tid=None):
-    """Return the allocdiag exception for errno ERR raised by operation WHAT."""
-    who = f"thread {tid}" if tid is not None and tid != pid else "process"
-    if err == errno.ESRCH or err == errno.ENOENT:
-        if not process_exists(pid):
-            return NoSuchProcess(pid, f"no such process ({what})")
-        return RemoteCallError(f"{what}: {who} vanished or is not in a ptrace-stop "
-                               f"({errno.errorcode.get(err, err)})", pid=pid)
-    if err in (errno.EPERM, errno.EACCES):
-        return AccessDenied(pid, f"permission denied: {what}")
-    if err == errno.ECHILD:
-        return RemoteCallError(f"{what}: {who} is no longer traced by us", pid=pid)
-    return RemoteCallError(f"{what} failed: {errno.errorcode.get(err, err)} "
-                           f"({os.strerror(err)})", pid=pid)
+    """The allocdiag exception for errno ERR of ptrace/tgkill operation WHAT."""
+    return oserror.translate(err, pid, what, tid=tid, traced=True)
 
 
 def _check(ret, pid, what, tid=None):

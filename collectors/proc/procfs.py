@@ -9,11 +9,11 @@ Nothing here stops or traces the target: every file read needs only
 PTRACE_MODE_READ (``maps``, ``smaps*``, ``environ``, ``auxv``) or nothing.
 """
 
-import errno
 import functools
 import os
 
 from diag.model.errors import AccessDenied, MalformedData, NoSuchProcess, Unsupported
+from collectors.proc import oserror
 from collectors.proc.maps import Mapping, parse_maps  # noqa: F401  (the one maps parser)
 from diag.model import CgroupMemory, ProcessMemory
 
@@ -53,13 +53,7 @@ def is_allocator_var(name):
 
 
 def _translate(pid, exc, what):
-    if isinstance(exc, (FileNotFoundError, ProcessLookupError)):
-        return NoSuchProcess(pid)
-    if isinstance(exc, PermissionError):
-        return AccessDenied(pid, f"permission denied reading {what}")
-    if isinstance(exc, OSError) and exc.errno == errno.ESRCH:
-        return NoSuchProcess(pid)
-    return exc
+    return oserror.translate(exc, pid, f"reading {what}")
 
 
 class ProcFS:
