@@ -42,3 +42,37 @@ def describe_release(pid, procfs=None):
     image, det = _image(pid, procfs or ProcFS())
     kind = det.allocator.kind
     return kind, remote_actions.RELEASE_CALLS.get(kind)
+
+
+# -- heap profiles: the allocator's own profiler (collectors.heapcontrol) ------
+
+def heap_status(pid):
+    from collectors import heapcontrol
+    return heapcontrol.status(pid)
+
+
+def heap_start(pid):
+    from collectors import heapcontrol
+    return heapcontrol.start(pid)
+
+
+def heap_stop(pid, force=False):
+    from collectors import heapcontrol
+    return heapcontrol.stop(pid, force=force)
+
+
+def heap_dump(pid):
+    """(diag.heapview.ProfileView, info): the profile now, parsed and
+    symbolized through the process's own root (containers)."""
+    from collectors import heapcontrol, heapprofile
+    from diag import heapview
+    data, info = heapcontrol.dump(pid)
+    view = heapview.view_of(heapprofile.parse(data), root=ProcFS().path(pid, "root"), pid=pid)
+    return view, info
+
+
+def detach_orphans(pid):
+    """Restore and detach PID's threads that did not stop in time (held as
+    orphans by the remote engine); the tids still held."""
+    from collectors.engine import remote
+    return remote.detach_orphans(pid)

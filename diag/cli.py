@@ -7,6 +7,7 @@ Each command lives in its own module under ``diag.commands`` (parser and
 """
 
 import argparse
+import logging
 import sys
 
 from diag.model.errors import AccessDenied, AllocdiagError, BadPath
@@ -23,7 +24,15 @@ def build_parser():
         epilog=EXIT_CODES_HELP + "\nRun 'allocdiag COMMAND --help' for each command's options.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"allocdiag {__version__}")
-    p.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="log what allocdiag decides (which thread, which allocator, which "
+                        "fallback) on stderr, one line each")
+    p.add_argument("--debug", action="store_true",
+                   help="log everything, with each logger's name, and show tracebacks of "
+                        "internal errors")
+    p.add_argument("--log-file", metavar="FILE",
+                   help="write the -v/--debug lines to FILE instead of stderr (use it with "
+                        "the TUI, whose screen is stderr)")
     p.add_argument("--proc", default="/proc", metavar="DIR",
                    help="procfs root to read (default /proc; a captured tree for offline use)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -39,6 +48,8 @@ def main(argv=None):
         args = parser.parse_args(["top"] + (argv if argv is not None else sys.argv[1:]))
     handlers = {m.NAME: m.run for m in commands.load()}
     try:
+        setup_logging(args)
+        log.debug("allocdiag %s: %s", __version__, " ".join(sys.argv[1:] if argv is None else argv))
         return int(handlers[args.command](args))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -66,6 +77,53 @@ def main(argv=None):
         if args.debug:
             raise
         return _internal_error()
+
+
+# One logger per package; these are the roots the options turn on.
+LOGGERS = ("collectors", "diag", "tui")
+log = logging.getLogger("diag")
+
+
+class _CurrentStderr(logging.StreamHandler):
+    """A handler that writes to whatever ``sys.stderr`` is when a line is
+    logged: the TUI redirects it while it owns the screen, so no line lands
+    in the middle of the picture."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value):
+        pass
+
+
+def setup_logging(args):
+    """-v (or --log-file alone): INFO lines; --debug: every line with its
+    logger's name; --log-file FILE: to FILE, not stderr.  Without any of them
+    nothing is logged, not even warnings: what a user must see the commands
+    print themselves."""
+    level = logging.DEBUG if args.debug else logging.INFO if args.verbose or args.log_file else None
+    if level is None:
+        for name in LOGGERS:
+            logging.getLogger(name).addHandler(logging.NullHandler())
+        return
+    if args.log_file:
+        try:
+            handler = logging.FileHandler(args.log_file)
+        except OSError as exc:
+            raise BadPath.from_oserror(exc, args.log_file) from None
+    else:
+        handler = _CurrentStderr()
+    handler.setFormatter(logging.Formatter(
+        "%(asctime)s %(name)s: %(message)s" if args.debug else "allocdiag: %(message)s"))
+    for name in LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        logger.addHandler(handler)
 
 
 def _internal_error():

@@ -124,23 +124,16 @@ def running(scenes, timeout=90, progress=None):
             signal.signal(s, h)
 
 
-def run_host_view(pids, host_interval=2.0):
-    """The TUI's host view on PIDS, its "allocator resident" and "top finding"
-    columns filled in the background by diag.hostlive (bounded rate, pause
-    budget; "allocator not read: REASON" for a process it cannot borrow)."""
-    from tui.app import run_host
-    return run_host(pids=pids, host_interval=host_interval,
-                    live_options={"min_gap_s": 0.5, "refresh_s": 20.0}) or ExitCode.OK
-
-
-def run(only=None, tui=True, out=sys.stdout):
+def run(only=None, host_view=None, out=sys.stdout):
+    """Start the scenes; HOST_VIEW(pids) shows them (the TUI's host view, given
+    by the command), or without it each is explained as text on OUT."""
     scenes = available(only)
     if not scenes:
         print("no demo workload can run here (no allocator installed?)", file=sys.stderr)
         return ExitCode.UNSUPPORTED
     with running(scenes, progress=lambda m: print(m, file=sys.stderr)) as ready:
-        if tui:
-            return run_host_view([pid for pid, *_ in ready])
+        if host_view is not None:
+            return host_view([pid for pid, *_ in ready])
         from diag import snapshot
         from diag.render_text import print_explain
         for pid, scene in ready:

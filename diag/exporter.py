@@ -29,7 +29,7 @@ try:        # an optional extra: the command names the install line when it is m
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from prometheus_client.registry import CollectorRegistry
 except ImportError:
-    prometheus_client = None
+    prometheus_client = None  # type: ignore[assignment]  # the command says how to install it
 
 
 GROUP_BY = ("comm", "exe", "user")

@@ -88,6 +88,18 @@ def native_field(kind, path):
         return None
 
 
+def native_page_size(kind, native):
+    """Bytes per page as KIND's native document NATIVE declares it, or None
+    (no kind, or a document that does not say)."""
+    if not kind:
+        return None
+    from collectors import schema
+    try:
+        return schema.page_size(kind, native or {})
+    except Exception:          # an allocator the schema does not know
+        return None
+
+
 def native_value(kind, path, value, page=None):
     """Text of one native number in its declared unit: bytes as bytes,
     pages as pages and bytes (PAGE = bytes per page, when the document says),

@@ -367,7 +367,7 @@ class FakeReplay(FakeProcess):
         self.label = "replay test"
 
     def _no_heap(self, *args, **kwargs):
-        from tui.source import NEEDS_LIVE_PROCESS, ActionUnavailable
+        from diag.source import NEEDS_LIVE_PROCESS, ActionUnavailable
         raise ActionUnavailable(NEEDS_LIVE_PROCESS)
 
     heap_status = heap_start = heap_dump = heap_stop = _no_heap

@@ -73,7 +73,7 @@ def page(recorded, tmp_path_factory):
 
 def test_event_lines_are_skipped_by_readers_and_replay(recorded):
     from diag.recording import read_recording, read_recording_events
-    from tui.source import ReplaySource
+    from diag.source import ReplaySource
     path, pid = recorded
     with gzip.open(path, "rt") as f:
         lines = [json.loads(line) for line in f]

@@ -248,7 +248,7 @@ def test_release_needs_confirmation_and_shows_before_after():
 
 
 def test_release_unavailable_is_a_notification():
-    from tui.source import ActionUnavailable
+    from diag.source import ActionUnavailable
 
     class NoRelease(FakeProcess):
         def release(self):
@@ -432,7 +432,7 @@ def test_source_close_detaches_held_threads(monkeypatch):
     processes' orphans stay for their own source.  Before the fix close()
     looked for a diag.actions.detach that does not exist and did nothing."""
     from collectors.engine import remote
-    from tui import source as source_mod
+    from diag import source as source_mod
     held = {101: types.SimpleNamespace(pid=4242), 202: types.SimpleNamespace(pid=999)}
     monkeypatch.setattr(remote, "_orphans", held)
     stopped = []
@@ -449,7 +449,7 @@ def test_source_close_detaches_held_threads(monkeypatch):
 
 
 def test_source_actions_need_attach():
-    from tui import source as source_mod
+    from diag import source as source_mod
     src = source_mod.ProcessSource(os.getpid())
     assert callable(src._action("release")) and callable(src._action("set_knob"))
     noattach = source_mod.ProcessSource(os.getpid(), no_attach=True)
@@ -463,7 +463,7 @@ def test_source_actions_need_attach():
 
 
 def test_real_process_source_samples_this_process():
-    from tui.source import ProcessSource
+    from diag.source import ProcessSource
     src = ProcessSource(os.getpid(), no_attach=True)
     snap = src.sample()
     assert snap.pid == os.getpid() and snap.process.rss
@@ -748,7 +748,7 @@ def test_plain_host_source_fills_allocator_resident_in_the_background():
     import time as _time
     from diag.hostlive import HostLive
     from targets import build_c, start as start_target
-    from tui.source import HostSource
+    from diag.source import HostSource
     with start_target([build_c("idle.c"), "1"], allocator="jemalloc") as t:
         with HostLive(min_gap_s=0.1, refresh_s=5.0) as live:
             source = HostSource(pids=[t.pid], live=live)
@@ -909,7 +909,7 @@ def test_heap_tab_without_a_profiler_says_how():
 
 def test_heap_tab_in_a_replay_needs_a_live_process():
     from tui.heap_tab import HeapTab
-    from tui.source import NEEDS_LIVE_PROCESS
+    from diag.source import NEEDS_LIVE_PROCESS
     src = FakeReplay(staircase(3))
 
     async def go():
@@ -965,7 +965,7 @@ def test_heap_tab_on_a_real_tcmalloc_process():
     import glob
     from collectors import heapcontrol
     from targets import build_c, start
-    from tui.source import ProcessSource
+    from diag.source import ProcessSource
     site, n, size = "allocdiag_heapctl_grow_site", 50, 100_000
 
     with start([build_c("heap_grow.c")], allocator="tcmalloc") as t:

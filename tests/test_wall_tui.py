@@ -14,7 +14,7 @@ from textual.widgets import Static
 from diag.wallfile import wall_from_json
 from fakes import FakeProcess
 from test_tui import make_app, settle, table_column
-from tui.source import WALL_NO_ATTACH, WALL_NOT_RECORDED, ProcessSource, ReplaySource
+from diag.source import WALL_NO_ATTACH, WALL_NOT_RECORDED, ProcessSource, ReplaySource
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "fixtures")

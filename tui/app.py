@@ -12,7 +12,7 @@ NoSuchProcess / AccessDenied to the caller (exit codes 3 / 4) instead of
 opening an empty screen; ``run_replay`` raises MalformedData likewise.
 
 The app never reads /proc or ptrace itself: it asks a source
-(``tui.source``).  ``python -m tui.app host|watch PID|replay FILE`` runs it
+(``diag.source``).  ``python -m tui.app host|watch PID|replay FILE`` runs it
 without the CLI.
 """
 
@@ -26,7 +26,7 @@ from tui.dialogs import HelpScreen, binding_help
 from tui.host_screen import HostScreen
 from tui.messages import DEFAULT_INTERVAL
 from tui.process_screen import ProcessScreen
-from tui.source import HostSource, ProcessSource, ReplaySource
+from diag.source import HostSource, ProcessSource, ReplaySource
 
 
 class AllocdiagApp(App):

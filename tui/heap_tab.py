@@ -4,7 +4,7 @@ the target's behaviour and costs it time), dump with the top sites, the diff
 of the last two dumps next to the allocator and kernel layers of the same
 two moments, stop.
 
-Every call goes through the source (``tui.source`` ``heap_*``, which
+Every call goes through the source (``diag.source`` ``heap_*``, which
 delegate to ``collectors.heapcontrol``) in a worker thread, under the
 screen's one-call-at-a-time lock; nothing is called in the process until
 the user presses a key.  An allocator without a heap profiler gets
@@ -25,7 +25,7 @@ from diag.render import human_bytes
 from tui.dialogs import ConfirmDialog
 from tui.layers import signed_bytes
 from tui.messages import HeapFinished, clock, error_text
-from tui.source import NEEDS_LIVE_PROCESS
+from diag.source import NEEDS_LIVE_PROCESS
 from tui.widgets import fill_table
 
 TOP_SITES = 100         # rows of the sites table (heapview.sites: biggest in-use first)

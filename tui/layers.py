@@ -18,7 +18,7 @@ from collections import namedtuple
 from dataclasses import dataclass
 
 from diag.fields import BY_NAME
-from diag.render import human_bytes, native_value
+from diag.render import human_bytes, native_page_size, native_value
 
 Segment = namedtuple("Segment", "role label value meaning")
 Bar = namedtuple("Bar", "name segments total caption")
@@ -266,18 +266,12 @@ def _is_scalar(v):
 
 class _Units:
     """Where a native value's unit comes from: the allocator KIND's schema
-    (collectors.schema via diag.render.native_value) and the page size its
+    (collectors.schema via diag.render) and the page size its
     document declares.  No kind -> bare numbers, never a guessed unit."""
 
     def __init__(self, kind=None, native=None):
         self.kind = kind
-        self.page = None
-        if kind:
-            from collectors import schema
-            try:
-                self.page = schema.page_size(kind, native or {})
-            except Exception:
-                self.page = None
+        self.page = native_page_size(kind, native)
 
     def text(self, path, v):
         return native_value(self.kind, path, v, self.page)

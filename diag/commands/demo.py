@@ -35,4 +35,13 @@ def run(args):
         for s in demo.SCENES:
             print(f"{s.key:24} {s.what}")
         return ExitCode.OK
-    return demo.run(only=args.only, tui=not args.no_tui)
+    return demo.run(only=args.only, host_view=None if args.no_tui else host_view)
+
+
+def host_view(pids, host_interval=2.0):
+    """The TUI's host view on PIDS, its "allocator resident" and "top finding"
+    columns filled in the background by diag.hostlive (bounded rate, pause
+    budget; "allocator not read: REASON" for a process it cannot borrow)."""
+    from tui.app import run_host
+    return run_host(pids=pids, host_interval=host_interval,
+                    live_options={"min_gap_s": 0.5, "refresh_s": 20.0}) or ExitCode.OK

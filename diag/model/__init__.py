@@ -5,8 +5,12 @@ the model, the model imports no one).  Every field that is a number of bytes
 is an ``int`` in bytes, or ``None`` when unknown: never a made-up zero.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass, field, fields as dc_fields
-from typing import Optional
+from typing import Any, Optional
+
+JSON = dict[str, Any]           # a JSON object as json.dumps takes it
 
 SCHEMA_VERSION = 1
 
@@ -33,27 +37,27 @@ class Value:
     raw_provenance: Optional[str] = None
 
     @classmethod
-    def measured(cls, value, source):
+    def measured(cls, value: Optional[int], source: str) -> Value:
         return cls(int(value), MEASURED, source) if value is not None else cls()
 
     @classmethod
-    def derived(cls, value, formula):
+    def derived(cls, value: Optional[int], formula: str) -> Value:
         return cls(int(value), DERIVED, formula) if value is not None else cls()
 
     @classmethod
-    def adjusted(cls, value, raw, why):
+    def adjusted(cls, value: int, raw: Value, why: str) -> Value:
         """VALUE in place of RAW (a Value), lowered to agree with the kernel;
         WHY names the kernel's figure and the reason the two differ."""
         return cls(int(value), ADJUSTED, why, raw.value, raw.provenance)
 
-    def to_json(self):
-        out = {"value": self.value, "provenance": self.provenance, "source": self.source}
+    def to_json(self) -> JSON:
+        out: JSON = {"value": self.value, "provenance": self.provenance, "source": self.source}
         if self.raw is not None:
             out.update(raw=self.raw, raw_provenance=self.raw_provenance)
         return out
 
 
-def _plain(obj):
+def _plain(obj: Any) -> Any:
     """Dataclass -> JSON-ready dict, recursively (tuples become lists)."""
     if hasattr(obj, "to_json"):
         return obj.to_json()
@@ -86,7 +90,7 @@ class ProcessMemory:
     # (neither readable): which source the smaps-only fields came from.
     source: Optional[str] = None
 
-    def to_json(self):
+    def to_json(self) -> JSON:
         return _plain_fields(self)
 
 
@@ -100,7 +104,7 @@ class CgroupMemory:
     working_set: Optional[int] = None      # max(0, usage - inactive_file)
     error: Optional[str] = None
 
-    def to_json(self):
+    def to_json(self) -> JSON:
         return _plain_fields(self)
 
 
@@ -114,9 +118,9 @@ class AllocatorRef:
     path: Optional[str] = None
     prefix: Optional[str] = None    # symbol prefix: "je_", "_rjem_", "" for none
     variant: Optional[str] = None   # e.g. "minimal" for libtcmalloc_minimal
-    evidence: tuple = ()
+    evidence: tuple[str, ...] = ()
 
-    def to_json(self):
+    def to_json(self) -> JSON:
         return _plain_fields(self)
 
 
@@ -124,7 +128,7 @@ class AllocatorRef:
 class Allocator(AllocatorRef):
     """The allocator that serves ``malloc``, plus the others that are loaded."""
 
-    others: tuple = ()   # of AllocatorRef
+    others: tuple[AllocatorRef, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,20 +142,20 @@ class Binding:
     target_path: Optional[str] = None  # the mapping that address lies in
     resolved: Optional[bool] = None    # False: lazy binding still points at the PLT
 
-    def to_json(self):
+    def to_json(self) -> JSON:
         return _plain_fields(self)
 
 
 @dataclass(frozen=True)
 class Preload:
-    requested: tuple = ()            # paths, from LD_PRELOAD and /etc/ld.so.preload
+    requested: tuple[str, ...] = ()            # paths, from LD_PRELOAD and /etc/ld.so.preload
     effective: Optional[bool] = None  # None: nothing requested, or cannot tell
     verdict: str = "none requested"
-    reasons: tuple = ()
-    notes: tuple = ()
-    bindings: tuple = ()             # of Binding
+    reasons: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    bindings: tuple[Binding, ...] = ()
 
-    def to_json(self):
+    def to_json(self) -> JSON:
         return _plain_fields(self)
 
 
@@ -162,7 +166,7 @@ class CollectorStatus:
     duration_s: float = 0.0
     pause_us: Optional[int] = None
 
-    def to_json(self):
+    def to_json(self) -> JSON:
         return _plain_fields(self)
 
 
@@ -174,7 +178,7 @@ class Knob:
     suggested: Optional[str] = None
     how: Optional[str] = None
 
-    def to_json(self):
+    def to_json(self) -> JSON:
         return _plain_fields(self)
 
 
@@ -183,12 +187,12 @@ class Finding:
     id: str
     severity: str          # info|warning|critical
     title: str
-    evidence: dict = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict)
     knob: Optional[Knob] = None
     expected_effect_bytes: Optional[int] = None
     confidence: str = "medium"   # low|medium|high
 
-    def to_json(self):
+    def to_json(self) -> JSON:
         return _plain_fields(self)
 
 
@@ -202,13 +206,13 @@ class Runtime:
     kind: str = "unknown"            # cpython-pymalloc | cpython-malloc
     version: Optional[str] = None
     path: Optional[str] = None       # the object that holds the interpreter
-    values: dict = field(default_factory=dict)
+    values: dict[str, Value] = field(default_factory=dict)
     located_by: Optional[str] = None
     reason: Optional[str] = None
-    missed: tuple = ()
+    missed: tuple[str, ...] = ()
 
-    def to_json(self):
-        out = {"kind": self.kind, "version": self.version, "path": self.path}
+    def to_json(self) -> JSON:
+        out: JSON = {"kind": self.kind, "version": self.version, "path": self.path}
         for name, v in self.values.items():
             out[name] = v.to_json()
         out.update(located_by=self.located_by, reason=self.reason, missed=list(self.missed))
@@ -225,16 +229,16 @@ class Snapshot:
     preload: Preload = field(default_factory=Preload)
     process: ProcessMemory = field(default_factory=ProcessMemory)
     cgroup: CgroupMemory = field(default_factory=CgroupMemory)
-    stats: dict = field(default_factory=dict)       # field name -> Value
-    native: dict = field(default_factory=dict)      # allocator's own names
-    findings: tuple = ()
-    collectors: dict = field(default_factory=dict)  # name -> CollectorStatus
+    stats: dict[str, Value] = field(default_factory=dict)
+    native: dict[str, Any] = field(default_factory=dict)  # allocator's own names
+    findings: tuple[Finding, ...] = ()
+    collectors: dict[str, CollectorStatus] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
     runtime: Optional[Runtime] = None     # pymalloc etc.; absent from JSON when None
 
-    def to_json(self):
+    def to_json(self) -> JSON:
         import datetime
-        out = {"schema_version": self.schema_version, "pid": self.pid,
+        out: JSON = {"schema_version": self.schema_version, "pid": self.pid,
                "comm": self.comm, "exe": self.exe}
         out["taken_at"] = (datetime.datetime.fromtimestamp(
             self.taken_at, datetime.timezone.utc).isoformat()
@@ -249,7 +253,7 @@ class Snapshot:
         return out
 
 
-def _plain_fields(obj):
+def _plain_fields(obj: Any) -> JSON:
     return {f.name: _plain(getattr(obj, f.name)) for f in dc_fields(obj)}
 
 
@@ -273,7 +277,7 @@ def _plain_fields(obj):
 # google/tcmalloc: resident and mapped are both physical_memory_used.
 # mimalloc (os.c stats): resident (pagemap of the segments) <= committed <=
 #   reserved (mapped); active (carved blocks of live pages) <= committed.
-ORDERINGS = {
+ORDERINGS: dict[str, tuple[tuple[str, str], ...]] = {
     "jemalloc": (("allocated", "active"), ("active", "resident"), ("active", "mapped")),
     "glibc": (("allocated", "active"), ("active", "mapped")),
     "tcmalloc": (("allocated", "active"), ("active", "resident"), ("resident", "mapped")),
@@ -283,20 +287,20 @@ ORDERINGS = {
 }
 
 
-def invariant_violations(snap):
+def invariant_violations(snap: Snapshot) -> list[str]:
     """Broken promises of one Snapshot, as sentences that name both numbers:
     the allocator's orderings (ORDERINGS) and the kernel bound: what the
     allocator says is resident never exceeds the process's resident
     anonymous memory (none of the allocators read here maps files, so its
     file-backed share is 0).  Empty when all hold."""
-    out = []
+    out: list[str] = []
     stats = snap.stats or {}
 
-    def val(name):
+    def val(name: str) -> Optional[int]:
         v = stats.get(name)
         return v.value if v is not None else None
 
-    def own(name):
+    def own(name: str) -> Optional[int]:
         # The orderings are promises among the allocator's own figures: a
         # figure adjusted to the kernel's is compared by its raw value.
         v = stats.get(name)

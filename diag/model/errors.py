@@ -7,6 +7,10 @@ remediation text.  Each class carries its exit code from diag.model.exitcodes
 (which, like diag.model, imports nothing of ours).
 """
 
+from __future__ import annotations
+
+from typing import Optional
+
 from diag.model.exitcodes import ExitCode
 
 PTRACE_HELP = (
@@ -26,15 +30,16 @@ PTRACE_HELP = (
 class AllocdiagError(Exception):
     """Base class.  ``exit_code`` is the process exit code the CLI uses."""
 
-    exit_code = ExitCode.INTERNAL
+    exit_code: int = ExitCode.INTERNAL
 
-    def __init__(self, msg, pid=None, remediation=None):
+    def __init__(self, msg: str, pid: Optional[int] = None,
+                 remediation: Optional[str] = None) -> None:
         super().__init__(msg)
         self.msg = msg
         self.pid = pid
         self.remediation = remediation
 
-    def __str__(self):
+    def __str__(self) -> str:
         where = f"pid {self.pid}: " if self.pid is not None else ""
         return f"{where}{self.msg}"
 
@@ -44,7 +49,7 @@ class NoSuchProcess(AllocdiagError):
 
     exit_code = ExitCode.NO_PROCESS
 
-    def __init__(self, pid, msg="no such process"):
+    def __init__(self, pid: Optional[int], msg: str = "no such process") -> None:
         super().__init__(msg, pid=pid)
 
 
@@ -53,7 +58,8 @@ class AccessDenied(AllocdiagError):
 
     exit_code = ExitCode.DENIED
 
-    def __init__(self, pid, msg="permission denied", remediation=PTRACE_HELP):
+    def __init__(self, pid: Optional[int], msg: str = "permission denied",
+                 remediation: Optional[str] = PTRACE_HELP) -> None:
         super().__init__(msg, pid=pid, remediation=remediation)
 
 
@@ -72,7 +78,7 @@ class BadPath(AllocdiagError):
     exit_code = ExitCode.USAGE
 
     @classmethod
-    def from_oserror(cls, exc, path=None):
+    def from_oserror(cls, exc: OSError, path: Optional[str] = None) -> BadPath:
         path = path if path is not None else exc.filename
         return cls(f"{path}: {exc.strerror or exc}")
 
@@ -99,7 +105,7 @@ class MissingExtra(AllocdiagError):
 
     exit_code = ExitCode.USAGE
 
-    def __init__(self, what, package, extra):
+    def __init__(self, what: str, package: str, extra: str) -> None:
         self.install = f"pip install 'allocdiag[{extra}]'"
         super().__init__(f"{what} needs the Python package {package}, which is not installed: "
                          f"{self.install}")

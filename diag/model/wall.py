@@ -24,10 +24,12 @@ site.  A sample whose stack walk stopped before it could tell is counted as
 Like diag.model, this module imports nothing of allocdiag's but diag.model.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass, field
 from typing import Optional
 
-from diag.model import Finding
+from diag.model import JSON, Finding
 
 SCHEMA_VERSION = 1
 
@@ -41,11 +43,11 @@ SYSCALLS = ("mmap", "munmap", "madvise", "brk", "mprotect")
 GLIBC_INTERNAL = "glibc malloc (internal)"
 
 
-def _round(x, nd=6):
+def _round(x: Optional[float], nd: int = 6) -> Optional[float]:
     return None if x is None else round(x, nd)
 
 
-def _share(part, whole):
+def _share(part: Optional[float], whole: Optional[float]) -> Optional[float]:
     """part / whole, or None when nothing was measured."""
     return None if not whole or part is None else part / whole
 
@@ -58,7 +60,7 @@ class Missing:
     reason: str
     fix: Optional[str] = None
 
-    def to_json(self):
+    def to_json(self) -> JSON:
         return {"figure": self.figure, "reason": self.reason, "fix": self.fix}
 
 
@@ -80,10 +82,10 @@ class Window:
     comm: Optional[str] = None
     allocator: Optional[str] = None  # the kind that serves malloc (diag.model.Allocator.kind)
     reader_cpu_s: Optional[float] = None  # allocdiag's own CPU time for the window
-    missing: tuple = ()             # (Missing, ...)
-    pause_us: tuple = ()            # each stop of a borrowed thread for the counters (us)
+    missing: tuple[Missing, ...] = ()
+    pause_us: tuple[int, ...] = ()            # each stop of a borrowed thread for the counters (us)
 
-    def to_json(self):
+    def to_json(self) -> JSON:
         return {"pid": self.pid, "comm": self.comm, "allocator": self.allocator,
                 "start": _round(self.start, 3), "duration_s": _round(self.duration_s, 3),
                 "requested_s": self.requested_s, "hz": self.hz, "samples": self.samples,
@@ -104,7 +106,7 @@ class FunctionTime:
     seconds: float
     share: float                    # of all CPU samples (cpu) / all thread time (off_cpu)
 
-    def to_json(self):
+    def to_json(self) -> JSON:
         return {"function": self.function, "samples": self.samples,
                 "seconds": _round(self.seconds), "share": _round(self.share)}
 
@@ -119,35 +121,35 @@ class Cpu:
     unknown_samples: int = 0        # walk stopped before any allocator or application frame
     unwound_samples: int = 0        # walks that reached the thread's first frame
     kernel_samples: int = 0         # taken in kernel mode (charged to the user stack at entry)
-    by_function: tuple = ()         # (FunctionTime, ...) most first
-    by_entry: tuple = ()            # (FunctionTime, ...) by outermost allocator entry point
+    by_function: tuple[FunctionTime, ...] = ()  # most first
+    by_entry: tuple[FunctionTime, ...] = ()  # by outermost allocator entry point
 
     @property
-    def allocator_share(self):
+    def allocator_share(self) -> Optional[float]:
         return _share(self.allocator_samples, self.samples)
 
     @property
-    def application_share(self):
+    def application_share(self) -> Optional[float]:
         return _share(self.samples - self.allocator_samples - self.unknown_samples,
                       self.samples)
 
     @property
-    def unknown_share(self):
+    def unknown_share(self) -> Optional[float]:
         return _share(self.unknown_samples, self.samples)
 
     @property
-    def unwound_share(self):
+    def unwound_share(self) -> Optional[float]:
         return _share(self.unwound_samples, self.samples)
 
     @property
-    def kernel_share(self):
+    def kernel_share(self) -> Optional[float]:
         return _share(self.kernel_samples, self.samples)
 
     @property
-    def allocator_s(self):
+    def allocator_s(self) -> float:
         return self.seconds * (self.allocator_share or 0.0)
 
-    def to_json(self):
+    def to_json(self) -> JSON:
         return {"samples": self.samples, "seconds": _round(self.seconds),
                 "allocator_share": _round(self.allocator_share),
                 "allocator_s": _round(self.allocator_s),
@@ -174,20 +176,20 @@ class OffCpu:
     # allocator thread's condition wait or sleep is idle, not counted)
     allocator_lock_s: float = 0.0
     allocator_lock_switches: int = 0
-    by_function: tuple = ()         # (FunctionTime, ...): the wait's allocator frame
+    by_function: tuple[FunctionTime, ...] = ()  # the wait's allocator frame
     # switch-outs whose stack was looked at; the allocator_lock_* figures are
     # those intervals scaled by all / sampled (exact when equal)
     switches_sampled: int = 0
 
     @property
-    def allocator_lock_share(self):
+    def allocator_lock_share(self) -> Optional[float]:
         return _share(self.allocator_lock_s, self.thread_s)
 
     @property
-    def blocked_share(self):
+    def blocked_share(self) -> Optional[float]:
         return _share(self.blocked_s, self.thread_s)
 
-    def to_json(self):
+    def to_json(self) -> JSON:
         return {"thread_s": _round(self.thread_s), "blocked_s": _round(self.blocked_s),
                 "blocked_share": _round(self.blocked_share),
                 "preempted_s": _round(self.preempted_s),
@@ -209,14 +211,14 @@ class Faults:
     duration_s: float = 0.0
 
     @property
-    def minor_per_s(self):
+    def minor_per_s(self) -> Optional[float]:
         return _share(self.minor, self.duration_s)
 
     @property
-    def major_per_s(self):
+    def major_per_s(self) -> Optional[float]:
         return _share(self.major, self.duration_s)
 
-    def to_json(self):
+    def to_json(self) -> JSON:
         return {"minor": self.minor, "major": self.major,
                 "minor_per_s": _round(self.minor_per_s, 1),
                 "major_per_s": _round(self.major_per_s, 1)}
@@ -235,14 +237,14 @@ class SyscallRate:
     unknown: int = 0                # of those, whose walk could not tell
 
     @property
-    def per_s(self):
+    def per_s(self) -> Optional[float]:
         return _share(self.count, self.duration_s)
 
     @property
-    def from_allocator_share(self):
+    def from_allocator_share(self) -> Optional[float]:
         return _share(self.from_allocator, self.sampled - self.unknown)
 
-    def to_json(self):
+    def to_json(self) -> JSON:
         return {"count": self.count, "per_s": _round(self.per_s, 1),
                 "sampled": self.sampled, "from_allocator": self.from_allocator,
                 "unknown": self.unknown,
@@ -266,14 +268,14 @@ class Counter:
     source: Optional[str] = None    # the allocator's own name for it
 
     @property
-    def delta(self):
+    def delta(self) -> Optional[int]:
         return None if self.start is None or self.end is None else self.end - self.start
 
     @property
-    def per_s(self):
+    def per_s(self) -> Optional[float]:
         return _share(self.delta, self.duration_s) if self.kind == "delta" else None
 
-    def to_json(self):
+    def to_json(self) -> JSON:
         return {"start": self.start, "end": self.end, "delta": self.delta,
                 "per_s": _round(self.per_s, 3), "unit": self.unit, "kind": self.kind,
                 "provenance": self.provenance, "source": self.source}
@@ -285,14 +287,14 @@ class Site:
     demangled), with the frames outward from it, and what it cost."""
 
     function: str
-    frames: tuple = ()              # from the call site outward (at most SITE_FRAMES)
+    frames: tuple[str, ...] = ()    # from the call site outward (at most SITE_FRAMES)
     entry: Optional[str] = None     # the allocator entry point it called most
     allocator_samples: int = 0
     allocator_cpu_s: float = 0.0
     lock_wait_s: float = 0.0
     lock_switches: int = 0
 
-    def to_json(self):
+    def to_json(self) -> JSON:
         return {"function": self.function, "frames": list(self.frames), "entry": self.entry,
                 "allocator_samples": self.allocator_samples,
                 "allocator_cpu_s": _round(self.allocator_cpu_s),
@@ -305,16 +307,16 @@ class Stack:
     (``kind`` "cpu") or off-CPU microseconds ("off_cpu").  Feeds --collapsed
     and the report's icicle."""
 
-    frames: tuple
+    frames: tuple[str, ...]
     weight: int
     kind: str = "cpu"
     allocator: bool = False
 
-    def folded(self):
+    def folded(self) -> str:
         # ";" separates frames in the format: one inside a C++ name is replaced
         return ";".join(f.replace(";", ":") for f in self.frames) + f" {self.weight}"
 
-    def to_json(self):
+    def to_json(self) -> JSON:
         return {"frames": list(self.frames), "weight": self.weight, "kind": self.kind,
                 "allocator": self.allocator}
 
@@ -329,13 +331,13 @@ class Wall:
     cpu: Optional[Cpu] = None
     off_cpu: Optional[OffCpu] = None
     faults: Optional[Faults] = None
-    syscalls: dict = field(default_factory=dict)
-    counters: dict = field(default_factory=dict)
-    sites: tuple = ()
-    findings: tuple = ()            # (diag.model.Finding, ...)
-    stacks: tuple = ()
+    syscalls: dict[str, SyscallRate] = field(default_factory=dict)
+    counters: dict[str, Counter] = field(default_factory=dict)
+    sites: tuple[Site, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    stacks: tuple[Stack, ...] = ()
 
-    def to_json(self, stacks=False):
+    def to_json(self, stacks: bool = False) -> JSON:
         out = {"schema_version": SCHEMA_VERSION, "kind": "wall",
                "window": self.window.to_json(),
                "cpu": self.cpu.to_json() if self.cpu is not None else None,
@@ -349,7 +351,7 @@ class Wall:
             out["stacks"] = [s.to_json() for s in self.stacks]
         return out
 
-    def collapsed(self, kind="cpu"):
+    def collapsed(self, kind: str = "cpu") -> list[str]:
         """Folded-stack lines ("a;b;c N") of KIND, for flamegraph.pl,
         speedscope and inferno."""
         return [s.folded() for s in self.stacks if s.kind == kind]

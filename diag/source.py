@@ -1,4 +1,6 @@
-"""Where the TUI gets its data.  The app never reads /proc or ptrace itself.
+"""Where the TUI gets its data: the data-source interface the TUI renders
+(tui/ imports this and diag's model, never collectors/; the app never reads
+/proc or ptrace itself).
 
 Three roles, each a small duck-typed interface (tests inject fakes built
 from constructed Snapshots):
@@ -14,7 +16,7 @@ from constructed Snapshots):
     (samples taken before the view opened; empty for a live process);
     ``close()`` (detach).  Attributes: ``pid``, ``live`` (True: poll it;
     False: a fixed series to navigate), ``no_attach``, ``label``.
-    Heap profiles (the Heap tab; ``collectors.heapcontrol``):
+    Heap profiles (the Heap tab; ``diag.actions`` over ``collectors.heapcontrol``):
     ``heap_status() -> dict`` (what is possible and why, or how),
     ``heap_start() -> dict``, ``heap_stop(force=False) -> dict``, ``heap_dump() ->
     dict`` with ``view`` (a ``diag.heapview.ProfileView``), ``snapshot``
@@ -40,6 +42,7 @@ import importlib
 import inspect
 
 from diag.model.errors import AllocdiagError
+from diag.model.exitcodes import ExitCode
 
 
 NEEDS_LIVE_PROCESS = "heap profiles need a live process: a recording has none"
@@ -54,7 +57,7 @@ WALL_NOT_RECORDED = ("this recording has no wall figures: record with `allocdiag
 class ActionUnavailable(AllocdiagError):
     """An action the source cannot perform (yet, or in this mode)."""
 
-    exit_code = 5
+    exit_code = ExitCode.UNSUPPORTED
 
 
 def _actions_module():
@@ -134,31 +137,26 @@ class ProcessSource:
         return tuple(result)
 
     # heap profiles: the allocator's own profiler, on an explicit user action
-    def _heapcontrol(self, what):
+    def _heap_action(self, what):
         if self.no_attach:
             raise ActionUnavailable(f"heap {what} needs to call into the process; "
                                     "started with --no-attach", pid=self.pid)
-        return importlib.import_module("collectors.heapcontrol")
+        return getattr(_actions_module(), f"heap_{what}")
 
     def heap_status(self):
-        return self._heapcontrol("status").status(self.pid)
+        return self._heap_action("status")(self.pid)
 
     def heap_start(self):
-        return self._heapcontrol("start").start(self.pid)
+        return self._heap_action("start")(self.pid)
 
     def heap_stop(self, force=False):
         """FORCE: also a gperftools profile the program started itself."""
-        return self._heapcontrol("stop").stop(self.pid, force=force)
+        return self._heap_action("stop")(self.pid, force=force)
 
     def heap_dump(self):
         """The profile now, parsed and symbolized through the process's own
         root (containers), and the process right after it."""
-        from collectors import heapprofile
-        from collectors.proc.procfs import ProcFS
-        from diag import heapview
-        data, info = self._heapcontrol("dump").dump(self.pid)
-        view = heapview.view_of(heapprofile.parse(data), root=ProcFS().path(self.pid, "root"),
-                                pid=self.pid)
+        view, info = self._heap_action("dump")(self.pid)
         try:
             snap = self.sample()
         except AllocdiagError as exc:
@@ -187,8 +185,7 @@ class ProcessSource:
         Returns the tids still held (the at-exit reaper retries them)."""
         if self.no_attach:
             return []
-        from collectors.engine import remote
-        return remote.detach_orphans(self.pid)
+        return _actions_module().detach_orphans(self.pid)
 
 
 class ReplaySource:
