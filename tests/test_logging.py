@@ -1,0 +1,55 @@
+"""-v, --debug and --log-file: one logger per package, wired to stderr or a
+file by the command line; silent without them."""
+
+import os
+import subprocess
+import sys
+
+from targets import build_c, start
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE_LOGGERS = ("collectors.engine", "collectors.allocators")
+
+
+def allocdiag(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "diag", *args], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=ROOT), cwd="/", timeout=timeout)
+
+
+def test_silent_without_the_flags():
+    r = allocdiag("ps")
+    assert r.returncode == 0
+    assert " diag: " not in r.stderr and "allocdiag: allocdiag" not in r.stderr
+
+
+def test_debug_log_file_gets_the_lines_and_stdout_keeps_the_table(tmp_path):
+    log = tmp_path / "allocdiag.log"
+    r = allocdiag("--debug", "--log-file", str(log), "ps")
+    assert r.returncode == 0 and "PID" in r.stdout
+    text = log.read_text()
+    assert " diag: allocdiag " in text and "--log-file" in text
+    assert " diag: " not in r.stderr
+
+
+def test_log_file_that_cannot_be_written_is_a_usage_error(tmp_path):
+    r = allocdiag("--log-file", str(tmp_path / "no" / "such" / "dir" / "x.log"), "ps")
+    assert r.returncode == 2
+    assert "No such file or directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_debug_shows_the_engine_and_the_allocator_decisions():
+    """A real snapshot of a jemalloc process: the engine says which thread it
+    borrowed, the allocator reader what it found, each under its package's
+    logger name."""
+    with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
+        r = allocdiag("--debug", "inspect", "--json", str(t.pid))
+    assert r.returncode == 0, r.stderr
+    for name in PACKAGE_LOGGERS:
+        assert f" {name}: " in r.stderr, f"no {name} line in:\n{r.stderr[-3000:]}"
+
+
+def test_verbose_is_info_only():
+    with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
+        quiet = allocdiag("-v", "inspect", "--json", str(t.pid))
+    assert quiet.returncode == 0
+    assert all(line.startswith("allocdiag: ") for line in quiet.stderr.splitlines() if line)
