@@ -29,6 +29,7 @@ REASONS, a bounded metric label), and counts reads and pauses per group
 through the ``on_read`` hook.
 """
 
+import logging
 import os
 import threading
 import time
@@ -38,6 +39,8 @@ from typing import Optional
 from collectors.proc.stat import start_time
 from diag.model.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,
                                RemoteCallError, Unsupported)
+
+log = logging.getLogger("diag")
 
 # Why a process was "not read", as a fixed list (a metric label must not be
 # free text): Entry.code holds one of these, Entry.reason the message.
@@ -207,10 +210,15 @@ class HostLive:
     def step(self):
         """Read one due process if the budget allows; True when one was read."""
         key = self.next_due()
-        if key is None or not self.budget.allows():
+        if key is None:
+            return False
+        if not self.budget.allows():
+            log.debug("host view: pause budget spent, pid %d waits", key[0])
             return False
         pid, start = key
         e = read_one(pid, self.take, self.deadline_s)
+        log.debug("host view: pid %d read: %s%s, pause %s us", pid, e.state,
+                  f" ({e.code}: {e.reason})" if e.reason else "", e.pause_us)
         if e.pause_us:
             self.budget.spend(e.pause_us / 1e6)
         self.reads += 1
@@ -226,6 +234,6 @@ class HostLive:
             try:
                 self.step()
             except Exception:       # one bad process must not end the filler
-                pass
+                log.debug("host view: a read failed", exc_info=True)
             self._wake.clear()
             self._stop.wait(self.min_gap_s)
