@@ -1,5 +1,6 @@
 """The host table: every readable process, sorted, filtered, opened."""
 
+import logging
 import time
 from collections import namedtuple
 
@@ -13,6 +14,8 @@ from diag.render import human_bytes
 from tui import layers
 
 from tui.messages import HostScanned, error_text
+
+log = logging.getLogger("tui")
 
 HostRow = namedtuple("HostRow", "pid comm allocator preload rss anon lazyfree held finding")
 
@@ -149,6 +152,7 @@ class HostScreen(Screen):
             rows = tuple(host_row(d) for d in result.rows)
             msg = HostScanned(rows, getattr(result, "denied", 0), getattr(result, "vanished", 0))
         except Exception as exc:   # the UI reports it; the next scan retries
+            log.debug("host scan failed", exc_info=True)
             msg = HostScanned((), 0, 0, error=error_text(exc))
         self.post_message(msg)
 

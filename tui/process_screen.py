@@ -5,6 +5,7 @@ view in its own module) is one TabPane there.  Every widget that shows the
 sample is bound (data_bind) to the screen's one ``view`` reactive, a
 ``layers.ProcessView`` built once per refresh, and draws itself from it."""
 
+import logging
 import threading
 import time
 from collections import deque
@@ -28,6 +29,9 @@ from tui.widgets import HistoryLegend, LayerHistory, NativeTables, StackPanel, V
 
 from tui.messages import ActionFinished, DEFAULT_INTERVAL, HISTORY_LIMIT, MIN_INTERVAL, SampleFailed, SampleTaken, clock, error_text
 from tui.dialogs import ConfirmDialog, InputDialog, ResultDialog
+
+log = logging.getLogger("tui")
+
 
 class ProcessScreen(Screen):
     """One process: allocator stack, RSS split, cgroup, history, detail, actions.
@@ -149,8 +153,8 @@ class ProcessScreen(Screen):
         self._stop_recording(quiet=True)
         try:
             self.source.close()
-        except Exception:
-            pass
+        except Exception:           # leaving the view must not fail; the at-exit reaper retries
+            log.debug("closing the source of pid %s failed", self.source.pid, exc_info=True)
 
     def on_resize(self, event):
         self.set_class(event.size.height < 30, "short")
@@ -167,6 +171,7 @@ class ProcessScreen(Screen):
             with self._source_lock:
                 snap = self.source.sample()
         except Exception as exc:
+            log.debug("sample of pid %s failed", self.source.pid, exc_info=True)
             self.post_message(SampleFailed(exc))
             return
         recorded = None
@@ -450,6 +455,7 @@ class ProcessScreen(Screen):
                 result = fn(*args)
             self.post_message(ActionFinished(action, result=(args, result)))
         except Exception as exc:
+            log.debug("action %s on pid %s failed", action, self.source.pid, exc_info=True)
             self.post_message(ActionFinished(action, error=exc))
 
     def on_action_finished(self, msg):
