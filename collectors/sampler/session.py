@@ -30,13 +30,23 @@ pcs of its stack (a short walk), so only new stack prefixes pay for a full
 walk and symbolization.
 """
 
+from __future__ import annotations
+
 import errno
+import logging
 import os
 import resource
+import struct
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from collectors.binary import unwind
+from collectors.proc import oserror
+from collectors.proc.maps import parse_maps
+from collectors.proc.procfs import ProcFS
+from collectors.proc.stat import ZOMBIE_STATES, parse_state
 from diag.model.errors import AccessDenied, NoSuchProcess
 from collectors.sampler import perf, records
 from collectors.sampler.attribution import ALLOCATOR, UNKNOWN, Attributor, is_lock_wait
@@ -70,6 +80,13 @@ _SAMPLE_TYPE = (perf.PERF_SAMPLE_IDENTIFIER | perf.PERF_SAMPLE_IP | perf.PERF_SA
                 perf.PERF_SAMPLE_STACK_USER)
 _BASE_FLAGS = perf.F_DISABLED | perf.F_SAMPLE_ID_ALL | perf.F_USE_CLOCKID | perf.F_EXCLUDE_HV
 CPU, SWITCH = "cpu", "switch"
+log = logging.getLogger("collectors.sampler")
+# fs/proc/array.c task_state_array: asleep, interruptible or not
+SLEEP_STATES = (b"S", b"D")
+# fs/proc/base.c proc_pid_syscall: "nr arg1..arg6 sp pc" for a task blocked in a syscall
+SYSCALL_FIELDS, SYSCALL_SP_FIELD, SYSCALL_PC_FIELD = 9, 7, 8
+NOFILE_PER_THREAD = 9           # descriptors per thread at most: see _open_thread
+NOFILE_SPARE = 64
 TRACEFS_FIX = ("mount tracefs and run as root: mount -t tracefs nodev /sys/kernel/tracing "
                "(its events/*/id files are readable by root only)")
 
@@ -140,13 +157,9 @@ class Session:
     def start(self):
         pid = self.pid
         try:
-            with open(os.path.join(self.procfs, str(pid), "maps"), "rb") as f:
-                maps = f.read().decode("utf-8", "surrogateescape")
-        except FileNotFoundError:
-            raise NoSuchProcess(pid) from None
-        except PermissionError:
-            raise AccessDenied(pid, msg=f"cannot read /proc/{pid}/maps",
-                               remediation=perf.PERMISSION_FIX) from None
+            maps = parse_maps(ProcFS(self.procfs).read(pid, "maps"))
+        except AccessDenied as exc:
+            raise AccessDenied(pid, msg=exc.msg, remediation=perf.PERMISSION_FIX) from None
         try:
             self._mem_fd = os.open(os.path.join(self.procfs, str(pid), "mem"), os.O_RDONLY)
         except OSError:
@@ -161,6 +174,9 @@ class Session:
         self.start_wall = time.time()
         self.t0_ns = time.monotonic_ns()
         self._scan(first=True)
+        log.debug("pid %d: window started, %d threads, %d Hz, switches %s, syscalls %s",
+                  pid, len(self.threads), self.hz, self.want_switches,
+                  ",".join(self.tp_ids) or "none")
         if not self.threads:
             refused = [m for m in self.missing.values() if m.fix == perf.PERMISSION_FIX]
             if refused and self._tids():
@@ -212,15 +228,15 @@ class Session:
         directory still lists the main thread until it is reaped)."""
         try:
             with open(os.path.join(self.procfs, str(self.pid), "stat"), "rb") as f:
-                state = f.read().rpartition(b")")[2].split()[:1]
-            if state in ([b"Z"], [b"X"]):
-                return set()
+                if parse_state(f.read()) in ZOMBIE_STATES:
+                    return set()
             return {int(t) for t in os.listdir(os.path.join(self.procfs, str(self.pid), "task"))}
-        except FileNotFoundError:
-            return set()
-        except PermissionError:
-            raise AccessDenied(self.pid, msg=f"cannot list /proc/{self.pid}/task",
-                               remediation=perf.PERMISSION_FIX) from None
+        except OSError as exc:
+            err = oserror.translate(exc, self.pid, f"listing /proc/{self.pid}/task",
+                                    procfs=self.procfs, remediation=perf.PERMISSION_FIX)
+            if isinstance(err, NoSuchProcess):
+                return set()
+            raise err from None
 
     def _scan(self, first=False):
         tids = self._tids()
@@ -242,16 +258,18 @@ class Session:
         try:
             return perf.open_event(buf, tid)
         except perf.PerfError as exc:
+            log.debug("pid %d tid %d: perf_event_open refused %s: %s", self.pid, tid, what,
+                      errno.errorcode.get(exc.errno or 0, exc.errno))
             if exc.errno == errno.ESRCH:
                 return None
-            if exc.errno in (errno.EACCES, errno.EPERM) and not self.exclude_kernel:
+            if exc.errno in oserror.DENIED and not self.exclude_kernel:
                 # paranoid 2 lets a user sample its own processes in user mode only
                 self.exclude_kernel = True
                 self._miss("cpu.kernel_share", "kernel-mode samples not allowed "
                            f"({exc.strerror}): time in the kernel is not sampled",
                            perf.PERMISSION_FIX)
                 return self._open(_with_exclude_kernel(buf), tid, what, figure)
-            if exc.errno in (errno.EACCES, errno.EPERM):
+            if exc.errno in oserror.DENIED:
                 self._miss(figure, f"perf_event_open refused {what}: {exc.strerror}",
                            perf.PERMISSION_FIX)
             elif exc.errno == errno.EMFILE:
@@ -334,16 +352,15 @@ class Session:
         task = os.path.join(self.procfs, str(self.pid), "task", str(t.tid))
         try:
             with open(os.path.join(task, "stat"), "rb") as f:
-                state = f.read().rpartition(b")")[2].split()[:1]
-            if state not in ([b"S"], [b"D"]):
-                return
+                if parse_state(f.read()) not in SLEEP_STATES:
+                    return
             with open(os.path.join(task, "syscall"), "rb") as f:
                 fields = f.read().split()
         except OSError:
             return
         a = None
-        if len(fields) == 9:                 # nr, 6 args, sp, pc (fs/proc/base.c)
-            sp, pc = int(fields[7], 16), int(fields[8], 16)
+        if len(fields) == SYSCALL_FIELDS:
+            sp, pc = int(fields[SYSCALL_SP_FIELD], 16), int(fields[SYSCALL_PC_FIELD], 16)
             w = self.unwinder.walk({unwind.RA: pc, unwind.RSP: sp}, parse=True, partial=True,
                                    tolerant=True)
             if w.frames:
@@ -402,6 +419,10 @@ class Session:
                 t.end_ns = now
                 self._close_thread(t)
         self.t1_ns = now
+        log.debug("pid %d: window ended after %.3f s: %d samples, %d switch samples, "
+                  "%d records lost, %d threads (%d exited)", self.pid,
+                  (now - (self.t0_ns or now)) / 1e9, self.samples, self.switch_samples,
+                  self.lost, len(self.threads), self.exited)
         if self._mem_fd is not None:
             os.close(self._mem_fd)
             self._mem_fd = None
@@ -414,6 +435,7 @@ class Session:
     def _consume(self, t, data):
         if not data:
             return
+        lost = self.lost
         for rec in records.decode(data):
             if type(rec) is records.Sample:
                 kind, name = self.by_ident.get(rec.ident, (None, None))
@@ -427,6 +449,9 @@ class Session:
                 self._switch(t, rec)
             else:
                 self.lost += rec.count
+        if self.lost != lost:
+            log.debug("pid %d tid %d: %d records lost in one drain", self.pid, t.tid,
+                      self.lost - lost)
 
     def _attribute(self, rec, fallback, cache_prefix):
         """Attribution of a sample's stack (None without registers)."""
@@ -658,7 +683,8 @@ def _raise_nofile():
     """Up to 9 descriptors per thread: lift allocdiag's own soft limit on
     open files to the hard one (EMFILE is still reported as missing)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = hard if hard != resource.RLIM_INFINITY else max(soft, 9 * MAX_THREADS + 64)
+    want = hard if hard != resource.RLIM_INFINITY else \
+        max(soft, NOFILE_PER_THREAD * MAX_THREADS + NOFILE_SPARE)
     if soft != resource.RLIM_INFINITY and soft < want:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
@@ -666,8 +692,7 @@ def _raise_nofile():
             pass
 
 
-def _with_exclude_kernel(buf):
-    import struct
-    flags, = struct.unpack_from("<Q", buf, 40)
-    struct.pack_into("<Q", buf, 40, flags | perf.F_EXCLUDE_KERNEL)
+def _with_exclude_kernel(buf: Any) -> Any:
+    flags, = struct.unpack_from("<Q", buf, perf.ATTR_FLAGS_OFF)
+    struct.pack_into("<Q", buf, perf.ATTR_FLAGS_OFF, flags | perf.F_EXCLUDE_KERNEL)
     return buf
