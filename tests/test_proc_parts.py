@@ -130,6 +130,8 @@ def test_vanished_pid_is_no_such_process():
         ProcFS().read(pid, "maps")
     with pytest.raises(NoSuchProcess):
         Pagemap(pid)
+    # /proc/PID of a process exiting meanwhile may answer EACCES: gone is gone
+    assert isinstance(oserror.translate(errno.EACCES, pid, "reading"), NoSuchProcess)
 
 
 _libc = ctypes.CDLL(None, use_errno=True)

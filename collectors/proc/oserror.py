@@ -17,7 +17,8 @@ from diag.model.errors import AccessDenied, AllocdiagError, NoSuchProcess, Remot
 # The process (or the thread) is gone: kill(2)/ptrace(2) say ESRCH, a /proc
 # file of an exited process ENOENT.
 GONE = frozenset({errno.ESRCH, errno.ENOENT})
-# Not ours to read or trace (ptrace access mode checks, file modes, yama).
+# Not ours to read or trace (ptrace access mode checks, file modes, yama),
+# or, for a pid whose /proc entry is gone, the process exited meanwhile.
 DENIED = frozenset({errno.EPERM, errno.EACCES})
 
 log = logging.getLogger("collectors.proc")
@@ -53,6 +54,9 @@ def translate(exc: OSError | int, pid: int, what: str, *, tid: int | None = None
         return RemoteCallError(f"{what}: {who} vanished or is not in a ptrace-stop "
                                f"({errno.errorcode.get(err, err)})", pid=pid)
     if err in DENIED:
+        # /proc/PID of a process that exited meanwhile can answer EACCES
+        if not process_exists(pid, procfs):
+            return NoSuchProcess(pid, f"no such process ({what})")
         if remediation is not None:
             return AccessDenied(pid, f"permission denied: {what}", remediation=remediation)
         return AccessDenied(pid, f"permission denied: {what}")
