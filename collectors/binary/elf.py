@@ -67,6 +67,7 @@ ST_TYPE_MASK, ST_BIND_SHIFT = 0xF, 4
 # ELF64_R_TYPE / ELF64_R_SYM: r_info's low 32 bits, high 32 bits
 R_TYPE_MASK, R_SYM_SHIFT = 0xFFFFFFFF, 32
 PAGE = 4096                                              # x86-64 (and load_bias's default)
+ELFCLASS64 = 64          # pyelftools' ElfFile.elfclass of an ELFCLASS64 file (32 for ELFCLASS32)
 _GOT_RELOC_TYPES = {R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT,
                     R_AARCH64_GLOB_DAT, R_AARCH64_JUMP_SLOT}
 
@@ -80,7 +81,7 @@ GO_BUILDINFO_HEADER_SIZE = 32
 GO_BUILDINFO_FLAGS_OFF = 15
 GO_FLAGS_VERSION_INL = 0x2
 GO_BUILDINFO_READ = 4096                # enough for the header and the version
-UVARINT_BITS, UVARINT_MORE = 0x7F, 0x80
+UVARINT_BITS, UVARINT_MORE, UVARINT_SHIFT = 0x7F, 0x80, 7
 
 # .rodata strings worth reading: allocator and libc version banners.
 VERSION_PATTERNS = {
@@ -166,13 +167,14 @@ class ElfObject:
         self.is_go = ".go.buildinfo" in self.sections or ".gopclntab" in self.sections
         self.go_version = self._go_version(f) if self.is_go else None
         # The dynamic symbol table is small and always needed: read it now.
-        self.dynsym = self._read_symbols(f, ".dynsym", ".dynstr") if self.elfclass == 64 else []
+        self.dynsym = self._read_symbols(f, ".dynsym", ".dynstr") \
+            if self.elfclass == ELFCLASS64 else []
         self._dynsym_by_name = {}
         for s in self.dynsym:
             # A defined entry beats an undefined reference of the same name.
             if s.name and (s.defined or s.name not in self._dynsym_by_name):
                 self._dynsym_by_name[s.name] = s
-        self.got = self._read_got_relocs(f) if self.elfclass == 64 else {}
+        self.got = self._read_got_relocs(f) if self.elfclass == ELFCLASS64 else {}
 
     def _section_bytes(self, f, name, limit=None):
         sec = self.sections.get(name)
@@ -235,7 +237,7 @@ class ElfObject:
                 b = data[i]
                 n |= (b & UVARINT_BITS) << shift
                 i += 1
-                shift += 7
+                shift += UVARINT_SHIFT
                 if not b & UVARINT_MORE:
                     break
             return data[i:i + n].decode("ascii", "replace") or None

@@ -55,8 +55,8 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from collectors.binary.demangle import demangle
-from collectors.binary.elf import SHN_UNDEF, ST_BIND_SHIFT, ST_TYPE_MASK, STB_GLOBAL, STB_WEAK, \
-    STT_FUNC
+from collectors.binary.elf import ELFCLASS64, SHN_UNDEF, ST_BIND_SHIFT, ST_TYPE_MASK, STB_GLOBAL, \
+    STB_WEAK, STT_FUNC
 from collectors.heapprofile import printable
 from collectors.binary.ranges import Ranges
 
@@ -179,7 +179,7 @@ def _func_symbols(elf, name):
     """[(st_value, bind rank, st_size, name)] of defined STT_FUNC entries of
     section NAME; [] when absent or NOBITS."""
     sec = elf.get_section_by_name(name)
-    if sec is None or sec["sh_type"] == "SHT_NOBITS" or elf.elfclass != 64:
+    if sec is None or sec["sh_type"] == "SHT_NOBITS" or elf.elfclass != ELFCLASS64:
         return []
     strs = elf.get_section(sec["sh_link"])
     if strs is None or strs["sh_type"] == "SHT_NOBITS":

@@ -84,6 +84,7 @@ REG_DWARF = (0, 3, 2, 1, 4, 5, 6, 7, 16, 8, 9, 10, 11, 12, 13, 14, 15)
 # ring: struct perf_event_mmap_page (perf_event.h), byte offsets
 DATA_HEAD_OFF, DATA_TAIL_OFF, DATA_OFFSET_OFF, DATA_SIZE_OFF = 1024, 1032, 1040, 1048
 PAGE = mmap.PAGESIZE
+RING_DATA_PAGES = 256     # 1 MiB: kept up with 999 Hz x 16 KiB stacks (reference/cpu-wall.md)
 TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -170,7 +171,7 @@ class Ring:
     call and publishes data_tail (x86-64 is TSO: no fence needed between the
     head load and the record copies, nor before the tail store)."""
 
-    def __init__(self, fd: int, pages: int = 256) -> None:
+    def __init__(self, fd: int, pages: int = RING_DATA_PAGES) -> None:
         self.size = pages * PAGE
         self.map = mmap.mmap(fd, (pages + 1) * PAGE, mmap.MAP_SHARED,
                              mmap.PROT_READ | mmap.PROT_WRITE)

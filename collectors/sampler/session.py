@@ -85,6 +85,7 @@ log = logging.getLogger("collectors.sampler")
 SLEEP_STATES = (b"S", b"D")
 # fs/proc/base.c proc_pid_syscall: "nr arg1..arg6 sp pc" for a task blocked in a syscall
 SYSCALL_FIELDS, SYSCALL_SP_FIELD, SYSCALL_PC_FIELD = 9, 7, 8
+OFF_T_MAX = (1 << 63) - 1       # the largest pread(2) offset: off_t is signed 64-bit
 NOFILE_PER_THREAD = 9           # descriptors per thread at most: see _open_thread
 NOFILE_SPARE = 64
 TRACEFS_FIX = ("mount tracefs and run as root: mount -t tracefs nodev /sys/kernel/tracing "
@@ -110,51 +111,52 @@ class Session:
     """Sampling of PID.  ``start()``, then ``poll()`` until done, then
     ``stop()`` and ``result()``; or ``run(duration_s)``."""
 
-    def __init__(self, pid, hz=DEFAULT_HZ, procfs="/proc", switches=True,
-                 syscalls=wall.SYSCALLS):
+    def __init__(self, pid: int, hz: int = DEFAULT_HZ, procfs: str = "/proc",
+                 switches: bool = True, syscalls: Iterable[str] = wall.SYSCALLS) -> None:
         self.pid, self.hz, self.procfs = pid, hz, procfs
         self.want_switches, self.want_syscalls = switches, tuple(syscalls)
-        self.threads = {}
-        self.by_ident = {}          # event id -> (kind, syscall name or None)
-        self.missing = {}           # figure -> wall.Missing
+        self.threads: dict[int, _Thread] = {}
+        self.by_ident: dict[int, tuple[str, str | None]] = {}  # event id -> (kind, syscall)
+        self.missing: dict[str, wall.Missing] = {}             # figure -> why
         self.exclude_kernel = False
         self.lost = 0
         self.samples = self.switch_samples = 0
         self.exited = 0
-        self.tp_ids = {}
+        self.tp_ids: dict[str, int] = {}
         # aggregates
         self.cpu_ns = 0
-        self.cpu = Counter()          # ALLOCATOR / APPLICATION / UNKNOWN -> samples
+        self.cpu: Counter[str] = Counter()     # ALLOCATOR / APPLICATION / UNKNOWN -> samples
         self.cpu_unwound = self.cpu_kernel = 0
-        self.cpu_fn = Counter()       # allocator function -> samples
-        self.cpu_entry = Counter()
-        self.site_cpu = Counter()     # site -> samples
-        self.site_entry = defaultdict(Counter)
-        self.site_frames = {}
-        self.site_lock_ns = Counter()
-        self.site_lock_n = Counter()
-        self.stacks = Counter()       # (kind, allocator, folded) -> weight
+        self.cpu_fn: Counter[str | None] = Counter()   # allocator function -> samples
+        self.cpu_entry: Counter[str | None] = Counter()
+        self.site_cpu: Counter[str] = Counter()         # site -> samples
+        self.site_entry: defaultdict[str, Counter[str | None]] = defaultdict(Counter)
+        self.site_frames: dict[str, tuple[str, ...]] = {}
+        self.site_lock_ns: Counter[str] = Counter()
+        self.site_lock_n: Counter[str] = Counter()
+        self.stacks: Counter[tuple[str, bool, tuple[str, ...]]] = Counter()  # -> weight
         self.blocked_ns = self.preempted_ns = 0
         self.blocked_n = self.preempted_n = 0
         self.switches_sampled = 0
         self.lock_ns = 0
         self.lock_n = 0
-        self.lock_fn = Counter()      # leaf function -> ns
-        self.lock_fn_n = Counter()
-        self.sys_sampled = Counter()
-        self.sys_alloc = Counter()
-        self.sys_unknown = Counter()
-        self.final_counts = defaultdict(int)   # faults/syscalls of closed threads
-        self._cache = {}
-        self._mem_fd = None
+        self.lock_fn: Counter[Any] = Counter()   # leaf function -> ns
+        self.lock_fn_n: Counter[Any] = Counter()
+        self.sys_sampled: Counter[str] = Counter()
+        self.sys_alloc: Counter[str] = Counter()
+        self.sys_unknown: Counter[str] = Counter()
+        self.final_counts: defaultdict[str, int] = defaultdict(int)  # of closed threads
+        self._cache: dict[tuple[Any, ...], tuple[Any, bool]] = {}
+        self._mem_fd: int | None = None
         self._last_scan = 0.0
-        self.t0_ns = self.t1_ns = None
-        self.start_wall = None
-        self._rusage0 = None
-        self.reader_cpu_s = None
+        self.t0_ns: int | None = None     # set by start()
+        self.t1_ns: int | None = None
+        self.start_wall: float | None = None
+        self._rusage0: Any = None
+        self.reader_cpu_s: float | None = None
 
     # -- setup ---------------------------------------------------------------
-    def start(self):
+    def start(self) -> None:
         pid = self.pid
         try:
             maps = parse_maps(ProcFS(self.procfs).read(pid, "maps"))
@@ -215,8 +217,11 @@ class Session:
     def _miss(self, figure, reason, fix=None):
         self.missing.setdefault(figure, wall.Missing(figure, reason, fix))
 
-    def _read_mem(self, addr, n):
-        if self._mem_fd is None:
+    def _read_mem(self, addr: int, n: int) -> bytes | None:
+        # pread's offset is a signed off_t: a word "at" 2^63 or above (a
+        # garbage CFA; the kernel half) is not user memory, and would raise
+        # OverflowError, not OSError
+        if self._mem_fd is None or addr > OFF_T_MAX:
             return None
         try:
             return os.pread(self._mem_fd, n, addr)
@@ -334,7 +339,10 @@ class Session:
                 t.fds.append(fd)
                 t.faults[kind] = fd
         if not t.fds:
+            log.debug("pid %d tid %d: no event opened", self.pid, tid)
             return
+        log.debug("pid %d tid %d: %d events open (%s)", self.pid, tid, len(t.fds),
+                  "ring" if t.ring is not None else "counting only")
         for fd in t.fds:
             try:
                 perf.ioctl(fd, perf.PERF_EVENT_IOC_ENABLE)
@@ -368,7 +376,7 @@ class Session:
         t.out_ns, t.out_preempt, t.out_cls = now, False, (a, 1)
 
     # -- the loop --------------------------------------------------------------
-    def poll(self):
+    def poll(self) -> bool:
         """Drain every ring; rescan threads when due.  False once the process is gone."""
         for t in list(self.threads.values()):
             if t.ring is not None:
@@ -400,7 +408,7 @@ class Session:
                 pass
         t.fds, t.faults, t.syscalls, t.ring = [], {}, {}, None
 
-    def stop(self):
+    def stop(self) -> None:
         """Disable, drain and close everything; fix the window's end (once)."""
         if self.t1_ns is not None:
             return
@@ -573,13 +581,14 @@ class Session:
             self.sys_alloc[name] += 1
 
     # -- the result ------------------------------------------------------------
-    def run(self, duration_s, tick=None):
+    def run(self, duration_s: float, tick: Callable[[float], Any] | None = None) -> str:
         """start(), poll for DURATION_S (Ctrl-C ends early), stop(); returns
         the way the window ended (diag.model.wall COMPLETE / INTERRUPTED / EXITED)."""
         self.start()
         return self.run_started(duration_s, tick)
 
-    def run_started(self, duration_s, tick=None):
+    def run_started(self, duration_s: float,
+                    tick: Callable[[float], Any] | None = None) -> str:
         """The polling loop of run() for a session already started."""
         ended = wall.COMPLETE
         deadline = time.monotonic() + duration_s
@@ -600,13 +609,20 @@ class Session:
             self.stop()
         return ended
 
+    def _elapsed_s(self) -> float:
+        """Seconds from the window's start to its end (to now while it runs)."""
+        assert self.t0_ns is not None, "start() first"
+        return ((self.t1_ns or time.monotonic_ns()) - self.t0_ns) / 1e9
+
     def _count(self, key):
         """A counter summed over every closed thread, None when none had it."""
         return self.final_counts.get(key)
 
-    def window(self, requested_s, ended, comm=None, allocator=None, extra_missing=(),
-               pause_us=()):
-        duration = ((self.t1_ns or time.monotonic_ns()) - self.t0_ns) / 1e9
+    def window(self, requested_s: float, ended: str, comm: str | None = None,
+               allocator: str | None = None, extra_missing: Iterable[wall.Missing] = (),
+               pause_us: Iterable[float] = ()) -> wall.Window:
+        duration = self._elapsed_s()
+        assert self.start_wall is not None, "start() first"
         return wall.Window(
             pid=self.pid, start=self.start_wall, duration_s=duration, requested_s=requested_s,
             hz=self.hz, samples=self.samples, switch_samples=self.switch_samples,
@@ -615,12 +631,12 @@ class Session:
             missing=tuple(self.missing.values()) + tuple(extra_missing),
             pause_us=tuple(pause_us))
 
-    def parts(self):
+    def parts(self) -> tuple[Any, ...]:
         """(cpu, off_cpu, faults, syscalls, sites, stacks) for diag.model.wall.Wall;
         of a running session, what was gathered so far (faults and syscall
         counts only once stopped: the counters are read when a thread is
         closed)."""
-        duration = ((self.t1_ns or time.monotonic_ns()) - self.t0_ns) / 1e9
+        duration = self._elapsed_s()
         secs = self.cpu_ns / 1e9
         per_sample = secs / self.samples if self.samples else 0.0
 
