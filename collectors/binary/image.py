@@ -13,7 +13,7 @@ from collections import namedtuple
 
 from collectors.binary.elf import CACHE, ElfCache, ObjectFile
 from collectors.proc.auxv import AT_SECURE
-from collectors.proc.maps import DELETED_SUFFIX, Mapping
+from collectors.proc.maps import DELETED_TEXT, Mapping
 from collectors.proc.procfs import ProcFS
 from diag.model.errors import AccessDenied, MalformedData, NoSuchProcess
 
@@ -38,9 +38,8 @@ class ProcessImage:
         self.comm = self.status.get(b"Name", b"").decode(errors="replace") or None
         self.maps = self.procfs.maps(pid)
         self.exe_path = self.procfs.exe(pid)
-        deleted = DELETED_SUFFIX.decode()
-        if self.exe_path and self.exe_path.endswith(deleted):
-            self.exe_path = self.exe_path[:-len(deleted)]
+        if self.exe_path and self.exe_path.endswith(DELETED_TEXT):
+            self.exe_path = self.exe_path[:-len(DELETED_TEXT)]
         self.environ: dict[str, str] | None
         try:
             self.environ = self.procfs.environ(pid)

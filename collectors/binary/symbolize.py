@@ -58,6 +58,7 @@ from collectors.binary.demangle import demangle
 from collectors.binary.elf import ELFCLASS64, SHN_UNDEF, ST_BIND_SHIFT, ST_TYPE_MASK, STB_GLOBAL, \
     STB_WEAK, STT_FUNC
 from collectors.heapprofile import printable
+from collectors.proc.maps import DELETED_TEXT
 from collectors.binary.ranges import Ranges
 
 log = logging.getLogger("collectors.binary")
@@ -65,7 +66,7 @@ log = logging.getLogger("collectors.binary")
 DEBUG_ROOT = "/usr/lib/debug"
 PROCFS = "/proc"
 RETURN_ADDRESS_ADJUST = 1        # return address -> inside the call instruction
-DELETED_SUFFIX = " (deleted)"
+DELETED_SUFFIX = DELETED_TEXT     # readlink of a map_files entry whose file is gone
 _SYM64 = struct.Struct("<IBBHQQ")     # Elf64_Sym
 _ELF_ERRORS = (ELFError, OSError, struct.error, ValueError, KeyError, IndexError,
                AssertionError, UnicodeDecodeError, TypeError, EOFError)

@@ -9,6 +9,8 @@ from typing import NamedTuple
 from diag.model.errors import MalformedData
 
 DELETED_SUFFIX = b" (deleted)"    # fs/proc/task_mmu.c: a file unlinked while mapped
+# the same as text: readlink(2) of /proc/PID/exe and map_files/ (fs/d_path.c) ends with it too
+DELETED_TEXT = DELETED_SUFFIX.decode()
 MAPS_FIELDS = 6                   # start-end perms offset dev inode [path]
 PATH_FIELD = 5                    # index of the path: it may hold spaces
 PERM_CHARS = frozenset(b"-rwxps")  # show_map_vma: r/w/x, then s (shared) or p (private)
@@ -39,7 +41,7 @@ class Mapping(NamedTuple):
         kept (a heap profile's trailer keeps it so)."""
         if self.path is None:
             return ""
-        return self.path + DELETED_SUFFIX.decode() if self.deleted else self.path
+        return self.path + DELETED_TEXT if self.deleted else self.path
 
 
 def _well_formed(addr: bytes, perms: bytes, offset: bytes, inode: bytes) -> bool:
