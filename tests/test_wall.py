@@ -505,3 +505,18 @@ def test_stack_word_beyond_off_t_is_unreadable_not_a_crash():
         assert s._read_mem(ctypes.addressof(here), 8) == bytes(here)
     finally:
         os.close(s._mem_fd)
+
+
+def test_window_is_logged_on_collectors_sampler(exe, caplog):
+    """The window's start and end, events per thread, on the
+    collectors.sampler logger (what --debug shows)."""
+    from collectors.sampler.session import Session
+    with targets.start([exe, "mix", "1"]) as t:
+        Lines(t)
+        with caplog.at_level("DEBUG", logger="collectors.sampler"):
+            Session(t.pid, syscalls=()).run(0.3)
+    lines = [r.getMessage() for r in caplog.records if r.name == "collectors.sampler"]
+    assert any(m.startswith(f"pid {t.pid}: window started, ") for m in lines), lines
+    assert any(f"tid {t.pid}: " in m and "events open (ring)" in m for m in lines), lines
+    assert any(m.startswith(f"pid {t.pid}: window ended after ") and "records lost" in m
+               for m in lines), lines
