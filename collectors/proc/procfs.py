@@ -206,12 +206,11 @@ class ProcFS:
         permission)."""
         try:
             return os.readlink(self.path(pid, "exe"))
-        except FileNotFoundError:
-            if not os.path.exists(self.path(pid)):
-                raise NoSuchProcess(pid) from None
-            return None
-        except OSError:
-            return None
+        except OSError as exc:
+            if oserror.process_exists(pid, self.root):
+                return None
+            raise oserror.translate(exc, pid, f"reading /proc/{pid}/exe",
+                                    procfs=self.root) from None
 
     # -- cgroup -------------------------------------------------------------
 
