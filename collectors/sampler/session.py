@@ -620,7 +620,7 @@ class Session:
 
     def window(self, requested_s: float, ended: str, comm: str | None = None,
                allocator: str | None = None, extra_missing: Iterable[wall.Missing] = (),
-               pause_us: Iterable[float] = ()) -> wall.Window:
+               pause_us: Iterable[int] = ()) -> wall.Window:
         duration = self._elapsed_s()
         assert self.start_wall is not None, "start() first"
         return wall.Window(
