@@ -181,11 +181,12 @@ def test_other_errors_stay_os_errors_unless_traced():
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop privileges")
 def test_permission_denied_from_an_unprivileged_process():
-    """As nobody: /proc/1/mem (ptrace access mode check), pagemap, and the
-    sampler's maps read are refused: AccessDenied, exit code 4, the
-    sampler's advice for the sampler."""
+    """As nobody: /proc/1/mem (ptrace access mode check: EACCES), kill(2) of
+    pid 1 (EPERM), pagemap, and the sampler's maps read are refused:
+    AccessDenied, exit code 4, with the sampler's advice for the sampler."""
     code = """
 import errno
+import os
 from collectors.proc import oserror
 from collectors.proc.pagemap import Pagemap
 from collectors.sampler import perf
@@ -196,6 +197,11 @@ try:
 except PermissionError as exc:
     e = oserror.translate(exc, 1, "reading /proc/1/mem")
     print("MEM", exc.errno == errno.EACCES, type(e).__name__, e.exit_code, e.msg)
+try:
+    os.kill(1, 0)
+except PermissionError as exc:
+    e = oserror.translate(exc, 1, "signal 0 to pid 1")
+    print("KILL", exc.errno == errno.EPERM, type(e).__name__, e.msg)
 try:
     Pagemap(1)
 except AccessDenied as e:
@@ -208,5 +214,6 @@ except AccessDenied as e:
     out = unpriv.run(["-c", code])
     assert "MEM True AccessDenied 4 permission denied: reading /proc/1/mem" in out.stdout, \
         out.stderr
+    assert "KILL True AccessDenied permission denied: signal 0 to pid 1" in out.stdout, out.stderr
     assert "PAGEMAP permission denied: reading /proc/1/pagemap" in out.stdout, out.stderr
     assert "SESSION permission denied: reading /proc/1/maps True" in out.stdout, out.stderr
