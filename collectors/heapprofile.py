@@ -64,6 +64,7 @@ import re
 from collections import namedtuple
 from dataclasses import dataclass, field
 
+from collectors.proc.maps import parse_maps
 from diag.model.errors import MalformedData
 
 # pprof's heapHeaderRE / heapSampleRE, anchored (we refuse trailing junk).
@@ -75,8 +76,6 @@ JE_HEADER_RE = re.compile(r"heap_v2/(\d+)")
 # jeprof: t(\*|\d+):\s+(\d+):\s+(\d+)\s+\[\s*(\d+):\s+(\d+)\]  (+ an optional thread name)
 JE_ROW_RE = re.compile(r"t(\*|\d+): *(\d+): *(\d+) *\[ *(\d+): *(\d+) *\](?: (.*))?")
 JE_STACK_RE = re.compile(r"@((?: +0x[0-9a-fA-F]+)*)")
-MAPS_RE = re.compile(
-    r"([0-9a-fA-F]+)-([0-9a-fA-F]+) +([-rwxps]{4}) +([0-9a-fA-F]+) +\S+ +\d+ *(.*)")
 MAP_SENTINELS = ("MAPPED_LIBRARIES:", "--- Memory map: ---")
 WARN_PREFIX = "%warn"
 TEXT_ENCODING = {"encoding": "utf-8", "errors": "surrogateescape"}
@@ -208,16 +207,11 @@ def _addrs(text, lineno):
 
 
 def _parse_maps(text):
-    maps = []
-    for ln in text.splitlines():
-        m = MAPS_RE.fullmatch(ln.strip())
-        if not m:
-            continue            # pprof and jeprof skip lines they do not understand here
-        start, end = int(m.group(1), 16), int(m.group(2), 16)
-        if start >= end or end > UINT64_MAX:
-            continue
-        maps.append(Mapping(start, end, m.group(3), int(m.group(4), 16), m.group(5).strip()))
-    return maps
+    """The Mappings of a heap profile's maps trailer (/proc/self/maps text as
+    the program copied it): lines that are not a mapping are skipped, as
+    pprof and jeprof do."""
+    return [Mapping(m.start, m.end, m.perms, m.offset, m.maps_path)
+            for m in parse_maps(text.encode(**TEXT_ENCODING), strict=False)]
 
 
 def printable(text):

@@ -7,9 +7,14 @@ list, each process's identity (pid + create time), its user name and CPU
 times; its exceptions are translated here, once, into diag.model.errors.
 """
 
+from __future__ import annotations
+
 import functools
+import logging
 import pwd
 import time
+from collections.abc import Iterable
+from typing import Any
 
 import psutil
 
@@ -21,15 +26,18 @@ from collectors.proc.procfs import ProcFS
 from diag import findings
 from diag.model import Snapshot
 
+log = logging.getLogger("diag")
+PsKey = tuple[int, float]       # (pid, create time): a process, not a recycled pid
+
 
 class ScanResult:
-    def __init__(self):
-        self.rows = []
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
         self.denied = 0
         self.vanished = 0
-        self.failed = []   # (pid, message)
+        self.failed: list[tuple[int, str]] = []   # (pid, message)
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         return {"processes": self.rows, "total": len(self.rows), "unreadable": self.denied,
                 "vanished": self.vanished,
                 "failed": [{"pid": pid, "error": err} for pid, err in self.failed]}
@@ -41,10 +49,10 @@ class CpuMeter:
     previous scan with the same meter (what top(1) shows).  Keyed by pid and
     create time, so a recycled pid starts afresh."""
 
-    def __init__(self):
-        self._last = {}         # (pid, create_time) -> (cpu seconds, monotonic time)
+    def __init__(self) -> None:
+        self._last: dict[PsKey, tuple[float, float]] = {}   # -> (cpu seconds, monotonic time)
 
-    def percent(self, key, cpu_s, create_time):
+    def percent(self, key: PsKey, cpu_s: float, create_time: float) -> float | None:
         now = time.monotonic()
         prev = self._last.get(key)
         self._last[key] = (cpu_s, now)
@@ -53,12 +61,12 @@ class CpuMeter:
         age = time.time() - create_time
         return 100.0 * cpu_s / age if age > 0 else None
 
-    def forget_except(self, keys):
+    def forget_except(self, keys: set[PsKey]) -> None:
         self._last = {k: v for k, v in self._last.items() if k in keys}
 
 
 @functools.lru_cache(maxsize=1024)
-def _user_name(uid):
+def _user_name(uid: int) -> str:
     """psutil's Process.username() looks the passwd file up for every process;
     one lookup per uid per run is enough."""
     try:
@@ -67,7 +75,7 @@ def _user_name(uid):
         return str(uid)
 
 
-def _ps_facts(pid, meter):
+def _ps_facts(pid: int, meter: CpuMeter) -> tuple[str, float | None, PsKey]:
     """(user name, CPU%, identity key) from psutil; its errors translated."""
     try:
         proc = psutil.Process(pid)
@@ -83,7 +91,7 @@ def _ps_facts(pid, meter):
     return user, meter.percent(key, t.user + t.system, create), key
 
 
-def scan_one(pid, procfs, meter=None):
+def scan_one(pid: int, procfs: ProcFS, meter: CpuMeter | None = None) -> dict[str, Any] | None:
     """The ps row of PID (dict), raising the collectors' exceptions."""
     status = procfs.status(pid)
     if b"VmRSS" not in status:          # kernel thread: no user memory
@@ -114,7 +122,8 @@ def scan_one(pid, procfs, meter=None):
 PARALLEL_MIN = 300
 
 
-def scan(procfs_root="/proc", pids=None, workers=1, meter=None):
+def scan(procfs_root: str = "/proc", pids: Iterable[int] | None = None, workers: int = 1,
+         meter: CpuMeter | None = None) -> ScanResult:
     """Scan PIDS (default: every process).  WORKERS > 1 splits a large scan
     over forked processes (most of the cost is the kernel producing
     smaps_rollup and maps, which one Python process does serially).  Only
@@ -124,10 +133,15 @@ def scan(procfs_root="/proc", pids=None, workers=1, meter=None):
     if pids is None:
         pids = psutil.pids() if procfs_root == "/proc" else procfs.pids()
     pids = list(pids)
-    if workers > 1 and len(pids) >= PARALLEL_MIN:
+    parallel = workers > 1 and len(pids) >= PARALLEL_MIN
+    log.debug("host scan of %d processes under %s: %s", len(pids), procfs_root,
+              f"{workers} forked workers" if parallel else "serial")
+    if parallel:
         result = _scan_parallel(procfs_root, pids, workers)
     else:
         result = _scan_serial(procfs, pids, meter)
+    log.debug("host scan: %d rows, %d unreadable, %d vanished, %d failed", len(result.rows),
+              result.denied, result.vanished, len(result.failed))
     keys = {r.pop("_key") for r in result.rows}
     if meter is not None:
         meter.forget_except(keys)
@@ -156,7 +170,7 @@ def _scan_parallel(root, pids, workers):
     return result
 
 
-def _scan_serial(procfs, pids, meter=None):
+def _scan_serial(procfs: ProcFS, pids: Iterable[int], meter: CpuMeter | None = None) -> ScanResult:
     result = ScanResult()
     meter = meter or CpuMeter()
     for pid in pids:
@@ -169,6 +183,7 @@ def _scan_serial(procfs, pids, meter=None):
             result.denied += 1
             continue
         except AllocdiagError as exc:
+            log.debug("host scan: pid %d failed: %s", pid, exc.msg)
             result.failed.append((pid, str(exc.msg)))
             continue
         if row is not None:

@@ -389,6 +389,31 @@ def test_captured_proc_tree(budget):
             shutil.rmtree(root)
 
 
+PROC_PARTS_SEEDS = ("proc-maps-deleted-spaces.txt", "proc-stat-comm-parens.txt")
+
+
+@BUDGET
+def test_maps_and_stat_parsers(budget):
+    """The one maps parser: strict gives mappings or MalformedData; lenient
+    (heap profile trailers) never raises and keeps only well-formed ranges.
+    The stat reader gives an int or None."""
+    from collectors.proc.maps import parse_maps
+    from collectors.proc.stat import parse_start_time, parse_state
+    seeds = []
+    for name in PROC_PARTS_SEEDS:
+        with open(os.path.join(FIXTURES, name), "rb") as f:
+            seeds.append(f.read())
+
+    @check(budget, mutations(seeds))
+    def prop(data):
+        outcome(parse_maps, data)
+        for m in parse_maps(data, strict=False):
+            assert m.start < m.end <= (1 << 64) - 1 and len(m.perms) == 4
+        st = parse_start_time(data)
+        assert st is None or isinstance(st, int)
+        assert parse_state(data) is None or isinstance(parse_state(data), bytes)
+
+
 # -- ELF notes and .eh_frame --------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)

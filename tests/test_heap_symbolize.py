@@ -270,3 +270,16 @@ def test_binary_under_a_non_utf8_path(sym_alloc, tmp_path):
     out = tmp_path / "written.heap"
     heapview.write_legacy(view, str(out))
     assert out.read_bytes() == raw
+
+
+def test_symbol_source_is_logged(caplog):
+    """Which table named an object's functions (.symtab, a debug file, or
+    .dynsym) is a debug line on the collectors.binary logger."""
+    from collectors.binary import symbolize
+    libc = targets.require_file("/usr/lib/x86_64-linux-gnu/libc.so.6")
+    symbolize.clear_cache()
+    with caplog.at_level("DEBUG", logger="collectors.binary"):
+        table = symbolize.load_table(libc, libc)
+    assert table is not None
+    lines = [r.getMessage() for r in caplog.records if r.name == "collectors.binary"]
+    assert any(m.startswith(f"symbols of {libc}: {table.source},") for m in lines), lines

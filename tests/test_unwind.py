@@ -116,3 +116,17 @@ def test_walk_refuses_what_it_cannot_prove():
         pc = int(libc.split("-")[0], 16) + 0x100
         with pytest.raises(unwind.NeedsParse):                 # never parses while stopped
             uw.walk({unwind.RA: pc, unwind.RSP: 0x7fff0000}, parse=False)
+
+
+def test_cfi_load_failure_is_logged(caplog, tmp_path):
+    """A file without .eh_frame (not even ELF) fails to load, once, with a
+    debug line on the collectors.binary logger naming it and why."""
+    from collectors.binary.elf import ObjectFile
+    path = tmp_path / "not-elf"
+    path.write_bytes(b"#!/bin/sh\nexit 0\n" * 8)
+    unwind.clear_cache()
+    with caplog.at_level("DEBUG", logger="collectors.binary"):
+        with pytest.raises(unwind.UnwindError):
+            unwind.cfi_table(ObjectFile("/proc", None, 0, 1, str(path)))
+    lines = [r.getMessage() for r in caplog.records if r.name == "collectors.binary"]
+    assert any(str(path) in m and "not loaded" in m for m in lines), lines

@@ -9,6 +9,7 @@ or an allocator frame (reference/cpu-wall.md "Oracle agreement").
 """
 
 import json
+import ctypes
 import os
 import re
 import subprocess
@@ -488,3 +489,34 @@ def test_background_thread_sleep_is_idle_with_or_without_libc_debug_file(debug_r
     assert a.function != wall.GLIBC_INTERNAL
     if debug_root == "/nonexistent":
         assert a.function == LIBC_INTERNAL, a.function
+
+
+def test_stack_word_beyond_off_t_is_unreadable_not_a_crash():
+    # a garbage CFA at or above 2^63 (seen once in a static-jemalloc window):
+    # pread's offset is a signed off_t, so the read must say "unreadable"
+    # (the walk then stops) instead of raising OverflowError
+    from collectors.sampler.session import Session
+    s = Session(os.getpid())
+    s._mem_fd = os.open(f"/proc/{os.getpid()}/mem", os.O_RDONLY)
+    try:
+        assert s._read_mem(1 << 63, 8) is None
+        assert s._read_mem((1 << 64) - 8, 8) is None
+        here = ctypes.c_uint64(0x1234_5678_9ABC_DEF0)
+        assert s._read_mem(ctypes.addressof(here), 8) == bytes(here)
+    finally:
+        os.close(s._mem_fd)
+
+
+def test_window_is_logged_on_collectors_sampler(exe, caplog):
+    """The window's start and end, events per thread, on the
+    collectors.sampler logger (what --debug shows)."""
+    from collectors.sampler.session import Session
+    with targets.start([exe, "mix", "1"]) as t:
+        Lines(t)
+        with caplog.at_level("DEBUG", logger="collectors.sampler"):
+            Session(t.pid, syscalls=()).run(0.3)
+    lines = [r.getMessage() for r in caplog.records if r.name == "collectors.sampler"]
+    assert any(m.startswith(f"pid {t.pid}: window started, ") for m in lines), lines
+    assert any(f"tid {t.pid}: " in m and "events open (ring)" in m for m in lines), lines
+    assert any(m.startswith(f"pid {t.pid}: window ended after ") and "records lost" in m
+               for m in lines), lines

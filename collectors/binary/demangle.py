@@ -16,7 +16,10 @@ import functools
 import threading
 
 LIBSTDCXX = "libstdc++.so.6"
+# libstdc++ __cxa_demangle's *status (cxxabi.h): 0 success, -1 out of
+# memory, -2 not a valid mangled name, -3 an invalid argument
 STATUS_OK = 0
+STATUS_INVALID_ARGUMENT = -3
 CACHE_SIZE = 65536
 # Itanium mangled names start with _Z (and __Z on some platforms' symbol tables).
 MANGLED_PREFIXES = ("_Z", "__Z")
@@ -47,12 +50,12 @@ def _load():
         return _funcs or None
 
 
-def available():
+def available() -> bool:
     return _load() is not None
 
 
 @functools.lru_cache(maxsize=CACHE_SIZE)
-def demangle(name):
+def demangle(name: str) -> str:
     """NAME demangled ("ns::Class::method(int)"), or NAME unchanged when it is
     not a mangled C++ name or the demangler refuses it."""
     if not name or not name.startswith(MANGLED_PREFIXES):
@@ -67,7 +70,7 @@ def demangle(name):
         return name
     if b"\0" in raw:
         return name
-    status = ctypes.c_int(-3)
+    status = ctypes.c_int(STATUS_INVALID_ARGUMENT)
     ptr = dem(raw, None, None, ctypes.byref(status))
     if not ptr:
         return name

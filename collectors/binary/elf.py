@@ -19,17 +19,25 @@ Missing facts are ``None``; an object that cannot be parsed raises
 ``MalformedData`` naming the object and what was wrong with it.
 """
 
+from __future__ import annotations
+
 import errno
+import logging
 import os
 import re
 import struct
 import threading
 import time
 from collections import namedtuple
+from collections.abc import Callable
+from typing import IO, Any
 
 from elftools.common.exceptions import ELFError
 from elftools.construct.core import ConstructError   # a struct pyelftools cannot unpack
 from elftools.elf.elffile import ELFFile
+from elftools.elf.enums import (ENUM_DT_FLAGS, ENUM_DT_FLAGS_1, ENUM_RELOC_TYPE_AARCH64,
+                                ENUM_RELOC_TYPE_x64, ENUM_ST_INFO_BIND, ENUM_ST_INFO_TYPE,
+                                ENUM_ST_SHNDX)
 
 from diag.model.errors import MalformedData
 
@@ -37,16 +45,43 @@ from diag.model.errors import MalformedData
 # defined (st_shndx != SHN_UNDEF).
 Symbol = namedtuple("Symbol", "name st_value st_size type bind defined")
 
-STT_FUNC, STT_OBJECT, STT_GNU_IFUNC = 2, 1, 10
-STB_LOCAL, STB_GLOBAL, STB_WEAK = 0, 1, 2
-R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT = 6, 7
-R_AARCH64_GLOB_DAT, R_AARCH64_JUMP_SLOT = 1025, 1026
+log = logging.getLogger("collectors.binary")
+
+# ELF spec values under pyelftools' names (elftools.elf.enums)
+STT_FUNC = ENUM_ST_INFO_TYPE["STT_FUNC"]                 # 2
+STT_OBJECT = ENUM_ST_INFO_TYPE["STT_OBJECT"]             # 1
+STT_GNU_IFUNC = ENUM_ST_INFO_TYPE["STT_LOOS"]            # 10: GNU's name for STT_LOOS
+STB_LOCAL = ENUM_ST_INFO_BIND["STB_LOCAL"]               # 0
+STB_GLOBAL = ENUM_ST_INFO_BIND["STB_GLOBAL"]             # 1
+STB_WEAK = ENUM_ST_INFO_BIND["STB_WEAK"]                 # 2
+SHN_UNDEF = ENUM_ST_SHNDX["SHN_UNDEF"]                   # 0
+R_X86_64_GLOB_DAT = ENUM_RELOC_TYPE_x64["R_X86_64_GLOB_DAT"]              # 6
+R_X86_64_JUMP_SLOT = ENUM_RELOC_TYPE_x64["R_X86_64_JUMP_SLOT"]            # 7
+R_AARCH64_GLOB_DAT = ENUM_RELOC_TYPE_AARCH64["R_AARCH64_GLOB_DAT"]        # 1025
+R_AARCH64_JUMP_SLOT = ENUM_RELOC_TYPE_AARCH64["R_AARCH64_JUMP_SLOT"]      # 1026
+DF_BIND_NOW = ENUM_DT_FLAGS["DF_BIND_NOW"]               # 0x8
+DF_1_NOW = ENUM_DT_FLAGS_1["DF_1_NOW"]                   # 0x1
+# ELF64_ST_TYPE / ELF64_ST_BIND (include/uapi/linux/elf.h): st_info's low
+# nibble is the type, the rest the binding
+ST_TYPE_MASK, ST_BIND_SHIFT = 0xF, 4
+# ELF64_R_TYPE / ELF64_R_SYM: r_info's low 32 bits, high 32 bits
+R_TYPE_MASK, R_SYM_SHIFT = 0xFFFFFFFF, 32
+PAGE = 4096                                              # x86-64 (and load_bias's default)
+ELFCLASS64 = 64          # pyelftools' ElfFile.elfclass of an ELFCLASS64 file (32 for ELFCLASS32)
 _GOT_RELOC_TYPES = {R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT,
                     R_AARCH64_GLOB_DAT, R_AARCH64_JUMP_SLOT}
 
 _SYM64 = struct.Struct("<IBBHQQ")     # Elf64_Sym
 _RELA64 = struct.Struct("<QQq")       # Elf64_Rela
 _GO_BUILDINFO_MAGIC = b"\xff Go buildinf:"
+# go/src/debug/buildinfo/buildinfo.go: a 32-byte header whose byte 15 holds
+# flags; flagsVersionInl (Go 1.18+): the version string follows inline,
+# uvarint length-prefixed (encoding/binary: 7 bits a byte, high bit "more")
+GO_BUILDINFO_HEADER_SIZE = 32
+GO_BUILDINFO_FLAGS_OFF = 15
+GO_FLAGS_VERSION_INL = 0x2
+GO_BUILDINFO_READ = 4096                # enough for the header and the version
+UVARINT_BITS, UVARINT_MORE, UVARINT_SHIFT = 0x7F, 0x80, 7
 
 # .rodata strings worth reading: allocator and libc version banners.
 VERSION_PATTERNS = {
@@ -69,11 +104,11 @@ class ElfObject:
     ``go_version``.
     """
 
-    def __init__(self, path, f):
+    def __init__(self, path: str, f: IO[bytes]) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._symtab = None
-        self._rodata_hits = {}
+        self._symtab: dict[str, Symbol] | None = None
+        self._rodata_hits: dict[str, str | None] = {}
         try:
             self._parse(f)
         except (ELFError, ConstructError, struct.error, ValueError, KeyError, IndexError,
@@ -116,9 +151,9 @@ class ElfObject:
                     self.soname = tag.soname
                 elif tag.entry.d_tag == "DT_BIND_NOW":
                     self.bind_now = True
-                elif tag.entry.d_tag == "DT_FLAGS" and tag.entry.d_val & 0x8:   # DF_BIND_NOW
+                elif tag.entry.d_tag == "DT_FLAGS" and tag.entry.d_val & DF_BIND_NOW:
                     self.bind_now = True
-                elif tag.entry.d_tag == "DT_FLAGS_1" and tag.entry.d_val & 0x1:  # DF_1_NOW
+                elif tag.entry.d_tag == "DT_FLAGS_1" and tag.entry.d_val & DF_1_NOW:
                     self.bind_now = True
         self.build_id = None
         for sec in elf.iter_sections():
@@ -132,13 +167,14 @@ class ElfObject:
         self.is_go = ".go.buildinfo" in self.sections or ".gopclntab" in self.sections
         self.go_version = self._go_version(f) if self.is_go else None
         # The dynamic symbol table is small and always needed: read it now.
-        self.dynsym = self._read_symbols(f, ".dynsym", ".dynstr") if self.elfclass == 64 else []
+        self.dynsym = self._read_symbols(f, ".dynsym", ".dynstr") \
+            if self.elfclass == ELFCLASS64 else []
         self._dynsym_by_name = {}
         for s in self.dynsym:
             # A defined entry beats an undefined reference of the same name.
             if s.name and (s.defined or s.name not in self._dynsym_by_name):
                 self._dynsym_by_name[s.name] = s
-        self.got = self._read_got_relocs(f) if self.elfclass == 64 else {}
+        self.got = self._read_got_relocs(f) if self.elfclass == ELFCLASS64 else {}
 
     def _section_bytes(self, f, name, limit=None):
         sec = self.sections.get(name)
@@ -166,7 +202,8 @@ class ElfObject:
         for st_name, st_info, _other, st_shndx, st_value, st_size in _SYM64.iter_unpack(data[:usable]):
             end = strs.find(b"\0", st_name)
             name = strs[st_name:end if end >= 0 else None].decode("utf-8", "replace")
-            out.append(Symbol(name, st_value, st_size, st_info & 0xF, st_info >> 4, st_shndx != 0))
+            out.append(Symbol(name, st_value, st_size, st_info & ST_TYPE_MASK,
+                              st_info >> ST_BIND_SHIFT, st_shndx != SHN_UNDEF))
         return out
 
     def _read_got_relocs(self, f):
@@ -183,39 +220,42 @@ class ElfObject:
             data = self._section_bytes(f, name)
             usable = len(data) // _RELA64.size * _RELA64.size
             for r_offset, r_info, _addend in _RELA64.iter_unpack(data[:usable]):
-                if (r_info & 0xFFFFFFFF) in _GOT_RELOC_TYPES:
-                    idx = r_info >> 32
+                if (r_info & R_TYPE_MASK) in _GOT_RELOC_TYPES:
+                    idx = r_info >> R_SYM_SHIFT
                     if 0 < idx < len(self.dynsym):
                         out.setdefault(self.dynsym[idx].name, []).append(r_offset)
         return out
 
     def _go_version(self, f):
         """The Go release from .go.buildinfo (Go 1.18+ inline-string format)."""
-        data = self._section_bytes(f, ".go.buildinfo", limit=4096)
-        if data and data.startswith(_GO_BUILDINFO_MAGIC) and len(data) > 33 and data[15] & 2:
-            n, i, shift = 0, 32, 0
+        data = self._section_bytes(f, ".go.buildinfo", limit=GO_BUILDINFO_READ)
+        if data and data.startswith(_GO_BUILDINFO_MAGIC) and \
+                len(data) > GO_BUILDINFO_HEADER_SIZE + 1 and \
+                data[GO_BUILDINFO_FLAGS_OFF] & GO_FLAGS_VERSION_INL:
+            n, i, shift = 0, GO_BUILDINFO_HEADER_SIZE, 0
             while i < len(data):          # uvarint length prefix
                 b = data[i]
-                n |= (b & 0x7F) << shift
+                n |= (b & UVARINT_BITS) << shift
                 i += 1
-                shift += 7
-                if not b & 0x80:
+                shift += UVARINT_SHIFT
+                if not b & UVARINT_MORE:
                     break
             return data[i:i + n].decode("ascii", "replace") or None
         return None
 
     # -- queries ---------------------------------------------------------------
 
-    def dynamic(self, name):
+    def dynamic(self, name: str) -> Symbol | None:
         """The .dynsym entry NAME (defined preferred), or None."""
         return self._dynsym_by_name.get(name)
 
-    def defines(self, name):
+    def defines(self, name: str) -> bool:
         """True when the object exports a definition of NAME (.dynsym)."""
         s = self._dynsym_by_name.get(name)
         return bool(s and s.defined and s.bind != STB_LOCAL)
 
-    def lookup(self, name, f_opener=None):
+    def lookup(self, name: str,
+               f_opener: Callable[[], IO[bytes]] | None = None) -> Symbol | None:
         """NAME from .dynsym, else from .symtab (read lazily, needs the file
         again: ``f_opener`` returns an open binary file)."""
         s = self._dynsym_by_name.get(name)
@@ -223,7 +263,7 @@ class ElfObject:
             return s
         return self.symtab(f_opener).get(name)
 
-    def symtab(self, f_opener=None):
+    def symtab(self, f_opener: Callable[[], IO[bytes]] | None = None) -> dict[str, Symbol]:
         """{name: Symbol} of defined .symtab entries (empty when stripped)."""
         with self._lock:
             if self._symtab is not None:
@@ -238,7 +278,7 @@ class ElfObject:
             self._symtab = {s.name: s for s in syms if s.defined and s.name}
             return self._symtab
 
-    def rodata_version(self, kind, f_opener):
+    def rodata_version(self, kind: str, f_opener: Callable[[], IO[bytes]]) -> str | None:
         """The version banner of KIND found in .rodata (VERSION_PATTERNS), or
         None.  Cached per kind."""
         with self._lock:
@@ -258,7 +298,8 @@ class ElfObject:
             self._rodata_hits[kind] = hit
         return hit
 
-    def text_bytes(self, vaddr, n, f_opener):
+    def text_bytes(self, vaddr: int, n: int,
+                   f_opener: Callable[[], IO[bytes]]) -> bytes | None:
         """N bytes of the file at virtual address VADDR (from a PT_LOAD)."""
         for p_vaddr, p_offset, p_memsz, _flags in self.loads:
             if p_vaddr <= vaddr < p_vaddr + p_memsz:
@@ -267,7 +308,7 @@ class ElfObject:
                     return f.read(n)
         return None
 
-    def load_bias(self, map_start, map_offset, page=4096):
+    def load_bias(self, map_start: int, map_offset: int, page: int = PAGE) -> int | None:
         """Load bias from one mapping of this file: the PT_LOAD whose
         page-aligned p_offset equals the mapping's offset was mapped at
         ``bias + (p_vaddr & ~(page-1))``.  None when no segment matches."""
@@ -277,7 +318,7 @@ class ElfObject:
                 return map_start - (p_vaddr & mask)
         return None
 
-    def in_plt(self, vaddr):
+    def in_plt(self, vaddr: int) -> bool:
         """True when VADDR (unrelocated) lies in this object's PLT: a lazy
         JUMP_SLOT that was never called still points back there."""
         for name in (".plt", ".plt.sec", ".plt.got"):
@@ -296,13 +337,13 @@ class ElfCache:
     than ``trust_s`` ago is taken as is (measured: this halves `ps` time).
     """
 
-    def __init__(self, trust_s=2.0):
-        self._objects = {}
-        self._recent = {}      # maps identity -> (monotonic time, key)
+    def __init__(self, trust_s: float = 2.0) -> None:
+        self._objects: dict[tuple[int, int, int, int], ElfObject] = {}
+        self._recent: dict[Any, tuple[float, tuple[int, int, int, int]]] = {}      # maps identity -> (monotonic time, key)
         self._lock = threading.Lock()
         self.trust_s = trust_s
 
-    def get(self, opener, identity=None):
+    def get(self, opener: ObjectFile, identity: Any = None) -> ElfObject:
         """The ElfObject for the file OPENER opens (an ``ObjectFile``).
         IDENTITY: (dev, inode, path) from maps, for the short-term memo."""
         now = time.monotonic()
@@ -318,6 +359,8 @@ class ElfCache:
         if obj is None:
             with opener.open() as f:
                 obj = ElfObject(opener.display_path, f)
+            log.debug("ELF %s parsed from %s: build-id %s, %d dynamic symbols",
+                      opener.display_path, opener.chosen_path, obj.build_id, len(obj.dynsym))
             with self._lock:
                 obj = self._objects.setdefault(key, obj)
         if identity is not None:
@@ -325,7 +368,7 @@ class ElfCache:
                 self._recent[identity] = (now, key)
         return obj
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._objects)
 
 
@@ -340,18 +383,23 @@ class ObjectFile:
     namespace), then PATH as the host sees it.
     """
 
-    def __init__(self, procfs_root, pid, start, end, path):
+    def __init__(self, procfs_root: str, pid: int | None, start: int, end: int, path: str) -> None:
         self.display_path = path
         self._candidates = [
             os.path.join(procfs_root, str(pid), "map_files", f"{start:x}-{end:x}"),
             os.path.join(procfs_root, str(pid), "root", path.lstrip("/")),
             path,
         ]
-        self._chosen = None
+        self._chosen: str | None = None
 
-    def _pick(self):
+    @property
+    def chosen_path(self) -> str | None:
+        """The candidate path opened (None before the first open or stat)."""
+        return self._chosen
+
+    def _pick(self) -> str:
         if self._chosen is None:
-            last = None
+            last: OSError | None = None
             for cand in self._candidates:
                 try:
                     os.stat(cand)
@@ -363,8 +411,8 @@ class ObjectFile:
                 raise last or FileNotFoundError(self.display_path)
         return self._chosen
 
-    def stat(self):
+    def stat(self) -> os.stat_result:
         return os.stat(self._pick())
 
-    def open(self):
+    def open(self) -> IO[bytes]:
         return open(self._pick(), "rb")

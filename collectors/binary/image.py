@@ -5,15 +5,23 @@ maps, the executable, the auxiliary vector, the allocator variables of the
 initial environment, and each mapped ELF object with its load bias.
 """
 
+from __future__ import annotations
+
+import logging
 import os
 from collections import namedtuple
 
-from collectors.binary.elf import CACHE, ObjectFile
+from collectors.binary.elf import CACHE, ElfCache, ObjectFile
+from collectors.proc.auxv import AT_SECURE
+from collectors.proc.maps import DELETED_TEXT, Mapping
+from collectors.proc.procfs import ProcFS
 from diag.model.errors import AccessDenied, MalformedData, NoSuchProcess
-from collectors.proc.procfs import AT_SECURE, ProcFS
 
-AT_PHDR = 3
-AT_ENTRY = 9
+log = logging.getLogger("collectors.binary")
+
+# include/uapi/linux/auxvec.h
+AT_PHDR = 3          # the program headers of the executable, as mapped
+AT_ENTRY = 9         # the executable's entry point
 
 # One mapped ELF object.  ``elf`` is None when it could not be read; then
 # ``error`` says why.  ``ranges`` are the [start, end) of its mappings.
@@ -22,15 +30,17 @@ LoadedObject = namedtuple("LoadedObject",
 
 
 class ProcessImage:
-    def __init__(self, pid, procfs=None, cache=CACHE, status=None):
+    def __init__(self, pid: int, procfs: ProcFS | None = None, cache: ElfCache = CACHE,
+                 status: dict[bytes, bytes] | None = None) -> None:
         self.pid = pid
         self.procfs = procfs or ProcFS()
         self.status = status if status is not None else self.procfs.status(pid)
         self.comm = self.status.get(b"Name", b"").decode(errors="replace") or None
         self.maps = self.procfs.maps(pid)
         self.exe_path = self.procfs.exe(pid)
-        if self.exe_path and self.exe_path.endswith(" (deleted)"):
-            self.exe_path = self.exe_path[:-10]
+        if self.exe_path and self.exe_path.endswith(DELETED_TEXT):
+            self.exe_path = self.exe_path[:-len(DELETED_TEXT)]
+        self.environ: dict[str, str] | None
         try:
             self.environ = self.procfs.environ(pid)
         except AccessDenied:
@@ -39,13 +49,13 @@ class ProcessImage:
             self.auxv = self.procfs.auxv(pid)
         except AccessDenied:
             self.auxv = {}
-        self._by_name = None
-        self._requested_ids = {}
+        self._by_name: dict[str, list[LoadedObject]] | None = None
+        self._requested_ids: dict[str, tuple[int, int, int] | None] = {}
         self.objects = self._load_objects(cache)
         self.exe = self._find_exe()
 
     @property
-    def secure(self):
+    def secure(self) -> bool | None:
         """AT_SECURE from the auxiliary vector (setuid/setgid/capabilities
         exec): the loader then ignores LD_PRELOAD paths with a slash.  None
         when auxv is unreadable."""
@@ -84,6 +94,8 @@ class ProcessImage:
                 error = f"{first.path}: permission denied"
             except OSError as exc:
                 error = f"{first.path}: {exc.strerror or exc}"
+            if error is not None:
+                log.debug("pid %d: %s not read: %s", self.pid, first.path, error)
             if elf is not None:
                 for m in sorted(ms, key=lambda m: m.start):
                     bias = elf.load_bias(m.start, m.offset)
@@ -108,7 +120,7 @@ class ProcessImage:
                 return obj
         return None
 
-    def object_at(self, addr):
+    def object_at(self, addr: int) -> LoadedObject | None:
         """The loaded object with a mapping that contains ADDR, or None."""
         for obj in self.objects:
             for start, end in obj.ranges:
@@ -116,16 +128,16 @@ class ProcessImage:
                     return obj
         return None
 
-    def mapping_at(self, addr):
+    def mapping_at(self, addr: int) -> Mapping | None:
         for m in self.maps:
             if m.start <= addr < m.end:
                 return m
         return None
 
-    def by_name(self, name):
+    def by_name(self, name: str) -> list[LoadedObject]:
         """Loaded objects whose DT_SONAME or file name is NAME."""
         if self._by_name is None:
-            index = {}
+            index: dict[str, list[LoadedObject]] = {}
             for obj in self.objects:
                 if obj.elf is None:
                     continue
@@ -135,7 +147,7 @@ class ProcessImage:
             self._by_name = index
         return self._by_name.get(name, [])
 
-    def same_file(self, obj, requested):
+    def same_file(self, obj: LoadedObject, requested: str) -> bool:
         """True when the loaded object OBJ is the file REQUESTED names (a
         path in the target's root, or a bare library name), compared by the
         device and inode the kernel lists in maps."""
@@ -157,6 +169,6 @@ class ProcessImage:
         major, _, minor = obj.dev.partition(":")
         return (int(major, 16), int(minor, 16), obj.inode) == ident
 
-    def in_root(self, path):
+    def in_root(self, path: str) -> str:
         """PATH as seen from the target's root directory (containers)."""
         return os.path.join(self.procfs.path(self.pid, "root"), path.lstrip("/"))

@@ -1,22 +1,26 @@
 """Point lookup in sorted, non-overlapping half-open ranges of addresses
 (mappings, symbol ranges, forbidden code): one bisect, shared."""
 
+from __future__ import annotations
+
 import bisect
+from collections.abc import Iterable
+from typing import Any
 
 
 class Ranges:
     """``[(start, end, value)]`` -> the value whose ``[start, end)`` holds an
     address, or None."""
 
-    def __init__(self, ranges):
+    def __init__(self, ranges: Iterable[tuple[int, int, Any]]) -> None:
         self._r = sorted(ranges, key=lambda r: (r[0], r[1]))
         self._starts = [r[0] for r in self._r]
 
-    def __call__(self, addr):
+    def __call__(self, addr: int) -> Any:
         i = bisect.bisect_right(self._starts, addr) - 1
         if i >= 0 and addr < self._r[i][1]:
             return self._r[i][2]
         return None
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return bool(self._r)

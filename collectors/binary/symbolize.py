@@ -41,30 +41,38 @@ machine): parse 0.13 s, symbolize 0.37 s cold, 0.04 s with the tables cached.
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import re
 import stat
 import struct
 import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import IO, Protocol
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from collectors.binary.demangle import demangle
-from collectors.binary.elf import STB_GLOBAL, STB_WEAK, STT_FUNC
+from collectors.binary.elf import ELFCLASS64, SHN_UNDEF, ST_BIND_SHIFT, ST_TYPE_MASK, STB_GLOBAL, \
+    STB_WEAK, STT_FUNC
 from collectors.heapprofile import printable
+from collectors.proc.maps import DELETED_TEXT
 from collectors.binary.ranges import Ranges
+
+log = logging.getLogger("collectors.binary")
 
 DEBUG_ROOT = "/usr/lib/debug"
 PROCFS = "/proc"
 RETURN_ADDRESS_ADJUST = 1        # return address -> inside the call instruction
-DELETED_SUFFIX = " (deleted)"
+DELETED_SUFFIX = DELETED_TEXT     # readlink of a map_files entry whose file is gone
 _SYM64 = struct.Struct("<IBBHQQ")     # Elf64_Sym
 _ELF_ERRORS = (ELFError, OSError, struct.error, ValueError, KeyError, IndexError,
                AssertionError, UnicodeDecodeError, TypeError, EOFError)
 # Among aliases at one address, the name people call: global, then weak, then local.
 _BIND_RANK = {STB_GLOBAL: 0, STB_WEAK: 1}
+LOCAL_RANK = 2
 
 # Allocator-internal frames, dropped from the top of each stack.  An object
 # that is an allocator library is internal as a whole; elsewhere (libc, a
@@ -96,11 +104,11 @@ class Frame:
     text: str                  # what views print
 
     @property
-    def allocator(self):
+    def allocator(self) -> bool:
         return is_allocator_frame(self)
 
 
-def is_allocator_frame(frame):
+def is_allocator_frame(frame: Frame) -> bool:
     if frame.object and ALLOCATOR_OBJECT_RE.search(frame.object):
         return True
     fn = frame.function
@@ -110,7 +118,7 @@ def is_allocator_frame(frame):
     return base in ALLOCATOR_NAMES or base.startswith(ALLOCATOR_PREFIXES)
 
 
-def drop_allocator_frames(frames):
+def drop_allocator_frames(frames: Sequence[Frame]) -> Sequence[Frame]:
     """FRAMES (top first) without the allocator's own frames at the top; the
     bottom frame is kept even when every frame is internal."""
     i = 0
@@ -124,7 +132,8 @@ def drop_allocator_frames(frames):
 class SymbolTable:
     """One object's PT_LOADs and sorted function symbols."""
 
-    def __init__(self, path, build_id, loads, funcs, source):
+    def __init__(self, path: str, build_id: str | None, loads: list[tuple[int, int, int]],
+                 funcs: list[tuple[int, int, int, str]], source: str) -> None:
         self.path = path
         self.build_id = build_id
         self.loads = loads                    # [(p_offset, p_filesz, p_vaddr)]
@@ -133,13 +142,13 @@ class SymbolTable:
         self._funcs = funcs                   # [(st_value, bind rank, st_size, name)]
         self.source = source                  # symtab | debug:PATH | dynsym | none
 
-    def vaddr(self, off):
+    def vaddr(self, off: int) -> int | None:
         for p_offset, p_filesz, p_vaddr in self.loads:
             if p_offset <= off < p_offset + p_filesz:
                 return off - p_offset + p_vaddr
         return None
 
-    def function(self, vaddr):
+    def function(self, vaddr: int) -> str | None:
         i = bisect.bisect_right(self._starts, vaddr) - 1
         if i < 0:
             return None
@@ -171,7 +180,7 @@ def _func_symbols(elf, name):
     """[(st_value, bind rank, st_size, name)] of defined STT_FUNC entries of
     section NAME; [] when absent or NOBITS."""
     sec = elf.get_section_by_name(name)
-    if sec is None or sec["sh_type"] == "SHT_NOBITS" or elf.elfclass != 64:
+    if sec is None or sec["sh_type"] == "SHT_NOBITS" or elf.elfclass != ELFCLASS64:
         return []
     strs = elf.get_section(sec["sh_link"])
     if strs is None or strs["sh_type"] == "SHT_NOBITS":
@@ -180,14 +189,15 @@ def _func_symbols(elf, name):
     out = []
     usable = len(data) // _SYM64.size * _SYM64.size
     for st_name, st_info, _other, st_shndx, st_value, st_size in _SYM64.iter_unpack(data[:usable]):
-        if st_info & 0xF != STT_FUNC or st_shndx == 0 or not st_size:
+        if st_info & ST_TYPE_MASK != STT_FUNC or st_shndx == SHN_UNDEF or not st_size:
             continue
         end = names.find(b"\0", st_name)
         sym = names[st_name:end if end >= 0 else None].decode("utf-8", "replace")
         # .symtab names carry the symbol version ("__libc_start_main@@GLIBC_2.34")
         sym = sym.split("@", 1)[0]
         if sym:
-            out.append((st_value, _BIND_RANK.get(st_info >> 4, 2), st_size, sym))
+            out.append((st_value, _BIND_RANK.get(st_info >> ST_BIND_SHIFT, LOCAL_RANK),
+                        st_size, sym))
     return out
 
 
@@ -199,12 +209,12 @@ def _debuglink(elf):
     return name or None
 
 
-_CACHE = {}          # (display path, build-id, debug root) -> SymbolTable
-_BUILD_IDS = {}      # (st_dev, st_ino, st_size, st_mtime_ns) -> build-id
+_CACHE: dict[tuple[str, str | None, str], SymbolTable] = {}   # (display, build-id, debug root)
+_BUILD_IDS: dict[tuple[int, int, int, int], str | None] = {}   # stat identity -> build-id
 _CACHE_LOCK = threading.Lock()
 
 
-def clear_cache():
+def clear_cache() -> None:
     with _CACHE_LOCK:
         _CACHE.clear()
         _BUILD_IDS.clear()
@@ -246,7 +256,8 @@ def _build_id_of(path):
         return None
 
 
-def load_table(path, display, debug_root=DEBUG_ROOT, root=None):
+def load_table(path: str, display: str, debug_root: str = DEBUG_ROOT,
+               root: str | None = None) -> SymbolTable | None:
     """The SymbolTable of the ELF file at PATH (shown as DISPLAY), or None
     when it is not a readable ELF file.  Cached per (DISPLAY, build-id)."""
     try:
@@ -271,9 +282,12 @@ def load_table(path, display, debug_root=DEBUG_ROOT, root=None):
                     funcs, source = dbg
             if not funcs:
                 funcs, source = _func_symbols(elf, ".dynsym"), "dynsym"
-    except _ELF_ERRORS:
+    except _ELF_ERRORS as exc:
+        log.debug("symbols of %s: not read from %s (%s)", display, path, type(exc).__name__)
         return None
     table = SymbolTable(display, build_id, loads, funcs, source if funcs else "none")
+    log.debug("symbols of %s: %s, %d functions (build-id %s)", display, table.source,
+              len(funcs), build_id)
     if build_id is not None:
         with _CACHE_LOCK:
             table = _CACHE.setdefault(key, table)
@@ -316,22 +330,37 @@ def _rooted(path, root):
 
 # -- the symbolizer ------------------------------------------------------------
 
-class Symbolizer:
-    """Names the addresses of one profile from its MAPPINGS (a list of
-    ``collectors.heapprofile.Mapping``)."""
+class MappedFile(Protocol):
+    """What the symbolizer needs of a mapping: ``collectors.heapprofile.Mapping``
+    (a heap profile's trailer) or ``collectors.proc.maps.Mapping`` (live maps)."""
 
-    def __init__(self, mappings, root=None, pid=None, debug_root=DEBUG_ROOT, procfs=PROCFS):
+    @property
+    def start(self) -> int: ...
+    @property
+    def end(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def path(self) -> str | None: ...
+
+
+class Symbolizer:
+    """Names the addresses of one profile from its MAPPINGS."""
+
+    def __init__(self, mappings: Iterable[MappedFile], root: str | None = None,
+                 pid: int | None = None, debug_root: str = DEBUG_ROOT,
+                 procfs: str = PROCFS) -> None:
         self.root = root
         self.pid = pid
         self.debug_root = debug_root
         self.procfs = procfs
-        self.warnings = []
+        self.warnings: list[str] = []
         self._mapping = Ranges((m.start, m.end, m) for m in mappings if m.end > m.start)
-        self._tables = {}      # mapping path -> SymbolTable | None
-        self._frames = {}      # addr -> Frame
+        self._tables: dict[str, SymbolTable | None] = {}   # mapping path -> table
+        self._frames: dict[int, Frame] = {}
 
-    def _table(self, m):
-        path = m.path
+    def _table(self, m: MappedFile) -> SymbolTable | None:
+        path = m.path or ""
         if path in self._tables:
             return self._tables[path]
         table = None
@@ -355,26 +384,26 @@ class Symbolizer:
         self._tables[path] = table
         return table
 
-    def _map_file(self, m):
+    def _map_file(self, m: MappedFile) -> str | None:
         """/proc/PID/map_files/START-END when it still maps M's path (or the
         file that was there: replaced or deleted since, "PATH (deleted)")."""
         if self.pid is None:
             return None
         p = os.path.join(self.procfs, str(self.pid), "map_files", f"{m.start:x}-{m.end:x}")
         try:
-            if os.readlink(p) not in (m.path, m.path + DELETED_SUFFIX):
+            if m.path is None or os.readlink(p) not in (m.path, m.path + DELETED_SUFFIX):
                 return None
         except OSError:
             return None
         return p
 
-    def frame(self, addr):
+    def frame(self, addr: int) -> Frame:
         fr = self._frames.get(addr)
         if fr is None:
             fr = self._frames[addr] = self._resolve(addr)
         return fr
 
-    def _resolve(self, addr):
+    def _resolve(self, addr: int) -> Frame:
         pc = addr - RETURN_ADDRESS_ADJUST
         m = self._mapping(pc)
         if m is None:
@@ -382,13 +411,13 @@ class Symbolizer:
         off = pc - m.start + m.offset
         table = self._table(m)
         vaddr = table.vaddr(off) if table is not None else None
-        name = table.function(vaddr) if vaddr is not None else None
+        name = table.function(vaddr) if table is not None and vaddr is not None else None
         where = vaddr if vaddr is not None else off
         if name is None:
-            shown = printable(os.path.basename(m.path) or m.path)
+            shown = printable(os.path.basename(m.path or "") or m.path or "")
             return Frame(addr, m.path, None, where, f"{shown}+0x{where:x}")
         name = demangle(name)
         return Frame(addr, m.path, name, where, name)
 
-    def stack(self, addrs):
+    def stack(self, addrs: Iterable[int]) -> list[Frame]:
         return [self.frame(a) for a in addrs]

@@ -26,17 +26,26 @@ word, a walk deeper than ``MAX_FRAMES`` -- raises ``UnwindError``: a caller
 that needs a proof must treat it as "not proven".
 """
 
+from __future__ import annotations
+
 import bisect
+import logging
 import os
 import struct
 import threading
+from collections.abc import Callable, Iterable
+from typing import IO, Any, Literal, overload
 
 from elftools.common.exceptions import ELFError
 from elftools.dwarf.callframe import FDE, CallFrameInfo, RegisterRule
+from elftools.dwarf.enums import DW_EH_encoding_flags
 from elftools.elf.elffile import ELFFile
 
 from collectors.binary import elf
 from collectors.binary.ranges import Ranges
+from collectors.proc.maps import Mapping, as_mappings, executable_files
+
+log = logging.getLogger("collectors.binary")
 
 __all__ = ["UnwindError", "CfiTable", "Frame", "Unwinder", "cfi_table", "DWARF_REGS",
            "PagedMemory", "StackCopy", "BeyondCopy", "Walk"]
@@ -51,10 +60,21 @@ RSP, RA = 7, 16
 # keep their value ("same value").  The others are unknown in a caller.
 CALLEE_SAVED = (3, 6, 12, 13, 14, 15)
 MAX_FRAMES = 512
-# DWARF pointer encodings (LSB, "DWARF Exception Header Encoding")
-DW_EH_PE_udata4, DW_EH_PE_sdata4, DW_EH_PE_datarel = 0x03, 0x0B, 0x30
+# DWARF pointer encodings (LSB, "DWARF Exception Header Encoding"), pyelftools' names
+DW_EH_PE_udata4 = DW_EH_encoding_flags["DW_EH_PE_udata4"]       # 0x03
+DW_EH_PE_sdata4 = DW_EH_encoding_flags["DW_EH_PE_sdata4"]       # 0x0B
+DW_EH_PE_datarel = DW_EH_encoding_flags["DW_EH_PE_datarel"]     # 0x30
+DW_EH_PE_FORMAT_MASK = 0x0F     # low nibble: the value's format; high: how it is applied
+# .eh_frame_hdr (LSB "Exception Frame Header"): version, eh_frame_ptr_enc,
+# fde_count_enc, table_enc (one byte each), eh_frame_ptr (4 bytes here),
+# fde_count (udata4); then the table of (initial_location, fde) sdata4 pairs
+EH_FRAME_HDR_VERSION = 1
+EH_FRAME_HDR_COUNT_OFF = 8
+EH_FRAME_HDR_TABLE_OFF = 12
+EH_FRAME_HDR_PAIR_SIZE = 8
 WORD = 8
 PAGE = 4096
+ADDR_MASK = (1 << 64) - 1       # x86-64 addresses wrap at 64 bits
 
 
 class UnwindError(Exception):
@@ -67,7 +87,7 @@ class Frame:
 
     __slots__ = ("pc", "path", "vaddr", "cfa")
 
-    def __init__(self, pc, path, vaddr, cfa):
+    def __init__(self, pc: int, path: str, vaddr: int, cfa: int | None) -> None:
         self.pc, self.path, self.vaddr, self.cfa = pc, path, vaddr, cfa
 
     def __repr__(self):
@@ -78,10 +98,10 @@ class CfiTable:
     """The FDEs of one object's ``.eh_frame``, sorted, with lazily decoded
     rule tables."""
 
-    def __init__(self, path, f):
+    def __init__(self, path: str, f: IO[bytes]) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._decoded = {}
+        self._decoded: dict[int, tuple[list[int], list[dict[Any, Any]]]] = {}
         self._cfi = None          # lazy mode: pyelftools CallFrameInfo over .eh_frame
         try:
             ef = ELFFile(f)
@@ -123,17 +143,17 @@ class CfiTable:
         if hdr is None:
             return None
         data = hdr.data()
-        if len(data) < 12:
+        if len(data) < EH_FRAME_HDR_TABLE_OFF:
             return None
         version, ptr_enc, count_enc, table_enc = data[0], data[1], data[2], data[3]
-        if version != 1 or count_enc != DW_EH_PE_udata4 or \
+        if version != EH_FRAME_HDR_VERSION or count_enc != DW_EH_PE_udata4 or \
                 table_enc != (DW_EH_PE_datarel | DW_EH_PE_sdata4) or \
-                ptr_enc & 0x0F not in (DW_EH_PE_udata4, DW_EH_PE_sdata4):
+                ptr_enc & DW_EH_PE_FORMAT_MASK not in (DW_EH_PE_udata4, DW_EH_PE_sdata4):
             return None
-        count, = struct.unpack_from("<I", data, 8)
-        if 12 + 8 * count > len(data):
+        count, = struct.unpack_from("<I", data, EH_FRAME_HDR_COUNT_OFF)
+        if EH_FRAME_HDR_TABLE_OFF + EH_FRAME_HDR_PAIR_SIZE * count > len(data):
             return None
-        pairs = struct.unpack_from(f"<{2 * count}i", data, 12)
+        pairs = struct.unpack_from(f"<{2 * count}i", data, EH_FRAME_HDR_TABLE_OFF)
         base, eh = hdr["sh_addr"], dwarf.eh_frame_sec.address
         self._cfi = CallFrameInfo(stream=dwarf.eh_frame_sec.stream,
                                   size=dwarf.eh_frame_sec.size, address=eh,
@@ -160,17 +180,17 @@ class CfiTable:
                     self._fdes[i] = (start, end, fde)
         return start, end, fde
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._fdes)
 
-    def fde_starting_at(self, vaddr):
+    def fde_starting_at(self, vaddr: int) -> tuple[int, int] | None:
         """(start, end) of the FDE whose initial_location is exactly VADDR, or None."""
         i = bisect.bisect_left(self._starts, vaddr)
         if i < len(self._starts) and self._starts[i] == vaddr:
             return self._fde(i)[:2]
         return None
 
-    def row(self, vaddr):
+    def row(self, vaddr: int) -> tuple[Any, dict[int, RegisterRule]]:
         """(cfa_rule, {regnum: RegisterRule}) in effect at VADDR."""
         i = bisect.bisect_right(self._starts, vaddr) - 1
         if i < 0 or vaddr >= self._fde(i)[1]:
@@ -196,16 +216,16 @@ class CfiTable:
 
 
 # ---- the per-run cache, by file identity -------------------------------------
-_tables = {}
+_tables: dict[tuple[int, int, int, int], CfiTable | UnwindError] = {}
 _tables_lock = threading.Lock()
 
 
-def _identity(opener):
+def _identity(opener: elf.ObjectFile) -> tuple[int, int, int, int]:
     st = opener.stat()
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def cached_table(opener):
+def cached_table(opener: elf.ObjectFile) -> CfiTable | UnwindError | None:
     """The parsed CfiTable for OPENER's file if already parsed, else None
     (never parses: what the engine uses while a thread is stopped)."""
     try:
@@ -216,13 +236,14 @@ def cached_table(opener):
         return _tables.get(key)
 
 
-def cfi_table(opener):
+def cfi_table(opener: elf.ObjectFile) -> CfiTable:
     """The CfiTable of the file OPENER (``collectors.binary.elf.ObjectFile``) opens,
     parsed at most once per file identity.  A file that cannot be parsed is
     remembered as such (UnwindError raised again, no second parse)."""
     try:
         key = _identity(opener)
     except OSError as exc:
+        log.debug("CFI of %s: cannot stat (%s)", opener.display_path, exc.strerror)
         raise UnwindError(f"{opener.display_path}: {exc.strerror}") from None
     with _tables_lock:
         hit = _tables.get(key)
@@ -230,9 +251,12 @@ def cfi_table(opener):
         try:
             with opener.open() as f:
                 hit = CfiTable(opener.display_path, f)
+            log.debug("CFI of %s: %d FDEs", opener.display_path, len(hit))
         except UnwindError as exc:
+            log.debug("CFI of %s not loaded: %s", opener.display_path, exc)
             hit = exc
         except OSError as exc:
+            log.debug("CFI of %s: cannot open (%s)", opener.display_path, exc.strerror)
             raise UnwindError(f"{opener.display_path}: {exc.strerror}") from None
         with _tables_lock:
             hit = _tables.setdefault(key, hit)
@@ -241,7 +265,7 @@ def cfi_table(opener):
     return hit
 
 
-def clear_cache():
+def clear_cache() -> None:
     """Forget every parsed table (tests)."""
     with _tables_lock:
         _tables.clear()
@@ -263,11 +287,11 @@ class PagedMemory:
     (bytes or None): a walk reads a handful of pages, not one syscall per
     saved register.  The memory reader a walk uses by default."""
 
-    def __init__(self, read):
+    def __init__(self, read: Callable[[int, int], bytes | None]) -> None:
         self._read = read
-        self._pages = {}
+        self._pages: dict[int, bytes] = {}
 
-    def word(self, addr):
+    def word(self, addr: int) -> int:
         page = addr & ~(PAGE - 1)
         if addr + WORD > page + PAGE:          # a word across two pages
             head = page + PAGE - addr
@@ -275,7 +299,7 @@ class PagedMemory:
                                   self.word_bytes(page + PAGE, WORD - head), "little")
         return int.from_bytes(self.word_bytes(addr, WORD), "little")
 
-    def word_bytes(self, addr, n):
+    def word_bytes(self, addr: int, n: int) -> bytes:
         page = addr & ~(PAGE - 1)
         data = self._pages.get(page)
         if data is None:
@@ -304,10 +328,10 @@ class StackCopy:
 
     __slots__ = ("base", "data", "fallback")
 
-    def __init__(self, base, data, fallback=None):
+    def __init__(self, base: int, data: bytes, fallback: PagedMemory | None = None) -> None:
         self.base, self.data, self.fallback = base, data, fallback
 
-    def word(self, addr):
+    def word(self, addr: int) -> int:
         off = addr - self.base
         if 0 <= off and off + WORD <= len(self.data):
             return int.from_bytes(self.data[off:off + WORD], "little")
@@ -317,35 +341,23 @@ class StackCopy:
 
 
 
-def executable_file_maps(maps_text):
-    """(start, end, perms, offset, path) of each executable file mapping in
-    /proc/PID/maps text: the objects whose code a stack can be in."""
-    for line in maps_text.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) < 6 or "x" not in parts[1] or not parts[5].startswith("/"):
-            continue
-        start, end = (int(x, 16) for x in parts[0].split("-"))
-        yield start, end, parts[1], int(parts[2], 16), parts[5].strip()
-
 class Unwinder:
-    """Walks threads of one process.  ``maps_text`` is /proc/PID/maps text;
-    ``read(addr, n)`` returns bytes or None (process memory); ``procfs`` and
-    ``pid`` locate the mapped files (container-safe, as ``collectors.binary.elf``)."""
+    """Walks threads of one process.  ``maps`` is /proc/PID/maps (text, bytes
+    or parsed ``collectors.proc.maps.Mapping``s); ``read(addr, n)`` returns
+    bytes or None (process memory); ``procfs`` and ``pid`` locate the mapped
+    files (container-safe, as ``collectors.binary.elf``)."""
 
-    def __init__(self, pid, maps_text, read, procfs="/proc"):
+    def __init__(self, pid: int, maps: str | bytes | Iterable[Mapping],
+                 read: Callable[[int, int], bytes | None], procfs: str = "/proc") -> None:
         self.pid = pid
         self._read = read
-        maps = []
-        for start, end, _perms, offset, path in executable_file_maps(maps_text):
-            if path.endswith(" (deleted)"):
-                path = path[:-len(" (deleted)")]
-            maps.append(_Mapping(start, end, offset, path,
-                                 elf.ObjectFile(procfs, pid, start, end, path)))
-        maps.sort(key=lambda m: m.start)
-        self._maps = maps
-        self.mapping = Ranges((m.start, m.end, m) for m in maps)   # pc -> _Mapping or None
+        files = executable_files(as_mappings(maps))
+        self._maps = sorted((_Mapping(m.start, m.end, m.offset, m.path,
+                                      elf.ObjectFile(procfs, pid, m.start, m.end, m.path))
+                             for m in files if m.path is not None), key=lambda m: m.start)
+        self.mapping = Ranges((m.start, m.end, m) for m in self._maps)  # pc -> _Mapping or None
 
-    def object_starts(self):
+    def object_starts(self) -> list[int]:
         """The first address of each executable file mapping (to load tables
         ahead of a walk)."""
         return [m.start for m in self._maps]
@@ -372,8 +384,19 @@ class Unwinder:
             raise t
         return t
 
-    def walk(self, regs, *, parse=False, partial=False, memory=None, tolerant=False,
-             max_frames=MAX_FRAMES):
+    @overload
+    def walk(self, regs: dict[int, int], *, parse: bool = ..., partial: bool = ...,
+             memory: Any = ..., tolerant: Literal[False] = ...,
+             max_frames: int = ...) -> list[Frame]: ...
+
+    @overload
+    def walk(self, regs: dict[int, int], *, parse: bool = ..., partial: bool = ...,
+             memory: Any = ..., tolerant: Literal[True],
+             max_frames: int = ...) -> Walk: ...
+
+    def walk(self, regs: dict[int, int], *, parse: bool = False, partial: bool = False,
+             memory: Any = None, tolerant: bool = False,
+             max_frames: int = MAX_FRAMES) -> list[Frame] | Walk:
         """Frames from REGS ({DWARF regnum: value}; at least rip and rsp)
         outward to the thread's first frame.  ``parse=False``: use only
         tables parsed already (raises NeedsParse naming the object that is
@@ -387,6 +410,7 @@ class Unwinder:
         thread's first frame, and why it stopped) -- a walk that raises would
         lose every frame it found.  ``max_frames``: stop (complete=False)
         after that many frames."""
+        frames: list[Frame]
         if tolerant:
             frames = []
             try:
@@ -425,7 +449,7 @@ class Unwinder:
                     return False
                 raise UnwindError(f"register {DWARF_REGS.get(cfa_rule.reg)} unknown at "
                                   f"{os.path.basename(m.path)}+{vaddr:#x}")
-            cfa = (base + cfa_rule.offset) & ((1 << 64) - 1)
+            cfa = (base + cfa_rule.offset) & ADDR_MASK
             frames.append(Frame(pc, m.path, vaddr, cfa))
             new = {r: regs[r] for r in CALLEE_SAVED if r in regs}
             for reg, rule in rules.items():
@@ -463,7 +487,7 @@ class Unwinder:
             return False
         raise UnwindError(f"more than {MAX_FRAMES} frames")
 
-    def prepare(self, pc, sp):
+    def prepare(self, pc: int, sp: int) -> list[Frame]:
         """Parse the CFI of every object a walk from (PC, SP) reaches without
         knowing the other registers (a look-ahead from
         /proc/PID/task/TID/syscall, done before the thread is stopped).
@@ -481,18 +505,18 @@ class Walk:
 
     __slots__ = ("frames", "complete", "error")
 
-    def __init__(self, frames, complete, error):
+    def __init__(self, frames: list[Frame], complete: bool, error: str | None) -> None:
         self.frames, self.complete, self.error = frames, complete, error
 
 
 class NeedsParse(UnwindError):
     """A walk while stopped met an object whose CFI is not parsed yet."""
 
-    def __init__(self, path):
+    def __init__(self, path: str) -> None:
         super().__init__(f"CFI of {os.path.basename(path)} not parsed yet")
         self.path = path
 
 
-def regs_from_user(regs):
+def regs_from_user(regs: Any) -> dict[int, int]:
     """{DWARF regnum: value} from an x86-64 user_regs_struct."""
     return {n: getattr(regs, name) for n, name in DWARF_REGS.items()}

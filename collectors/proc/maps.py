@@ -3,11 +3,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from diag.model.errors import MalformedData
 
 DELETED_SUFFIX = b" (deleted)"    # fs/proc/task_mmu.c: a file unlinked while mapped
+# the same as text: readlink(2) of /proc/PID/exe and map_files/ (fs/d_path.c) ends with it too
+DELETED_TEXT = DELETED_SUFFIX.decode()
+MAPS_FIELDS = 6                   # start-end perms offset dev inode [path]
+PATH_FIELD = 5                    # index of the path: it may hold spaces
+PERM_CHARS = frozenset(b"-rwxps")  # show_map_vma: r/w/x, then s (shared) or p (private)
+PERMS_LEN = 4
+UINT64_MAX = (1 << 64) - 1
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+# The text encoding callers decode maps bytes with: paths are any bytes, and
+# surrogateescape gives them back byte-exact (open() takes them as they are).
+TEXT_ERRORS = "surrogateescape"
 
 
 class Mapping(NamedTuple):
@@ -23,27 +35,70 @@ class Mapping(NamedTuple):
     path: str | None
     deleted: bool
 
+    @property
+    def maps_path(self) -> str:
+        """The path as maps prints it: "" for anonymous memory, " (deleted)"
+        kept (a heap profile's trailer keeps it so)."""
+        if self.path is None:
+            return ""
+        return self.path + DELETED_TEXT if self.deleted else self.path
 
-def parse_maps(data: bytes) -> list[Mapping]:
+
+def _well_formed(addr: bytes, perms: bytes, offset: bytes, inode: bytes) -> bool:
+    """What a lenient reader checks before taking a line (the shape pprof's
+    and jeprof's maps regexes accept)."""
+    start, sep, end = addr.partition(b"-")
+    return (bool(sep) and bool(start) and bool(end) and set(start) <= _HEX
+            and set(end) <= _HEX and bool(offset) and set(offset) <= _HEX
+            and len(perms) == PERMS_LEN and set(perms) <= PERM_CHARS and inode.isdigit())
+
+
+def parse_maps(data: bytes, *, strict: bool = True) -> list[Mapping]:
     """/proc/PID/maps bytes -> [Mapping]; a line that is not a mapping (a
-    damaged capture) raises MalformedData naming it."""
+    damaged capture) raises MalformedData naming it.  ``strict=False`` skips
+    such lines, and empty or beyond-64-bit ranges, instead: what pprof and
+    jeprof do with the maps trailer of a heap profile (a copy written by the
+    program, possibly cut or edited)."""
     out = []
     for lineno, line in enumerate(data.split(b"\n"), 1):
         if not line:
             continue
-        parts = line.split(None, 5)
-        if len(parts) < 5:
+        parts = line.split(None, PATH_FIELD)
+        if len(parts) < PATH_FIELD:
             continue
-        addr, perms, offset, dev, inode = parts[:5]
+        addr, perms, offset, dev, inode = parts[:PATH_FIELD]
+        if not strict and not _well_formed(addr, perms, offset, inode):
+            continue
         start, _, end = addr.partition(b"-")
-        path = parts[5].strip() if len(parts) > 5 else b""
+        path = parts[PATH_FIELD].strip() if len(parts) == MAPS_FIELDS else b""
         deleted = path.endswith(DELETED_SUFFIX)
         if deleted:
             path = path[:-len(DELETED_SUFFIX)]
         try:
-            out.append(Mapping(int(start, 16), int(end, 16), perms.decode(), int(offset, 16),
-                               dev.decode(), int(inode),
-                               path.decode(errors="surrogateescape") if path else None, deleted))
+            m = Mapping(int(start, 16), int(end, 16), perms.decode(), int(offset, 16),
+                        dev.decode(), int(inode),
+                        path.decode(errors=TEXT_ERRORS) if path else None, deleted)
         except ValueError:      # UnicodeDecodeError included
+            if not strict:
+                continue
             raise MalformedData(f"maps line {lineno}: not a mapping: {line[:100]!r}") from None
+        if not strict and (m.start >= m.end or m.end > UINT64_MAX):
+            continue
+        out.append(m)
     return out
+
+
+def as_mappings(maps: str | bytes | Iterable[Mapping]) -> list[Mapping]:
+    """MAPS as parsed mappings: maps text (decoded with TEXT_ERRORS), maps
+    bytes, or mappings already parsed."""
+    if isinstance(maps, str):
+        return parse_maps(maps.encode(errors=TEXT_ERRORS))
+    if isinstance(maps, (bytes, bytearray, memoryview)):
+        return parse_maps(bytes(maps))
+    return list(maps)
+
+
+def executable_files(mappings: Iterable[Mapping]) -> list[Mapping]:
+    """The executable file mappings: the objects whose code a stack can be in."""
+    return [m for m in mappings
+            if "x" in m.perms and m.path is not None and m.path.startswith("/")]

@@ -1,71 +1,56 @@
-"""/proc readers: status, smaps_rollup (or smaps), maps, auxv, environ, cgroup.
+"""ProcFS: access to one procfs tree, the reader the rest of allocdiag uses
+for /proc/PID/... (status, smaps_rollup or smaps, maps, auxv, environ,
+cmdline, cgroup, exe).
 
-Everything is read as bytes and parsed without regexes on the hot paths.  The
-procfs root is a parameter (``ProcFS(root=...)``) so tests can feed a
-captured tree.  OS errors are translated here, once, into the exception
-family of ``diag.model.errors``.
+It reads (to EOF, as bytes) and translates OS errors once, through
+``collectors.proc.oserror``; the parsing lives in one module per file:
+``status``, ``smaps``, ``maps``, ``auxv``, ``environ``, ``cgroup``, ``stat``.
+The procfs root is a parameter (``ProcFS(root=...)``) so tests can feed a
+captured tree.
 
 Nothing here stops or traces the target: every file read needs only
 PTRACE_MODE_READ (``maps``, ``smaps*``, ``environ``, ``auxv``) or nothing.
 """
 
+from __future__ import annotations
+
 import functools
+import logging
 import os
 
-from diag.model.errors import AccessDenied, MalformedData, NoSuchProcess, Unsupported
+from diag.model.errors import AccessDenied, NoSuchProcess, Unsupported
 from collectors.proc import oserror
+# Re-exported: callers import these from here (one place each, the modules below).
+from collectors.proc.auxv import AT_BASE, AT_SECURE, parse_auxv  # noqa: F401
+from collectors.proc.cgroup import cgroup_memory, parse_cgroup  # noqa: F401
+from collectors.proc.environ import (ALLOCATOR_ENV_EXACT, ALLOCATOR_ENV_PREFIXES,  # noqa: F401
+                                     is_allocator_var, parse_allocator_environ)
 from collectors.proc.maps import Mapping, parse_maps  # noqa: F401  (the one maps parser)
-from diag.model import CgroupMemory, ProcessMemory
+from collectors.proc.smaps import sum_kb_lines, sum_present
+from collectors.proc.stat import STAT_FLAGS_AFTER_COMM, ZOMBIE_STATES, fields_after_comm
+from collectors.proc.status import kb_field, parse_status, status_int
+from diag.model import ProcessMemory
+
+log = logging.getLogger("collectors.proc")
 
 _READ_CHUNK = 1 << 17
-AT_SECURE = 23
-AT_BASE = 7
 # include/linux/sched.h: "I am a kernel thread" (task->flags, field 9 of /proc/PID/stat)
 PF_KTHREAD = 0x00200000
-# fs/proc/array.c task_state_array: a task that exited and awaits its parent's wait()
-ZOMBIE_STATES = (b"Z", b"X")
-
-# Environment variables that configure allocators.  DESIGN.md "Secrets": only
-# these are ever read out of a process's environment; everything else is
-# dropped while parsing, before it reaches any other code.
-ALLOCATOR_ENV_EXACT = frozenset((
-    b"LD_PRELOAD", b"GLIBC_TUNABLES", b"PYTHONMALLOC", b"GODEBUG", b"MALLOC_CONF",
-    b"MALLOC_ARENA_MAX", b"MALLOC_ARENA_TEST",
-))
-ALLOCATOR_ENV_PREFIXES = (b"TCMALLOC_", b"MIMALLOC_", b"HEAPPROFILE", b"HEAP_PROFILE_")
-
-
-def is_allocator_var(name):
-    """True for the allocator-related variable names DESIGN.md allows.
-
-    Covers ``MALLOC_CONF`` and its prefixed forms (``JE_MALLOC_CONF``,
-    ``_RJEM_MALLOC_CONF``), glibc's ``MALLOC_*_`` (``MALLOC_TRIM_THRESHOLD_``),
-    ``TCMALLOC_*``, ``MIMALLOC_*`` (mimalloc matches case-insensitively, so
-    lower-case forms count too).
-    """
-    if isinstance(name, str):
-        name = name.encode()
-    if name in ALLOCATOR_ENV_EXACT or name.endswith(b"MALLOC_CONF"):
-        return True
-    if name.startswith(b"MALLOC_") and name.endswith(b"_"):
-        return True
-    return name.upper().startswith(ALLOCATOR_ENV_PREFIXES)
-
-
-def _translate(pid, exc, what):
-    return oserror.translate(exc, pid, f"reading {what}")
+# Files whose ESRCH means the pid is gone: every live task has them (a
+# kernel thread or a zombie has no mm, so the others fail with ESRCH).
+_ALWAYS_READABLE = ("status", "stat")
 
 
 class ProcFS:
     """Access to one procfs tree (``/proc`` by default)."""
 
-    def __init__(self, root="/proc"):
+    def __init__(self, root: str = "/proc") -> None:
         self.root = root
 
-    def path(self, pid, *parts):
+    def path(self, pid: int | str, *parts: str) -> str:
         return os.path.join(self.root, str(pid), *parts)
 
-    def read(self, pid, name):
+    def read(self, pid: int, name: str) -> bytes:
         """Bytes of /proc/PID/NAME, errors translated."""
         try:
             with open(self.path(pid, name), "rb", buffering=0) as f:
@@ -79,37 +64,34 @@ class ProcFS:
                     chunks.append(b)
                 return b"".join(chunks)
         except OSError as exc:
-            # A vanished pid surfaces as ENOENT, ESRCH or even EACCES; decide
-            # by whether the pid directory still exists.  A missing file of a
-            # live process (smaps_rollup before 4.14) stays an OSError.
-            if not os.path.exists(self.path(pid)):
-                raise NoSuchProcess(pid) from None
-            if isinstance(exc, FileNotFoundError):
+            # A vanished pid surfaces as ENOENT, ESRCH or even EACCES:
+            # translate() decides by whether the pid directory still exists.
+            # A missing file of a live process (smaps_rollup before 4.14)
+            # stays an OSError.
+            alive = oserror.process_exists(pid, self.root)
+            if isinstance(exc, FileNotFoundError) and alive:
                 raise
-            if isinstance(exc, ProcessLookupError) and name not in ("status", "stat"):
+            if isinstance(exc, ProcessLookupError) and alive and name not in _ALWAYS_READABLE:
                 # ESRCH with /proc/PID still there: a kernel thread or a
                 # zombie has no mm; say which (raises), else "no such process".
                 self.check_user_process(pid)
-            raise _translate(pid, exc, f"/proc/{pid}/{name}") from None
+            raise oserror.translate(exc, pid, f"reading /proc/{pid}/{name}",
+                                    procfs=self.root) from None
 
-    def pids(self):
+    def pids(self) -> list[int]:
         """Numeric entries of the procfs root, sorted."""
         return sorted(int(n) for n in os.listdir(self.root) if n.isdigit())
 
     # -- status ------------------------------------------------------------
 
-    def status(self, pid):
+    def status(self, pid: int) -> dict[bytes, bytes]:
         """/proc/PID/status as {bytes key: bytes value}."""
-        out = {}
-        for line in self.read(pid, "status").split(b"\n"):
-            key, sep, value = line.partition(b":")
-            if sep:
-                out[key] = value.strip()
+        out = parse_status(self.read(pid, "status"))
         if not out:
             raise NoSuchProcess(pid)
         return out
 
-    def is_kernel_thread(self, pid, status=None):
+    def is_kernel_thread(self, pid: int, status: dict[bytes, bytes] | None = None) -> bool:
         """True for a kernel thread (kthreadd, kworker/...): no user address
         space, so no allocator.  ``Kthread:`` in status (Linux 6.10+), else
         PF_KTHREAD in the flags field of /proc/PID/stat."""
@@ -117,13 +99,13 @@ class ProcFS:
         flag = st.get(b"Kthread")
         if flag is not None:
             return flag == b"1"
-        fields = self.read(pid, "stat").rpartition(b")")[2].split()
+        fields = fields_after_comm(self.read(pid, "stat"))
         try:
-            return bool(int(fields[6]) & PF_KTHREAD)   # fields[0] is field 3, state
+            return bool(int(fields[STAT_FLAGS_AFTER_COMM]) & PF_KTHREAD)
         except (IndexError, ValueError):
             return False
 
-    def check_user_process(self, pid, status=None):
+    def check_user_process(self, pid: int, status: dict[bytes, bytes] | None = None) -> None:
         """Raise what a snapshot of PID cannot be: a zombie (NoSuchProcess,
         exit 3: it has exited, only its parent's wait() is missing) or a
         kernel thread (Unsupported, exit 5: it has no allocator).  Both would
@@ -140,7 +122,7 @@ class ProcFS:
 
     # -- memory ------------------------------------------------------------
 
-    def smaps_rollup(self, pid):
+    def smaps_rollup(self, pid: int) -> tuple[dict[bytes, int], str]:
         """Summed smaps fields in bytes, and which file they came from.
 
         ``smaps_rollup`` (Linux 4.14+) is tried first.  It can be missing (old
@@ -150,16 +132,17 @@ class ProcFS:
         (``LazyFree`` before 4.12) are simply absent from the result.
         """
         try:
-            return _sum_kb_lines(self.read(pid, "smaps_rollup")), "smaps_rollup"
+            return sum_kb_lines(self.read(pid, "smaps_rollup")), "smaps_rollup"
         except (NoSuchProcess, AccessDenied, OSError) as first:
             try:
-                return _sum_kb_lines(self.read(pid, "smaps")), "smaps"
+                return sum_kb_lines(self.read(pid, "smaps")), "smaps"
             except NoSuchProcess:
                 raise
             except (AccessDenied, OSError):
                 raise first from None
 
-    def memory(self, pid, status=None, rollup=True):
+    def memory(self, pid: int, status: dict[bytes, bytes] | None = None,
+               rollup: bool = True) -> ProcessMemory:
         """The process layer of the vocabulary (diag.fields, layer "process").
 
         rss/rss_anon/rss_file/rss_shmem come from ``status`` (the kernel's
@@ -167,16 +150,18 @@ class ProcFS:
         private/shared need ``smaps_rollup``.  ``rollup=False`` skips that walk.
         """
         st = status if status is not None else self.status(pid)
-        kb = functools.partial(_kb_field, st)
+        kb = functools.partial(kb_field, st)
         fields = dict(rss=kb(b"VmRSS"), rss_anon=kb(b"RssAnon"), rss_file=kb(b"RssFile"),
                       rss_shmem=kb(b"RssShmem"), vm_size=kb(b"VmSize"), swap=kb(b"VmSwap"))
         threads = st.get(b"Threads")
-        fields["threads"] = _status_int(b"Threads", threads) if threads else None
+        fields["threads"] = status_int(b"Threads", threads) if threads else None
         source = "status"
         if rollup:
             try:
                 sm, source = self.smaps_rollup(pid)
-            except (AccessDenied, OSError):
+            except (AccessDenied, OSError) as exc:
+                log.debug("pid %d: no smaps_rollup or smaps (%s): memory from status only",
+                          pid, exc)
                 sm = {}
             if sm:
                 fields.update(
@@ -184,8 +169,8 @@ class ProcFS:
                     anon_thp=sm.get(b"AnonHugePages"),
                     swap=sm.get(b"Swap", fields["swap"]),
                     pss=sm.get(b"Pss"),
-                    private=_sum_present(sm, b"Private_Clean", b"Private_Dirty"),
-                    shared=_sum_present(sm, b"Shared_Clean", b"Shared_Dirty"),
+                    private=sum_present(sm, b"Private_Clean", b"Private_Dirty"),
+                    shared=sum_present(sm, b"Shared_Clean", b"Shared_Dirty"),
                 )
             else:
                 source = "status"
@@ -193,17 +178,17 @@ class ProcFS:
 
     # -- maps ---------------------------------------------------------------
 
-    def maps(self, pid):
+    def maps(self, pid: int) -> list[Mapping]:
         """/proc/PID/maps as a list of Mapping, in address order."""
         return parse_maps(self.read(pid, "maps"))
 
     # -- auxv, environ, cmdline ------------------------------------------------
 
-    def auxv(self, pid):
+    def auxv(self, pid: int) -> dict[int, int]:
         """The auxiliary vector as {a_type: a_val} (64-bit little endian)."""
         return parse_auxv(self.read(pid, "auxv"))
 
-    def environ(self, pid):
+    def environ(self, pid: int) -> dict[str, str]:
         """The allocator-related variables of the process's *initial*
         environment, as {str: str}.  Every other variable is dropped unread.
 
@@ -211,161 +196,24 @@ class ProcFS:
         ``setenv`` after start is not visible (nor does it matter to an
         allocator that read its configuration at start-up).
         """
-        out = {}
-        for entry in self.read(pid, "environ").split(b"\0"):
-            name, sep, value = entry.partition(b"=")
-            if sep and is_allocator_var(name):
-                out[name.decode(errors="replace")] = value.decode(errors="replace")
-        return out
+        return parse_allocator_environ(self.read(pid, "environ"))
 
-    def cmdline(self, pid):
+    def cmdline(self, pid: int) -> list[str]:
         return [a.decode(errors="replace") for a in self.read(pid, "cmdline").split(b"\0") if a]
 
-    def exe(self, pid):
+    def exe(self, pid: int) -> str | None:
         """Target of /proc/PID/exe, or None when unreadable (kernel thread,
         permission)."""
         try:
             return os.readlink(self.path(pid, "exe"))
-        except FileNotFoundError:
-            if not os.path.exists(self.path(pid)):
-                raise NoSuchProcess(pid) from None
-            return None
-        except (PermissionError, OSError):
-            return None
+        except OSError as exc:
+            if oserror.process_exists(pid, self.root):
+                return None
+            raise oserror.translate(exc, pid, f"reading /proc/{pid}/exe",
+                                    procfs=self.root) from None
 
     # -- cgroup -------------------------------------------------------------
 
-    def cgroup_paths(self, pid):
+    def cgroup_paths(self, pid: int) -> dict[str, str]:
         """{controller or "": path} from /proc/PID/cgroup ("" is the v2 entry)."""
-        out = {}
-        for line in self.read(pid, "cgroup").split(b"\n"):
-            parts = line.split(b":", 2)
-            if len(parts) != 3:
-                continue
-            _hid, controllers, path = parts
-            path = path.decode(errors="replace")
-            if not controllers:
-                out[""] = path
-            for c in controllers.split(b","):
-                if c:
-                    out[c.decode(errors="replace")] = path
-        return out
-
-
-def cgroup_memory(paths, cgroup_root="/sys/fs/cgroup"):
-    """The cgroup layer for a process whose /proc/PID/cgroup gave PATHS.
-
-    v1 when a ``memory`` controller line exists and its directory is
-    mounted under ``cgroup_root/memory``; v2 otherwise (unified at the root,
-    or at ``cgroup_root/unified`` on hybrid hosts when it has memory files).
-    working_set = max(0, usage - inactive_file), as cAdvisor and
-    ``kubectl top`` compute it.
-    """
-    candidates = []
-    if "memory" in paths:
-        candidates.append((1, os.path.join(cgroup_root, "memory", paths["memory"].lstrip("/")),
-                           paths["memory"]))
-    if "" in paths:
-        rel = paths[""].lstrip("/")
-        candidates.append((2, os.path.join(cgroup_root, rel), paths[""]))
-        candidates.append((2, os.path.join(cgroup_root, "unified", rel), paths[""]))
-    for version, directory, path in candidates:
-        usage_file = "memory.usage_in_bytes" if version == 1 else "memory.current"
-        usage = _read_int(os.path.join(directory, usage_file))
-        if usage is None:
-            continue
-        stat = _read_kv(os.path.join(directory, "memory.stat"))
-        if version == 1:
-            limit = _read_int(os.path.join(directory, "memory.limit_in_bytes"))
-            # v1 reports "no limit" as a huge page-aligned number.
-            if limit is not None and limit >= (1 << 62):
-                limit = None
-            # total_* includes descendants, like usage_in_bytes does.
-            inactive = stat.get(b"total_inactive_file", stat.get(b"inactive_file"))
-        else:
-            limit = _read_int(os.path.join(directory, "memory.max"))  # "max" -> None
-            inactive = stat.get(b"inactive_file")
-        working = max(0, usage - inactive) if inactive is not None else None
-        return CgroupMemory(version=version, path=path, usage=usage, limit=limit,
-                            inactive_file=inactive, working_set=working)
-    where = ", ".join(f"{k or 'v2'}:{v}" for k, v in sorted(paths.items())
-                      if k in ("memory", "")) or "no memory controller line"
-    return CgroupMemory(error=f"no readable memory cgroup for {where} under {cgroup_root}")
-
-
-# -- parsing helpers (pure, exported for tests) -------------------------------
-
-def parse_auxv(data):
-    import struct
-    out = {}
-    for a_type, a_val in struct.iter_unpack("<QQ", data[: len(data) // 16 * 16]):
-        if a_type == 0:
-            break
-        out[a_type] = a_val
-    return out
-
-
-def _sum_kb_lines(data):
-    """Sum every ``Key:   N kB`` line (one block for rollup, many for smaps)."""
-    out = {}
-    for line in data.split(b"\n"):
-        if not line.endswith(b" kB"):
-            continue
-        key, sep, rest = line.partition(b":")
-        if not sep:
-            continue
-        try:
-            value = int(rest[:-3]) * 1024
-        except ValueError:
-            continue
-        out[key] = out.get(key, 0) + value
-    return out
-
-
-def _kb_field(status, key):
-    v = status.get(key)
-    if not v or not v.endswith(b" kB"):
-        return None
-    return _status_int(key, v[:-3]) * 1024
-
-
-def _status_int(key, text):
-    try:
-        return int(text)
-    except ValueError:
-        raise MalformedData(f"status {key.decode(errors='replace')}: not a number: "
-                            f"{text[:40]!r}") from None
-
-
-def _sum_present(d, *keys):
-    vals = [d[k] for k in keys if k in d]
-    return sum(vals) if vals else None
-
-
-def _read_int(path):
-    try:
-        with open(path, "rb") as f:
-            v = f.read().strip()
-    except OSError:
-        return None
-    if v == b"max":
-        return None
-    try:
-        return int(v)
-    except ValueError:
-        return None
-
-
-def _read_kv(path):
-    out = {}
-    try:
-        with open(path, "rb") as f:
-            for line in f:
-                k, _, v = line.partition(b" ")
-                try:
-                    out[k] = int(v)
-                except ValueError:
-                    pass
-    except OSError:
-        pass
-    return out
+        return parse_cgroup(self.read(pid, "cgroup"))

@@ -7,5 +7,6 @@
 - ``session``: per-thread events, the drain loop, aggregation into diag.model.wall;
 - ``counters``: the allocator's own counters at the window's ends, as deltas.
 
-No ptrace stop for sampling, no BPF, no perf binary.
+No ptrace stop for sampling, no BPF, no perf binary.  Logger: ``collectors.sampler``
+(the window's start and end, events opened or refused and why, lost records).
 """

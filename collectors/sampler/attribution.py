@@ -25,13 +25,15 @@ unnamed libc frame under an allocator entry is GLIBC_INTERNAL, an unnamed
 frame of an allocator library "jemalloc (internal)" and the like.
 """
 
+from __future__ import annotations
+
 import os
 import re
+from collections.abc import Iterable, Sequence
 
-from collectors.heapprofile import Mapping
-from collectors.binary.unwind import executable_file_maps
-from collectors.binary.symbolize import ALLOCATOR_OBJECT_RE, DEBUG_ROOT, GCC_CLONE_RE, Symbolizer, \
-    is_allocator_frame
+from collectors.proc.maps import Mapping, as_mappings, executable_files
+from collectors.binary.symbolize import ALLOCATOR_OBJECT_RE, DEBUG_ROOT, GCC_CLONE_RE, Frame, \
+    Symbolizer, is_allocator_frame
 from diag.model.wall import GLIBC_INTERNAL
 
 # Entry points (issue 20 item 3); prefixed builds add je_/tc_/mi_/_rjem_ ...
@@ -56,11 +58,11 @@ UNKNOWN_SITE = "[call site not reached]"
 ALLOCATOR, APPLICATION, UNKNOWN = "allocator", "application", "unknown"
 
 
-def base_name(fn):
+def base_name(fn: str | None) -> str | None:
     return GCC_CLONE_RE.sub("", fn.split("(", 1)[0]) if fn else fn
 
 
-def is_entry(fn):
+def is_entry(fn: str | None) -> bool:
     """True for an allocator entry point, prefixed or not."""
     b = base_name(fn)
     if not b:
@@ -73,7 +75,7 @@ def is_entry(fn):
     return False
 
 
-def is_allocator(frame):
+def is_allocator(frame: Frame) -> bool:
     """FRAME (collectors.binary.symbolize.Frame) belongs to the allocator."""
     if is_allocator_frame(frame):
         return True
@@ -93,7 +95,7 @@ IDLE_WAIT_RE = re.compile(r"futex_abstimed_wait|pthread_cond_|sem_(timed|clock)?
                           r"nanosleep|usleep|epoll_wait|epoll_pwait|poll$|select$")
 
 
-def is_lock_wait(attribution):
+def is_lock_wait(attribution: Attribution) -> bool:
     """A blocked interval with ATTRIBUTION (its switch-out stack) is time
     queued on an allocator lock: allocator frames on the stack and no
     condition-wait or sleep frame among them.  The whole stack is looked at:
@@ -102,7 +104,7 @@ def is_lock_wait(attribution):
     return attribution.lock_wait
 
 
-def internal_name(frame, glibc_malloc):
+def internal_name(frame: Frame, glibc_malloc: bool) -> str | None:
     """The name of code no symbol names: an unnamed libc frame is
     GLIBC_INTERNAL when glibc's malloc is the entry (GLIBC_MALLOC), else
     "libc (internal)" (a lock or futex helper under another allocator); a
@@ -122,7 +124,7 @@ def internal_name(frame, glibc_malloc):
     return None
 
 
-def _program_code(frame):
+def _program_code(frame: Frame) -> bool:
     """FRAME is the program's own code: a named function outside the system
     libraries whose name is not reserved to the implementation (a leading
     underscore: a static executable carries libc -- musl's __lock, glibc's
@@ -137,7 +139,8 @@ class Attribution:
 
     __slots__ = ("cls", "function", "entry", "site", "site_frames", "folded", "lock_wait")
 
-    def __init__(self, cls, function, entry, site, site_frames, folded):
+    def __init__(self, cls: str, function: str | None, entry: str | None, site: str | None,
+                 site_frames: tuple[str, ...], folded: tuple[str, ...]) -> None:
         self.cls, self.function, self.entry = cls, function, entry
         self.site, self.site_frames, self.folded = site, site_frames, folded
         # judged once per stack (equal stacks share this object), not per interval
@@ -147,18 +150,20 @@ class Attribution:
 class Attributor:
     """Names and classifies the unwound stacks of one process."""
 
-    def __init__(self, pid, maps_text, procfs="/proc", debug_root=DEBUG_ROOT):
-        maps = [Mapping(*m) for m in executable_file_maps(maps_text)]
-        self.symbolizer = Symbolizer(maps, pid=pid, procfs=procfs, debug_root=debug_root,
+    def __init__(self, pid: int, maps: str | bytes | Iterable[Mapping], procfs: str = "/proc",
+                 debug_root: str = DEBUG_ROOT) -> None:
+        """MAPS: /proc/PID/maps (text, bytes or parsed); only its executable
+        file mappings are named."""
+        self.symbolizer = Symbolizer(executable_files(as_mappings(maps)), pid=pid, procfs=procfs, debug_root=debug_root,
                                      root=os.path.join(procfs, str(pid), "root"))
 
-    def frames(self, pcs):
+    def frames(self, pcs: Sequence[int]) -> list[Frame]:
         """symbolize.Frame per pc (innermost first): the leaf at its pc, the
         others as return addresses (named at pc - 1)."""
         sym = self.symbolizer
         return [sym.frame(pc + 1 if i == 0 else pc) for i, pc in enumerate(pcs)]
 
-    def classify(self, pcs, complete):
+    def classify(self, pcs: Sequence[int], complete: bool) -> Attribution:
         """Attribution of the stack PCS (innermost first; from a walk that
         reached the thread's first frame when COMPLETE)."""
         frames = self.frames(pcs)
@@ -171,7 +176,8 @@ class Attributor:
         if not complete:
             folded = ("[incomplete]",) + folded
         if outer is not None:
-            glibc = bool(frames[outer].object and LIBC_RE.search(frames[outer].object))
+            obj = frames[outer].object
+            glibc = bool(obj and LIBC_RE.search(obj))
             fn = frames[0].function or internal_name(frames[0], glibc) or frames[0].text
             entry = (frames[outer].function or internal_name(frames[outer], glibc)
                      or frames[outer].text)
@@ -182,6 +188,6 @@ class Attributor:
             return Attribution(APPLICATION, None, None, None, (), folded)
         return Attribution(UNKNOWN, None, None, None, (), folded or ("[unknown]",))
 
-    def name(self, pc):
+    def name(self, pc: int) -> str:
         """The function (or object+offset) at PC, for a leaf."""
         return self.symbolizer.frame(pc + 1).text

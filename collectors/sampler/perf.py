@@ -8,21 +8,24 @@ We pass PERF_ATTR_SIZE_VER5 (112: everything up to ``aux_watermark``,
 ``sample_max_stack``), which every kernel since 4.8 knows.
 """
 
+from __future__ import annotations
+
 import ctypes
 import errno
 import mmap
 import os
 import struct
+from typing import Any
 
-# perf_event.h: enum perf_type_id
+# include/uapi/linux/perf_event.h: enum perf_type_id
 PERF_TYPE_SOFTWARE, PERF_TYPE_TRACEPOINT = 1, 2
-# enum perf_sw_ids
+# include/uapi/linux/perf_event.h: enum perf_sw_ids
 PERF_COUNT_SW_CPU_CLOCK = 0
 PERF_COUNT_SW_PAGE_FAULTS = 2
 PERF_COUNT_SW_CONTEXT_SWITCHES = 3
 PERF_COUNT_SW_PAGE_FAULTS_MIN = 5
 PERF_COUNT_SW_PAGE_FAULTS_MAJ = 6
-# enum perf_event_sample_format
+# include/uapi/linux/perf_event.h: enum perf_event_sample_format
 PERF_SAMPLE_IP = 1 << 0
 PERF_SAMPLE_TID = 1 << 1
 PERF_SAMPLE_TIME = 1 << 2
@@ -30,7 +33,17 @@ PERF_SAMPLE_PERIOD = 1 << 8
 PERF_SAMPLE_REGS_USER = 1 << 12
 PERF_SAMPLE_STACK_USER = 1 << 13
 PERF_SAMPLE_IDENTIFIER = 1 << 16
-# the bit-field word at offset 40 of perf_event_attr
+# struct perf_event_attr (include/uapi/linux/perf_event.h): byte offsets of the
+# fields we set.  type u32 @0, size u32 @4, config u64 @8, sample_period or
+# sample_freq u64 @16, sample_type u64 @24, read_format u64 @32, the bit-field
+# word u64 @40, ..., sample_regs_user u64 @80, sample_stack_user u32 @88,
+# clockid s32 @92.
+ATTR_HEAD_OFF = 0               # "<IIQQQQQ": type .. flags, packed in one go
+ATTR_HEAD = struct.Struct("<IIQQQQQ")
+ATTR_FLAGS_OFF = 40
+ATTR_REGS_USER_OFF = 80
+ATTR_STACK_USER_OFF = 88        # "<Ii": sample_stack_user, clockid
+# the bit-field word at ATTR_FLAGS_OFF (bit = position in the declaration)
 F_DISABLED = 1 << 0
 F_EXCLUDE_KERNEL = 1 << 5
 F_EXCLUDE_HV = 1 << 6
@@ -38,15 +51,29 @@ F_FREQ = 1 << 10
 F_SAMPLE_ID_ALL = 1 << 18
 F_USE_CLOCKID = 1 << 25
 F_CONTEXT_SWITCH = 1 << 26
-PERF_ATTR_SIZE_VER5 = 112
-PERF_FLAG_FD_CLOEXEC = 1 << 3
-# ioctls (_IO('$', n)); argument by value
-PERF_EVENT_IOC_ENABLE = 0x2400
-PERF_EVENT_IOC_DISABLE = 0x2401
-PERF_EVENT_IOC_SET_OUTPUT = 0x2405
-PERF_EVENT_IOC_ID = 0x80082407          # _IOR('$', 7, __u64 *)
+PERF_ATTR_SIZE_VER5 = 112              # perf_event.h: up to sample_max_stack
+PERF_FLAG_FD_CLOEXEC = 1 << 3           # perf_event.h: perf_event_open flags
+# include/uapi/asm-generic/ioctl.h: dir << 30 | size << 16 | type << 8 | nr
+_IOC_NRSHIFT, _IOC_TYPESHIFT, _IOC_SIZESHIFT, _IOC_DIRSHIFT = 0, 8, 16, 30
+_IOC_NONE, _IOC_READ = 0, 2
+PERF_IOC_MAGIC = ord("$")               # perf_event.h: the '$' ioctl type
+
+
+def _ioc(direction: int, nr: int, size: int) -> int:
+    return (direction << _IOC_DIRSHIFT | size << _IOC_SIZESHIFT |
+            PERF_IOC_MAGIC << _IOC_TYPESHIFT | nr << _IOC_NRSHIFT)
+
+
+# perf_event.h: ioctls; ENABLE/DISABLE/SET_OUTPUT are _IO (argument by value)
+PERF_EVENT_IOC_ENABLE = _ioc(_IOC_NONE, 0, 0)                          # 0x2400
+PERF_EVENT_IOC_DISABLE = _ioc(_IOC_NONE, 1, 0)                         # 0x2401
+PERF_EVENT_IOC_SET_OUTPUT = _ioc(_IOC_NONE, 5, 0)                      # 0x2405
+PERF_EVENT_IOC_ID = _ioc(_IOC_READ, 7, ctypes.sizeof(ctypes.c_uint64))  # _IOR('$', 7, __u64 *)
 SYS_perf_event_open = 298               # arch/x86/entry/syscalls/syscall_64.tbl
-CLOCK_MONOTONIC = 1                     # time.h
+CLOCK_MONOTONIC = 1                     # include/uapi/linux/time.h
+CPU_ANY = -1                            # perf_event_open(2): cpu -1, the task on any CPU
+NO_GROUP = -1                           # perf_event_open(2): group_fd -1, a group leader
+COUNT = struct.Struct("<Q")             # read(2) of a counter, read_format 0: one u64
 # x86-64 perf register indices (arch/x86/include/uapi/asm/perf_regs.h):
 # AX BX CX DX SI DI BP SP IP = 0..8, R8..R15 = 16..23.  DS-GS (12-15) -> EINVAL.
 REGS_MASK = 0x1FF | (0xFF << 16)
@@ -54,9 +81,10 @@ REG_NAMES = ("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp", "rip",
              "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15")
 # DWARF numbers (collectors.binary.unwind.DWARF_REGS) of the registers above, in order
 REG_DWARF = (0, 3, 2, 1, 4, 5, 6, 7, 16, 8, 9, 10, 11, 12, 13, 14, 15)
-# ring: perf_event_mmap_page
+# ring: struct perf_event_mmap_page (perf_event.h), byte offsets
 DATA_HEAD_OFF, DATA_TAIL_OFF, DATA_OFFSET_OFF, DATA_SIZE_OFF = 1024, 1032, 1040, 1048
 PAGE = mmap.PAGESIZE
+RING_DATA_PAGES = 256     # 1 MiB: kept up with 999 Hz x 16 KiB stacks (reference/cpu-wall.md)
 TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -70,34 +98,37 @@ class PerfError(OSError):
     """perf_event_open or an ioctl failed; ``errno`` is the kernel's."""
 
 
-def attr(type_, config, *, sample_period=0, freq=0, sample_type=0, flags=0,
-         regs_user=0, stack_user=0, clockid=CLOCK_MONOTONIC):
+def attr(type_: int, config: int, *, sample_period: int = 0, freq: int = 0,
+         sample_type: int = 0, flags: int = 0, regs_user: int = 0, stack_user: int = 0,
+         clockid: int = CLOCK_MONOTONIC) -> Any:
     """A perf_event_attr (PERF_ATTR_SIZE_VER5 bytes) as a ctypes buffer."""
     buf = ctypes.create_string_buffer(PERF_ATTR_SIZE_VER5)
-    struct.pack_into("<IIQQQQQ", buf, 0, type_, PERF_ATTR_SIZE_VER5, config,
-                     freq or sample_period, sample_type, 0, flags | (F_FREQ if freq else 0))
-    struct.pack_into("<Q", buf, 80, regs_user)
-    struct.pack_into("<Ii", buf, 88, stack_user, clockid if flags & F_USE_CLOCKID else 0)
+    ATTR_HEAD.pack_into(buf, ATTR_HEAD_OFF, type_, PERF_ATTR_SIZE_VER5, config,
+                        freq or sample_period, sample_type, 0, flags | (F_FREQ if freq else 0))
+    struct.pack_into("<Q", buf, ATTR_REGS_USER_OFF, regs_user)
+    struct.pack_into("<Ii", buf, ATTR_STACK_USER_OFF, stack_user,
+                     clockid if flags & F_USE_CLOCKID else 0)
     return buf
 
 
-def open_event(buf, tid, group_fd=-1):
+def open_event(buf: Any, tid: int, group_fd: int = NO_GROUP) -> int:
     """perf_event_open(BUF, tid, cpu=-1, group_fd, FD_CLOEXEC): the fd, or PerfError."""
     fd = _syscall(ctypes.c_long(SYS_perf_event_open), buf, ctypes.c_int(tid),
-                  ctypes.c_int(-1), ctypes.c_int(group_fd), ctypes.c_ulong(PERF_FLAG_FD_CLOEXEC))
+                  ctypes.c_int(CPU_ANY), ctypes.c_int(group_fd),
+                  ctypes.c_ulong(PERF_FLAG_FD_CLOEXEC))
     if fd < 0:
         e = ctypes.get_errno()
         raise PerfError(e, os.strerror(e))
     return fd
 
 
-def ioctl(fd, request, arg=0):
+def ioctl(fd: int, request: int, arg: int = 0) -> None:
     if _ioctl(ctypes.c_int(fd), ctypes.c_ulong(request), ctypes.c_ulong(arg)) < 0:
         e = ctypes.get_errno()
         raise PerfError(e, os.strerror(e))
 
 
-def event_id(fd):
+def event_id(fd: int) -> int:
     out = ctypes.c_uint64()
     if _ioctl(ctypes.c_int(fd), ctypes.c_ulong(PERF_EVENT_IOC_ID), ctypes.byref(out)) < 0:
         e = ctypes.get_errno()
@@ -105,19 +136,19 @@ def event_id(fd):
     return out.value
 
 
-def read_count(fd):
+def read_count(fd: int) -> int | None:
     """The counter's value (read_format 0: one u64), or None once unreadable."""
     try:
-        data = os.read(fd, 8)
+        data = os.read(fd, COUNT.size)
     except OSError:
         return None
-    return struct.unpack("<Q", data)[0] if len(data) == 8 else None
+    return int(COUNT.unpack(data)[0]) if len(data) == COUNT.size else None
 
 
-def tracepoint_id(name):
+def tracepoint_id(name: str) -> int:
     """The id of tracepoint syscalls:NAME (e.g. sys_enter_mmap), or raise
     PermissionError / FileNotFoundError (tracefs is 0700 root here)."""
-    last = FileNotFoundError(errno.ENOENT, "tracefs not mounted", TRACEFS[0])
+    last: OSError = FileNotFoundError(errno.ENOENT, "tracefs not mounted", TRACEFS[0])
     for root in TRACEFS:
         path = os.path.join(root, "events", "syscalls", name, "id")
         try:
@@ -140,7 +171,7 @@ class Ring:
     call and publishes data_tail (x86-64 is TSO: no fence needed between the
     head load and the record copies, nor before the tail store)."""
 
-    def __init__(self, fd, pages=256):
+    def __init__(self, fd: int, pages: int = RING_DATA_PAGES) -> None:
         self.size = pages * PAGE
         self.map = mmap.mmap(fd, (pages + 1) * PAGE, mmap.MAP_SHARED,
                              mmap.PROT_READ | mmap.PROT_WRITE)
@@ -149,7 +180,7 @@ class Ring:
         if size:
             self.size = size
 
-    def drain(self):
+    def drain(self) -> bytes:
         m = self.map
         head = struct.unpack_from("<Q", m, DATA_HEAD_OFF)[0]
         tail = struct.unpack_from("<Q", m, DATA_TAIL_OFF)[0]
@@ -164,7 +195,7 @@ class Ring:
         struct.pack_into("<Q", m, DATA_TAIL_OFF, head)
         return data
 
-    def close(self):
+    def close(self) -> None:
         try:
             self.map.close()
         except (BufferError, ValueError):

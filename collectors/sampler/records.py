@@ -9,47 +9,56 @@ u64; data[size]; dyn_size u64 (when size != 0) -- only the first dyn_size
 bytes of the copy are valid.
 """
 
+from __future__ import annotations
+
 import struct
 from collections import namedtuple
+from collections.abc import Iterator
+from typing import Union
 
 from collectors.sampler.perf import REG_DWARF
 
+# include/uapi/linux/perf_event.h: enum perf_event_type
 PERF_RECORD_LOST = 2
 PERF_RECORD_EXIT = 4
 PERF_RECORD_THROTTLE = 5
 PERF_RECORD_SAMPLE = 9
 PERF_RECORD_LOST_SAMPLES = 13
 PERF_RECORD_SWITCH = 14
-# header misc bits
+# include/uapi/linux/perf_event.h: struct perf_event_header misc bits
 PERF_RECORD_MISC_CPUMODE_MASK = 0x7
 PERF_RECORD_MISC_KERNEL = 1
 PERF_RECORD_MISC_SWITCH_OUT = 1 << 13
 PERF_RECORD_MISC_SWITCH_OUT_PREEMPT = 1 << 14
-PERF_SAMPLE_REGS_ABI_NONE = 0
+PERF_SAMPLE_REGS_ABI_NONE = 0          # enum perf_sample_regs_abi
 
-_HDR = struct.Struct("<IHH")
+_HDR = struct.Struct("<IHH")                 # perf_event_header: type misc size
 _SAMPLE_HEAD = struct.Struct("<QQIIQQQ")     # identifier ip pid tid time period abi
 _NREGS = len(REG_DWARF)
 _REGS = struct.Struct(f"<{_NREGS}Q")
 _U64 = struct.Struct("<Q")
 _SWITCH = struct.Struct("<IIQQ")             # sample_id: pid tid time identifier
 _LOST = struct.Struct("<QQ")                 # id lost
+RSP_DWARF = 7                                # the stack pointer's DWARF number (psABI)
 
 Sample = namedtuple("Sample", "ident ip tid time period kernel regs stack")
 Switch = namedtuple("Switch", "tid time out preempt")
 Lost = namedtuple("Lost", "count")
 
 
-def decode(data):
+Record = Union[Sample, Switch, Lost]
+
+
+def decode(data: bytes) -> Iterator[Record]:
     """Records of DATA (the bytes ``Ring.drain`` returned), in order:
     Sample (regs: {DWARF regnum: value} or None; stack: (sp, bytes) or
     None), Switch, Lost.  Other record types are skipped."""
     pos, n = 0, len(data)
-    while pos + 8 <= n:
+    while pos + _HDR.size <= n:
         type_, misc, size = _HDR.unpack_from(data, pos)
-        if size < 8 or pos + size > n:
+        if size < _HDR.size or pos + size > n:
             break
-        body = pos + 8
+        body = pos + _HDR.size
         if type_ == PERF_RECORD_SAMPLE:
             ident, ip, _pid, tid, time, period, abi = _SAMPLE_HEAD.unpack_from(data, body)
             off = body + _SAMPLE_HEAD.size
@@ -59,11 +68,11 @@ def decode(data):
                 off += _REGS.size
                 regs = dict(zip(REG_DWARF, vals))
             copy, = _U64.unpack_from(data, off)
-            off += 8
+            off += _U64.size
             if copy:
                 dyn, = _U64.unpack_from(data, off + copy)
                 if regs is not None and dyn:
-                    stack = (regs[7], bytes(data[off:off + min(dyn, copy)]))
+                    stack = (regs[RSP_DWARF], bytes(data[off:off + min(dyn, copy)]))
             kernel = (misc & PERF_RECORD_MISC_CPUMODE_MASK) == PERF_RECORD_MISC_KERNEL
             yield Sample(ident, ip, tid, time, period, kernel, regs, stack)
         elif type_ == PERF_RECORD_SWITCH:

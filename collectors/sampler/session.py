@@ -30,13 +30,23 @@ pcs of its stack (a short walk), so only new stack prefixes pay for a full
 walk and symbolization.
 """
 
+from __future__ import annotations
+
 import errno
+import logging
 import os
 import resource
+import struct
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from collectors.binary import unwind
+from collectors.proc import oserror
+from collectors.proc.maps import parse_maps
+from collectors.proc.procfs import ProcFS
+from collectors.proc.stat import ZOMBIE_STATES, parse_state
 from diag.model.errors import AccessDenied, NoSuchProcess
 from collectors.sampler import perf, records
 from collectors.sampler.attribution import ALLOCATOR, UNKNOWN, Attributor, is_lock_wait
@@ -70,6 +80,14 @@ _SAMPLE_TYPE = (perf.PERF_SAMPLE_IDENTIFIER | perf.PERF_SAMPLE_IP | perf.PERF_SA
                 perf.PERF_SAMPLE_STACK_USER)
 _BASE_FLAGS = perf.F_DISABLED | perf.F_SAMPLE_ID_ALL | perf.F_USE_CLOCKID | perf.F_EXCLUDE_HV
 CPU, SWITCH = "cpu", "switch"
+log = logging.getLogger("collectors.sampler")
+# fs/proc/array.c task_state_array: asleep, interruptible or not
+SLEEP_STATES = (b"S", b"D")
+# fs/proc/base.c proc_pid_syscall: "nr arg1..arg6 sp pc" for a task blocked in a syscall
+SYSCALL_FIELDS, SYSCALL_SP_FIELD, SYSCALL_PC_FIELD = 9, 7, 8
+OFF_T_MAX = (1 << 63) - 1       # the largest pread(2) offset: off_t is signed 64-bit
+NOFILE_PER_THREAD = 9           # descriptors per thread at most: see _open_thread
+NOFILE_SPARE = 64
 TRACEFS_FIX = ("mount tracefs and run as root: mount -t tracefs nodev /sys/kernel/tracing "
                "(its events/*/id files are readable by root only)")
 
@@ -93,60 +111,57 @@ class Session:
     """Sampling of PID.  ``start()``, then ``poll()`` until done, then
     ``stop()`` and ``result()``; or ``run(duration_s)``."""
 
-    def __init__(self, pid, hz=DEFAULT_HZ, procfs="/proc", switches=True,
-                 syscalls=wall.SYSCALLS):
+    def __init__(self, pid: int, hz: int = DEFAULT_HZ, procfs: str = "/proc",
+                 switches: bool = True, syscalls: Iterable[str] = wall.SYSCALLS) -> None:
         self.pid, self.hz, self.procfs = pid, hz, procfs
         self.want_switches, self.want_syscalls = switches, tuple(syscalls)
-        self.threads = {}
-        self.by_ident = {}          # event id -> (kind, syscall name or None)
-        self.missing = {}           # figure -> wall.Missing
+        self.threads: dict[int, _Thread] = {}
+        self.by_ident: dict[int, tuple[str, str | None]] = {}  # event id -> (kind, syscall)
+        self.missing: dict[str, wall.Missing] = {}             # figure -> why
         self.exclude_kernel = False
         self.lost = 0
         self.samples = self.switch_samples = 0
         self.exited = 0
-        self.tp_ids = {}
+        self.tp_ids: dict[str, int] = {}
         # aggregates
         self.cpu_ns = 0
-        self.cpu = Counter()          # ALLOCATOR / APPLICATION / UNKNOWN -> samples
+        self.cpu: Counter[str] = Counter()     # ALLOCATOR / APPLICATION / UNKNOWN -> samples
         self.cpu_unwound = self.cpu_kernel = 0
-        self.cpu_fn = Counter()       # allocator function -> samples
-        self.cpu_entry = Counter()
-        self.site_cpu = Counter()     # site -> samples
-        self.site_entry = defaultdict(Counter)
-        self.site_frames = {}
-        self.site_lock_ns = Counter()
-        self.site_lock_n = Counter()
-        self.stacks = Counter()       # (kind, allocator, folded) -> weight
+        self.cpu_fn: Counter[str | None] = Counter()   # allocator function -> samples
+        self.cpu_entry: Counter[str | None] = Counter()
+        self.site_cpu: Counter[str] = Counter()         # site -> samples
+        self.site_entry: defaultdict[str, Counter[str | None]] = defaultdict(Counter)
+        self.site_frames: dict[str, tuple[str, ...]] = {}
+        self.site_lock_ns: Counter[str] = Counter()
+        self.site_lock_n: Counter[str] = Counter()
+        self.stacks: Counter[tuple[str, bool, tuple[str, ...]]] = Counter()  # -> weight
         self.blocked_ns = self.preempted_ns = 0
         self.blocked_n = self.preempted_n = 0
         self.switches_sampled = 0
         self.lock_ns = 0
         self.lock_n = 0
-        self.lock_fn = Counter()      # leaf function -> ns
-        self.lock_fn_n = Counter()
-        self.sys_sampled = Counter()
-        self.sys_alloc = Counter()
-        self.sys_unknown = Counter()
-        self.final_counts = defaultdict(int)   # faults/syscalls of closed threads
-        self._cache = {}
-        self._mem_fd = None
+        self.lock_fn: Counter[Any] = Counter()   # leaf function -> ns
+        self.lock_fn_n: Counter[Any] = Counter()
+        self.sys_sampled: Counter[str] = Counter()
+        self.sys_alloc: Counter[str] = Counter()
+        self.sys_unknown: Counter[str] = Counter()
+        self.final_counts: defaultdict[str, int] = defaultdict(int)  # of closed threads
+        self._cache: dict[tuple[Any, ...], tuple[Any, bool]] = {}
+        self._mem_fd: int | None = None
         self._last_scan = 0.0
-        self.t0_ns = self.t1_ns = None
-        self.start_wall = None
-        self._rusage0 = None
-        self.reader_cpu_s = None
+        self.t0_ns: int | None = None     # set by start()
+        self.t1_ns: int | None = None
+        self.start_wall: float | None = None
+        self._rusage0: Any = None
+        self.reader_cpu_s: float | None = None
 
     # -- setup ---------------------------------------------------------------
-    def start(self):
+    def start(self) -> None:
         pid = self.pid
         try:
-            with open(os.path.join(self.procfs, str(pid), "maps"), "rb") as f:
-                maps = f.read().decode("utf-8", "surrogateescape")
-        except FileNotFoundError:
-            raise NoSuchProcess(pid) from None
-        except PermissionError:
-            raise AccessDenied(pid, msg=f"cannot read /proc/{pid}/maps",
-                               remediation=perf.PERMISSION_FIX) from None
+            maps = parse_maps(ProcFS(self.procfs).read(pid, "maps"))
+        except AccessDenied as exc:
+            raise AccessDenied(pid, msg=exc.msg, remediation=perf.PERMISSION_FIX) from None
         try:
             self._mem_fd = os.open(os.path.join(self.procfs, str(pid), "mem"), os.O_RDONLY)
         except OSError:
@@ -161,6 +176,9 @@ class Session:
         self.start_wall = time.time()
         self.t0_ns = time.monotonic_ns()
         self._scan(first=True)
+        log.debug("pid %d: window started, %d threads, %d Hz, switches %s, syscalls %s",
+                  pid, len(self.threads), self.hz, self.want_switches,
+                  ",".join(self.tp_ids) or "none")
         if not self.threads:
             refused = [m for m in self.missing.values() if m.fix == perf.PERMISSION_FIX]
             if refused and self._tids():
@@ -199,8 +217,11 @@ class Session:
     def _miss(self, figure, reason, fix=None):
         self.missing.setdefault(figure, wall.Missing(figure, reason, fix))
 
-    def _read_mem(self, addr, n):
-        if self._mem_fd is None:
+    def _read_mem(self, addr: int, n: int) -> bytes | None:
+        # pread's offset is a signed off_t: a word "at" 2^63 or above (a
+        # garbage CFA; the kernel half) is not user memory, and would raise
+        # OverflowError, not OSError
+        if self._mem_fd is None or addr > OFF_T_MAX:
             return None
         try:
             return os.pread(self._mem_fd, n, addr)
@@ -212,15 +233,15 @@ class Session:
         directory still lists the main thread until it is reaped)."""
         try:
             with open(os.path.join(self.procfs, str(self.pid), "stat"), "rb") as f:
-                state = f.read().rpartition(b")")[2].split()[:1]
-            if state in ([b"Z"], [b"X"]):
-                return set()
+                if parse_state(f.read()) in ZOMBIE_STATES:
+                    return set()
             return {int(t) for t in os.listdir(os.path.join(self.procfs, str(self.pid), "task"))}
-        except FileNotFoundError:
-            return set()
-        except PermissionError:
-            raise AccessDenied(self.pid, msg=f"cannot list /proc/{self.pid}/task",
-                               remediation=perf.PERMISSION_FIX) from None
+        except OSError as exc:
+            err = oserror.translate(exc, self.pid, f"listing /proc/{self.pid}/task",
+                                    procfs=self.procfs, remediation=perf.PERMISSION_FIX)
+            if isinstance(err, NoSuchProcess):
+                return set()
+            raise err from None
 
     def _scan(self, first=False):
         tids = self._tids()
@@ -242,16 +263,18 @@ class Session:
         try:
             return perf.open_event(buf, tid)
         except perf.PerfError as exc:
+            log.debug("pid %d tid %d: perf_event_open refused %s: %s", self.pid, tid, what,
+                      errno.errorcode.get(exc.errno or 0, exc.errno))
             if exc.errno == errno.ESRCH:
                 return None
-            if exc.errno in (errno.EACCES, errno.EPERM) and not self.exclude_kernel:
+            if exc.errno in oserror.DENIED and not self.exclude_kernel:
                 # paranoid 2 lets a user sample its own processes in user mode only
                 self.exclude_kernel = True
                 self._miss("cpu.kernel_share", "kernel-mode samples not allowed "
                            f"({exc.strerror}): time in the kernel is not sampled",
                            perf.PERMISSION_FIX)
                 return self._open(_with_exclude_kernel(buf), tid, what, figure)
-            if exc.errno in (errno.EACCES, errno.EPERM):
+            if exc.errno in oserror.DENIED:
                 self._miss(figure, f"perf_event_open refused {what}: {exc.strerror}",
                            perf.PERMISSION_FIX)
             elif exc.errno == errno.EMFILE:
@@ -316,7 +339,10 @@ class Session:
                 t.fds.append(fd)
                 t.faults[kind] = fd
         if not t.fds:
+            log.debug("pid %d tid %d: no event opened", self.pid, tid)
             return
+        log.debug("pid %d tid %d: %d events open (%s)", self.pid, tid, len(t.fds),
+                  "ring" if t.ring is not None else "counting only")
         for fd in t.fds:
             try:
                 perf.ioctl(fd, perf.PERF_EVENT_IOC_ENABLE)
@@ -334,16 +360,15 @@ class Session:
         task = os.path.join(self.procfs, str(self.pid), "task", str(t.tid))
         try:
             with open(os.path.join(task, "stat"), "rb") as f:
-                state = f.read().rpartition(b")")[2].split()[:1]
-            if state not in ([b"S"], [b"D"]):
-                return
+                if parse_state(f.read()) not in SLEEP_STATES:
+                    return
             with open(os.path.join(task, "syscall"), "rb") as f:
                 fields = f.read().split()
         except OSError:
             return
         a = None
-        if len(fields) == 9:                 # nr, 6 args, sp, pc (fs/proc/base.c)
-            sp, pc = int(fields[7], 16), int(fields[8], 16)
+        if len(fields) == SYSCALL_FIELDS:
+            sp, pc = int(fields[SYSCALL_SP_FIELD], 16), int(fields[SYSCALL_PC_FIELD], 16)
             w = self.unwinder.walk({unwind.RA: pc, unwind.RSP: sp}, parse=True, partial=True,
                                    tolerant=True)
             if w.frames:
@@ -351,7 +376,7 @@ class Session:
         t.out_ns, t.out_preempt, t.out_cls = now, False, (a, 1)
 
     # -- the loop --------------------------------------------------------------
-    def poll(self):
+    def poll(self) -> bool:
         """Drain every ring; rescan threads when due.  False once the process is gone."""
         for t in list(self.threads.values()):
             if t.ring is not None:
@@ -383,7 +408,7 @@ class Session:
                 pass
         t.fds, t.faults, t.syscalls, t.ring = [], {}, {}, None
 
-    def stop(self):
+    def stop(self) -> None:
         """Disable, drain and close everything; fix the window's end (once)."""
         if self.t1_ns is not None:
             return
@@ -402,6 +427,10 @@ class Session:
                 t.end_ns = now
                 self._close_thread(t)
         self.t1_ns = now
+        log.debug("pid %d: window ended after %.3f s: %d samples, %d switch samples, "
+                  "%d records lost, %d threads (%d exited)", self.pid,
+                  (now - (self.t0_ns or now)) / 1e9, self.samples, self.switch_samples,
+                  self.lost, len(self.threads), self.exited)
         if self._mem_fd is not None:
             os.close(self._mem_fd)
             self._mem_fd = None
@@ -414,6 +443,7 @@ class Session:
     def _consume(self, t, data):
         if not data:
             return
+        lost = self.lost
         for rec in records.decode(data):
             if type(rec) is records.Sample:
                 kind, name = self.by_ident.get(rec.ident, (None, None))
@@ -427,6 +457,9 @@ class Session:
                 self._switch(t, rec)
             else:
                 self.lost += rec.count
+        if self.lost != lost:
+            log.debug("pid %d tid %d: %d records lost in one drain", self.pid, t.tid,
+                      self.lost - lost)
 
     def _attribute(self, rec, fallback, cache_prefix):
         """Attribution of a sample's stack (None without registers)."""
@@ -548,13 +581,14 @@ class Session:
             self.sys_alloc[name] += 1
 
     # -- the result ------------------------------------------------------------
-    def run(self, duration_s, tick=None):
+    def run(self, duration_s: float, tick: Callable[[float], Any] | None = None) -> str:
         """start(), poll for DURATION_S (Ctrl-C ends early), stop(); returns
         the way the window ended (diag.model.wall COMPLETE / INTERRUPTED / EXITED)."""
         self.start()
         return self.run_started(duration_s, tick)
 
-    def run_started(self, duration_s, tick=None):
+    def run_started(self, duration_s: float,
+                    tick: Callable[[float], Any] | None = None) -> str:
         """The polling loop of run() for a session already started."""
         ended = wall.COMPLETE
         deadline = time.monotonic() + duration_s
@@ -575,13 +609,20 @@ class Session:
             self.stop()
         return ended
 
+    def _elapsed_s(self) -> float:
+        """Seconds from the window's start to its end (to now while it runs)."""
+        assert self.t0_ns is not None, "start() first"
+        return ((self.t1_ns or time.monotonic_ns()) - self.t0_ns) / 1e9
+
     def _count(self, key):
         """A counter summed over every closed thread, None when none had it."""
         return self.final_counts.get(key)
 
-    def window(self, requested_s, ended, comm=None, allocator=None, extra_missing=(),
-               pause_us=()):
-        duration = ((self.t1_ns or time.monotonic_ns()) - self.t0_ns) / 1e9
+    def window(self, requested_s: float, ended: str, comm: str | None = None,
+               allocator: str | None = None, extra_missing: Iterable[wall.Missing] = (),
+               pause_us: Iterable[int] = ()) -> wall.Window:
+        duration = self._elapsed_s()
+        assert self.start_wall is not None, "start() first"
         return wall.Window(
             pid=self.pid, start=self.start_wall, duration_s=duration, requested_s=requested_s,
             hz=self.hz, samples=self.samples, switch_samples=self.switch_samples,
@@ -590,12 +631,12 @@ class Session:
             missing=tuple(self.missing.values()) + tuple(extra_missing),
             pause_us=tuple(pause_us))
 
-    def parts(self):
+    def parts(self) -> tuple[Any, ...]:
         """(cpu, off_cpu, faults, syscalls, sites, stacks) for diag.model.wall.Wall;
         of a running session, what was gathered so far (faults and syscall
         counts only once stopped: the counters are read when a thread is
         closed)."""
-        duration = ((self.t1_ns or time.monotonic_ns()) - self.t0_ns) / 1e9
+        duration = self._elapsed_s()
         secs = self.cpu_ns / 1e9
         per_sample = secs / self.samples if self.samples else 0.0
 
@@ -658,7 +699,8 @@ def _raise_nofile():
     """Up to 9 descriptors per thread: lift allocdiag's own soft limit on
     open files to the hard one (EMFILE is still reported as missing)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = hard if hard != resource.RLIM_INFINITY else max(soft, 9 * MAX_THREADS + 64)
+    want = hard if hard != resource.RLIM_INFINITY else \
+        max(soft, NOFILE_PER_THREAD * MAX_THREADS + NOFILE_SPARE)
     if soft != resource.RLIM_INFINITY and soft < want:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
@@ -666,8 +708,7 @@ def _raise_nofile():
             pass
 
 
-def _with_exclude_kernel(buf):
-    import struct
-    flags, = struct.unpack_from("<Q", buf, 40)
-    struct.pack_into("<Q", buf, 40, flags | perf.F_EXCLUDE_KERNEL)
+def _with_exclude_kernel(buf: Any) -> Any:
+    flags, = struct.unpack_from("<Q", buf, perf.ATTR_FLAGS_OFF)
+    struct.pack_into("<Q", buf, perf.ATTR_FLAGS_OFF, flags | perf.F_EXCLUDE_KERNEL)
     return buf

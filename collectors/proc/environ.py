@@ -1,0 +1,41 @@
+"""/proc/PID/environ: only the allocator-related variables, every other
+variable dropped while parsing (DESIGN.md "Secrets")."""
+
+from __future__ import annotations
+
+# Environment variables that configure allocators.  DESIGN.md "Secrets": only
+# these are ever read out of a process's environment; everything else is
+# dropped while parsing, before it reaches any other code.
+ALLOCATOR_ENV_EXACT = frozenset((
+    b"LD_PRELOAD", b"GLIBC_TUNABLES", b"PYTHONMALLOC", b"GODEBUG", b"MALLOC_CONF",
+    b"MALLOC_ARENA_MAX", b"MALLOC_ARENA_TEST",
+))
+ALLOCATOR_ENV_PREFIXES = (b"TCMALLOC_", b"MIMALLOC_", b"HEAPPROFILE", b"HEAP_PROFILE_")
+
+
+def is_allocator_var(name: str | bytes) -> bool:
+    """True for the allocator-related variable names DESIGN.md allows.
+
+    Covers ``MALLOC_CONF`` and its prefixed forms (``JE_MALLOC_CONF``,
+    ``_RJEM_MALLOC_CONF``), glibc's ``MALLOC_*_`` (``MALLOC_TRIM_THRESHOLD_``),
+    ``TCMALLOC_*``, ``MIMALLOC_*`` (mimalloc matches case-insensitively, so
+    lower-case forms count too).
+    """
+    if isinstance(name, str):
+        name = name.encode()
+    if name in ALLOCATOR_ENV_EXACT or name.endswith(b"MALLOC_CONF"):
+        return True
+    if name.startswith(b"MALLOC_") and name.endswith(b"_"):
+        return True
+    return name.upper().startswith(ALLOCATOR_ENV_PREFIXES)
+
+
+def parse_allocator_environ(data: bytes) -> dict[str, str]:
+    """The allocator-related NAME=VALUE entries of an environ block (NUL
+    separated), as {str: str}; every other variable is dropped unread."""
+    out = {}
+    for entry in data.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep and is_allocator_var(name):
+            out[name.decode(errors="replace")] = value.decode(errors="replace")
+    return out

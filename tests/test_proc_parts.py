@@ -1,0 +1,219 @@
+"""collectors.proc's one maps parser, one stat reader and one OS-error
+translation: on bytes captured from this kernel (tests/targets/capture_proc.py)
+and on errors of real failing calls."""
+
+import ctypes
+import errno
+import os
+import subprocess
+
+import pytest
+
+import unpriv
+
+from collectors.binary.unwind import Unwinder
+from collectors.heapprofile import parse as parse_heap
+from collectors.proc import oserror
+from collectors.proc.maps import executable_files, parse_maps
+from collectors.proc.pagemap import Pagemap
+from collectors.proc.procfs import ProcFS
+from collectors.proc.stat import fields_after_comm, parse_start_time, parse_state, start_time
+from diag.model.errors import AccessDenied, MalformedData, NoSuchProcess, RemoteCallError
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+COMM = "a) (b c"        # tests/targets/capture_proc.py NAME
+
+
+def fixture(name):
+    with open(os.path.join(FIXTURES, name), "rb") as f:
+        return f.read()
+
+
+MAPS = fixture("proc-maps-deleted-spaces.txt")
+STAT = fixture("proc-stat-comm-parens.txt")
+
+
+# -- maps ----------------------------------------------------------------------
+
+def test_captured_maps_every_line_parsed():
+    maps = parse_maps(MAPS)
+    assert len(maps) == len(MAPS.strip().split(b"\n"))
+    exe = maps[0]
+    # the executable's path holds ") (" and spaces, then the kernel's suffix
+    assert exe.path.endswith("/" + COMM) and exe.deleted
+    assert exe.maps_path == exe.path + " (deleted)"
+    assert (exe.perms, exe.offset, exe.dev) == ("r--p", 0, "fe:00")
+    assert [m.path for m in maps if m.path and m.path.startswith("[")] == \
+        ["[heap]", "[vvar]", "[vvar_vclock]", "[vdso]", "[stack]", "[vsyscall]"]
+    anon = [m for m in maps if m.path is None]
+    assert anon and all(m.inode == 0 and m.maps_path == "" for m in anon)
+
+
+def test_executable_files_are_the_code_a_stack_can_be_in():
+    files = executable_files(parse_maps(MAPS))
+    assert [os.path.basename(m.path) for m in files] == \
+        [COMM, "libc.so.6", "ld-linux-x86-64.so.2"]      # not [vdso], not [vsyscall]
+
+
+def test_damaged_line_strict_raises_lenient_skips():
+    lines = MAPS.split(b"\n")
+    damaged = b"\n".join(lines[:3] + [b"zz-10 r-xp 00000000 fe:00 1 /bin/x"] + lines[3:])
+    with pytest.raises(MalformedData, match="maps line 4"):
+        parse_maps(damaged)
+    assert parse_maps(damaged, strict=False) == parse_maps(MAPS)
+
+
+def test_heap_profile_trailer_uses_the_maps_parser():
+    """A heap profile's trailer is /proc/self/maps as the program copied it:
+    every mapping comes back with the path as maps printed it (" (deleted)"
+    kept, "" for anonymous memory), damaged and empty ranges skipped."""
+    head = fixture("heap-tcmalloc-python.heap").split(b"MAPPED_LIBRARIES:")[0]
+    trailer = MAPS + b"not a mapping at all\n7f00-7f00 r-xp 00000000 fe:00 1 /empty\n"
+    prof = parse_heap(head + b"MAPPED_LIBRARIES:\n" + trailer)
+    want = parse_maps(MAPS)
+    assert [(m.start, m.end, m.perms, m.offset, m.path) for m in prof.mappings] == \
+        [(m.start, m.end, m.perms, m.offset, m.maps_path) for m in want]
+    assert prof.mappings[0].path.endswith(COMM + " (deleted)")
+
+
+def test_unwinder_takes_text_bytes_or_mappings():
+    starts = [m.start for m in executable_files(parse_maps(MAPS))]
+    for maps in (MAPS, MAPS.decode("utf-8", "surrogateescape"), parse_maps(MAPS)):
+        assert Unwinder(1, maps, lambda a, n: None).object_starts() == starts
+
+
+# -- stat ----------------------------------------------------------------------
+
+def test_captured_stat_with_parens_in_comm():
+    assert parse_state(STAT) == b"S"
+    assert parse_start_time(STAT) == 2310259
+    # counting fields from the start would be thrown off by the comm's spaces
+    assert int(STAT.split()[21]) != 2310259
+    assert fields_after_comm(STAT)[0] == b"S"
+    assert parse_start_time(b"no comm here") is None and parse_state(b"") is None
+
+
+def test_start_time_of_a_live_process_named_with_parens(tmp_path):
+    exe = tmp_path / COMM
+    exe.write_bytes(open("/bin/sleep", "rb").read())
+    exe.chmod(0o755)
+    p = subprocess.Popen([str(exe), "30"])
+    try:
+        with open(f"/proc/{p.pid}/stat", "rb") as f:
+            data = f.read()
+        assert data.startswith(f"{p.pid} (".encode())
+        st = start_time(p.pid)
+        assert st is not None and st == parse_start_time(data)
+        with open("/proc/self/stat", "rb") as f:
+            assert st >= parse_start_time(f.read())          # started after us
+    finally:
+        p.kill()
+        p.wait()
+    assert start_time(p.pid) is None                         # gone
+
+
+# -- OS errors from real failing calls -----------------------------------------
+
+def _reaped_pid():
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_vanished_pid_is_no_such_process():
+    pid = _reaped_pid()
+    with pytest.raises(FileNotFoundError) as info:
+        open(f"/proc/{pid}/maps", "rb")
+    err = oserror.translate(info.value, pid, f"reading /proc/{pid}/maps")
+    assert isinstance(err, NoSuchProcess) and err.pid == pid
+    with pytest.raises(NoSuchProcess):
+        ProcFS().read(pid, "maps")
+    with pytest.raises(NoSuchProcess):
+        Pagemap(pid)
+    # /proc/PID of a process exiting meanwhile may answer EACCES: gone is gone
+    assert isinstance(oserror.translate(errno.EACCES, pid, "reading"), NoSuchProcess)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+PTRACE_GETREGS = 12          # arch/x86/include/uapi/asm/ptrace-abi.h
+
+
+def test_ptrace_of_an_untraced_thread_is_not_a_vanished_process():
+    """ESRCH from ptrace on a live process we do not trace: with TRACED, the
+    thread left (or never was in) a ptrace-stop; the process is there."""
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        regs = ctypes.create_string_buffer(27 * 8)     # struct user_regs_struct
+        ctypes.set_errno(0)
+        assert _libc.ptrace(PTRACE_GETREGS, p.pid, None, regs) == -1
+        err_no = ctypes.get_errno()
+        assert err_no == errno.ESRCH
+        err = oserror.translate(err_no, p.pid, "PTRACE_GETREGS", tid=p.pid, traced=True)
+        assert isinstance(err, RemoteCallError) and "not in a ptrace-stop" in str(err)
+    finally:
+        p.kill()
+        p.wait()
+    err = oserror.translate(errno.ESRCH, p.pid, "PTRACE_GETREGS", traced=True)
+    assert isinstance(err, NoSuchProcess)                  # now it is gone
+
+
+def test_waitpid_of_a_non_child_is_no_longer_traced():
+    with pytest.raises(ChildProcessError) as info:
+        os.waitpid(1, os.WNOHANG)
+    err = oserror.translate(info.value, 1, "waitpid", traced=True)
+    assert isinstance(err, RemoteCallError) and "no longer traced by us" in str(err)
+
+
+def test_other_errors_stay_os_errors_unless_traced():
+    with pytest.raises(IsADirectoryError) as info:
+        open("/proc/self/task", "rb")
+    assert oserror.translate(info.value, os.getpid(), "reading") is info.value
+    r, w = os.pipe()
+    try:
+        ctypes.set_errno(0)
+        assert _libc.lseek(r, 0, os.SEEK_SET) == -1
+        err = oserror.translate(ctypes.get_errno(), os.getpid(), "lseek")
+    finally:
+        os.close(r)
+        os.close(w)
+    assert isinstance(err, RemoteCallError) and "ESPIPE" in str(err)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop privileges")
+def test_permission_denied_from_an_unprivileged_process():
+    """As nobody: /proc/1/mem (ptrace access mode check: EACCES), kill(2) of
+    pid 1 (EPERM), pagemap, and the sampler's maps read are refused:
+    AccessDenied, exit code 4, with the sampler's advice for the sampler."""
+    code = """
+import errno
+import os
+from collectors.proc import oserror
+from collectors.proc.pagemap import Pagemap
+from collectors.sampler import perf
+from collectors.sampler.session import Session
+from diag.model.errors import AccessDenied
+try:
+    open("/proc/1/mem", "rb")
+except PermissionError as exc:
+    e = oserror.translate(exc, 1, "reading /proc/1/mem")
+    print("MEM", exc.errno == errno.EACCES, type(e).__name__, e.exit_code, e.msg)
+try:
+    os.kill(1, 0)
+except PermissionError as exc:
+    e = oserror.translate(exc, 1, "signal 0 to pid 1")
+    print("KILL", exc.errno == errno.EPERM, type(e).__name__, e.msg)
+try:
+    Pagemap(1)
+except AccessDenied as e:
+    print("PAGEMAP", e.msg)
+try:
+    Session(1).start()
+except AccessDenied as e:
+    print("SESSION", e.msg, e.remediation == perf.PERMISSION_FIX)
+"""
+    out = unpriv.run(["-c", code])
+    assert "MEM True AccessDenied 4 permission denied: reading /proc/1/mem" in out.stdout, \
+        out.stderr
+    assert "KILL True AccessDenied permission denied: signal 0 to pid 1" in out.stdout, out.stderr
+    assert "PAGEMAP permission denied: reading /proc/1/pagemap" in out.stdout, out.stderr
+    assert "SESSION permission denied: reading /proc/1/maps True" in out.stdout, out.stderr
