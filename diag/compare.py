@@ -42,6 +42,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from collectors.allocators import registry
 from diag.model.errors import AllocdiagError, NoSuchProcess
 from collectors.proc.procfs import ProcFS, cgroup_memory
 from diag.model.exitcodes import ExitCode
@@ -113,9 +114,9 @@ def installed():
 
 def _kind_of_library(path):
     base = os.path.basename(path)
-    for word in ("jemalloc", "tcmalloc", "mimalloc"):
-        if word in base:
-            return word
+    for a in registry.ALL:
+        if a.vocabulary.library_word and a.vocabulary.library_word in base:
+            return a.kind
     return None
 
 
@@ -137,30 +138,19 @@ def knob_env(allocator, knobs):
                         MIMALLOC_DECOMMIT_DELAY, its 2.0 name, and vice versa
       tcmalloc(_minimal) TCMALLOC_K=v
     """
-    env, conf, tunables = {}, [], []
+    env, options = {}, []
     kind = ALLOCATORS.get(allocator, (None, _kind_of_library(allocator) or allocator))[1]
+    allocator_knobs = registry.for_kind(kind).knobs
     for key, value in knobs:
         if key.upper() == key:
             env[key] = value
-        elif kind == "jemalloc":
-            conf.append(f"{key}:{value}")
-        elif kind == "glibc":
-            tunables.append(f"{key if key.startswith('glibc.') else 'glibc.malloc.' + key}={value}")
-        elif kind == "mimalloc":
-            env[f"MIMALLOC_{key.upper()}"] = value
-            if key == "purge_delay":
-                env.setdefault("MIMALLOC_DECOMMIT_DELAY", value)
-            elif key == "decommit_delay":
-                env.setdefault("MIMALLOC_PURGE_DELAY", value)
-        elif kind == "tcmalloc":
-            env[f"TCMALLOC_{key.upper()}"] = value
+        elif allocator_knobs is not None:
+            options.append((key, value))
         else:
             raise CompareError(f"knob {key}={value}: no knob syntax known for {allocator!r}; "
                                "write it as an environment variable (capitals)")
-    if conf:
-        env["MALLOC_CONF"] = ",".join(conf)
-    if tunables:
-        env["GLIBC_TUNABLES"] = ":".join(tunables)
+    if allocator_knobs is not None:
+        allocator_knobs.start_env(options, env)
     return env
 
 
@@ -526,7 +516,7 @@ def _preload(snap, variant):
             reason += f" ({pre.reasons[0]})"
     elif variant.expect_kind and kind != variant.expect_kind:
         reason = f"malloc is served by {kind}, not {variant.expect_kind}"
-    elif variant.library is None and kind != "glibc":
+    elif variant.library is None and not registry.for_kind(kind).vocabulary.always_loaded:
         reason = f"malloc is served by {kind} (an inherited preload?), not glibc"
     return pre.effective, pre.verdict, reason
 

@@ -60,3 +60,15 @@ class Retry(MalformedData):
     def __init__(self, msg, opts):
         super().__init__(msg)
         self.opts = opts
+
+
+def int_value(value, name):
+    """VALUE (a string from the command line) as an integer for knob NAME."""
+    try:
+        return int(str(value), 0)
+    except ValueError:
+        raise Unsupported(f"{name} needs an integer, got {value!r}") from None
+
+
+def true_false(v):
+    return "true" if v else "false"

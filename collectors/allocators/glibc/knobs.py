@@ -1,0 +1,80 @@
+"""glibc's knobs: tunables and MALLOC_* variables at start, mallopt at
+runtime (malloc/malloc.h)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from diag.model import Knob
+from diag.model.errors import Unsupported
+
+from collectors.allocators.common import int_value
+
+log = logging.getLogger("collectors.allocators")
+
+# glibc malloc.c defaults (64-bit).
+GLIBC_DEFAULTS = {"arena_max": "8 x cores (NARENAS_FROM_NCORES)",
+                  "trim_threshold": "131072 (dynamic: raised to 2 x mmap_threshold)",
+                  "mmap_threshold": "131072 (dynamic, up to 33554432)", "top_pad": "131072",
+                  "tcache_count": "7"}
+# glibc mallopt parameters (malloc/malloc.h M_TRIM_THRESHOLD...).
+MALLOPT = {"trim_threshold": -1, "top_pad": -2, "mmap_threshold": -3, "mmap_max": -4,
+           "arena_test": -7, "arena_max": -8}
+U64 = (1 << 64) - 1         # an int argument passed in a 64-bit register
+U32 = (1 << 32) - 1         # mallopt returns an int
+
+
+def read(native: dict[str, Any]) -> dict[str, Knob]:
+    from collectors.config import glibc_tunables
+    env = (native.get("config") or {}).get("env") or {}
+    set_ = glibc_tunables(env)
+    how = {"arena_max": "MALLOC_ARENA_MAX=N or GLIBC_TUNABLES=glibc.malloc.arena_max=N at start; "
+                        "`allocdiag set PID arena_max=N` (mallopt M_ARENA_MAX) affects new arenas only",
+           "trim_threshold": "GLIBC_TUNABLES=glibc.malloc.trim_threshold=N (note: setting it "
+                             "disables glibc's dynamic mmap/trim thresholds); or call "
+                             "malloc_trim(0) (`allocdiag release PID`)",
+           "mmap_threshold": "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=N (disables the dynamic "
+                             "threshold)",
+           "top_pad": "GLIBC_TUNABLES=glibc.malloc.top_pad=N",
+           "tcache_count": "GLIBC_TUNABLES=glibc.malloc.tcache_count=N (0 disables tcache)"}
+    out = {}
+    for name, default in GLIBC_DEFAULTS.items():
+        value, source = set_.get(name, (default, "compiled default"))
+        out[name] = Knob(name=name, current=value, source=source, how=how[name])
+    return out
+
+
+class Knobs:
+    runtime = tuple(MALLOPT)
+    conf_strings = False
+
+    def conf_sources(self, image: Any, obj: Any, prefix: str | None) -> dict[str, Any]:
+        return {}
+
+    def read(self, native: dict[str, Any]) -> dict[str, Knob]:
+        return read(native)
+
+    def start_env(self, options: list[tuple[str, str]], env: dict[str, str]) -> None:
+        start_env(options, env)
+
+    def refusal_hint(self, name: str) -> str | None:
+        return None
+
+    def set(self, rp: Any, resolve: Callable[[str], int], prefix: str | None,
+            name: str, value: str) -> tuple[str | None, str, str]:
+        fn = resolve("mallopt")
+        v = int_value(value, name)
+        with rp.borrow() as c:
+            ok = c.call(fn, MALLOPT[name] & U64, v & U64) & U32
+        if ok != 1:
+            raise Unsupported(f"mallopt({name}, {v}) refused by glibc (returned {ok})")
+        return None, str(v), "glibc has no getter for mallopt parameters: the old value is unknown; " \
+                             "setting it disables glibc's dynamic mmap/trim thresholds"
+
+
+def start_env(options: list[tuple[str, str]], env: dict[str, str]) -> None:
+    """GLIBC_TUNABLES=glibc.malloc.k=v:... (``glibc.*`` names as they are)."""
+    if options:
+        env["GLIBC_TUNABLES"] = ":".join(
+            f"{k if k.startswith('glibc.') else 'glibc.malloc.' + k}={v}" for k, v in options)
