@@ -32,7 +32,7 @@ ALLOCATOR = GoRuntime(
         lazyfree=LazyFreeAdvice(
             cause="the Go runtime (MADV_FREE before Go 1.16, or GODEBUG=madvdontneed=0)"),
         no_stats=NO_STATS,
-        whose_heap=WHOSE_HEAP,
+        whose_heap="a Go program ({allocator}): " + WHOSE_HEAP,
         own_heap_note=("the Go runtime manages the Go heap itself (not malloc); allocdiag reads "
                        "no Go runtime statistics yet"),
     ),

@@ -20,6 +20,15 @@ if TYPE_CHECKING:
     from diag.model import Knob
 
 
+def has_symbol(lib: Any, name: str) -> bool:
+    """LIB (a ctypes handle) defines NAME."""
+    try:
+        getattr(lib, name)
+        return True
+    except AttributeError:
+        return False
+
+
 class Signature:
     """What one loaded object is, allocator-wise (cached on the ElfObject by
     collectors.detect.classify)."""
@@ -60,10 +69,11 @@ class Vocabulary:
     held_fallback_label: str | None = None  # what that stat is, for the breakdown's label
     resident_caveat: str | None = None  # why its own `resident` figure can exceed the kernel's
     heap_profile_cost: str | None = None  # what its heap profiler costs (TUI heap tab)
+    program_starts_profiler: bool = False  # the program may run the heap profiler itself (HEAPPROFILE)
     library_word: str | None = None     # the word naming it in a library's file name
     always_loaded: bool = False         # present in every process (the libc): not a second allocator
     no_stats: str | None = None         # why there are no live stats (when not callable)
-    whose_heap: str | None = None       # `explain` headline when it is not a malloc at all
+    whose_heap: str | None = None       # `explain` headline when it is not a malloc at all ({allocator})
     own_heap_note: str | None = None    # named among the others when an executable carries its own heap
 
 
@@ -115,6 +125,15 @@ class Allocator(Protocol):
         """Its version, read from the loaded object without stopping the process."""
         ...
 
+    def in_process(self, lib: Any, path: str) -> Signature | None:
+        """Its Signature if LIB (the ctypes handle of the object defining this
+        very process's malloc, at PATH) is this allocator (collectors.selfstats)."""
+        ...
+
+    def self_version(self, lib: Any) -> str | None:
+        """Its version, asked in-process through LIB."""
+        ...
+
     def stats(self) -> ModuleType | None:
         """The stats reader module (KINDS, FIELDS, plan, gather, parse, normalise, parse_file)."""
         ...
@@ -158,9 +177,18 @@ class Base:
         v: str | None = obj.elf.rodata_version(self.banner, obj.opener.open)
         return v
 
+    def in_process(self, lib: Any, path: str) -> Signature | None:
+        return None
+
+    def self_version(self, lib: Any) -> str | None:
+        return None
+
     def stats(self) -> ModuleType | None:
         import importlib
         return importlib.import_module(self.reader) if self.reader else None
 
     def counters(self, reader: Any) -> dict[str, tuple[Any, str, str, str]]:
+        # no counters of its own; the read still says why when there are no
+        # live stats at all (the Go runtime, musl, unknown: Unsupported)
+        reader.native()
         return {}

@@ -36,6 +36,10 @@ ALL: tuple[Allocator, ...] = (
 STRIPPED_STATIC: tuple[Allocator, ...] = (JEMALLOC, GLIBC)
 
 UNKNOWN: Allocator = other.UNKNOWN
+# `allocdiag inspect --from FILE`: the stats readers whose ``looks_like``
+# recognises a file, tried in this order.
+FILE_FORMATS: tuple[Allocator, ...] = (GLIBC, JEMALLOC, GPERFTOOLS, MIMALLOC)
+
 _BY_KIND = {a.kind: a for a in ALL}
 
 

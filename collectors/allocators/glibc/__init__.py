@@ -216,3 +216,15 @@ def parse_file(data):
             "mallinfo2_from": "malloc_info", "version": None, "error": None,
             "side_effects": [], "gathered_by": "file: malloc_info XML"}
 
+
+def complete(image, native, stats):
+    """Fill ``resident`` when the calls left it unknown: smaps Rss of the
+    heaps plus the present pages of the mmapped chunks (heapmaps.resident)."""
+    from collectors.allocators.glibc import heapmaps
+    if stats.get("resident") is not None and stats["resident"].value is None:
+        heapmaps.resident(image, native, stats)
+
+
+def looks_like(head):
+    """HEAD (the start of a file, leading space stripped) is malloc_info XML."""
+    return head.startswith(b"<?xml") or head.startswith(b"<malloc")

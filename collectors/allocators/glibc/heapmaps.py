@@ -27,6 +27,7 @@ from diag.model.errors import AccessDenied, AllocdiagError
 from collectors.engine.memory import MemoryReader
 from collectors.proc.pagemap import PAGE_SIZE, Pagemap
 from collectors.proc.maps import parse_maps
+from diag.model import Value
 
 HEAP_MAX_SIZE = 64 << 20
 # malloc/malloc.c: the low bits of a chunk's size field.
@@ -170,3 +171,31 @@ def anon_present_outside_stacks(procfs, pid):
     except AccessDenied:
         return None
     return (present, stacks) if present is not None else None
+
+
+def resident(image, native, stats):
+    """glibc's resident: smaps Rss of its heaps plus the present pages of
+    its mmapped chunks, found by their headers (collectors.allocators.glibc.heapmaps).  The
+    chunks found are checked against malloc_info's / mallinfo2's own count
+    and bytes (hblks, hblkhd): when they disagree the figure says so."""
+    res, heaps, maps = glibc_heap_resident(image.procfs, image.pid)
+    if res is None:
+        return
+    native["heap_resident"] = {"bytes": res, "arena_heaps": heaps}
+    formula = "smaps Rss of [heap] + the 64 MiB-aligned arena heaps"
+    chunks = mmapped_chunks(image.pid, maps, image.procfs.root)
+    mi = native.get("mallinfo2") or {}
+    if chunks is not None:
+        n, size, chunk_res = chunks
+        native["heap_resident"]["mmapped_chunks"] = {"count": n, "bytes": size,
+                                                     "resident": chunk_res}
+        res += chunk_res
+        formula += (f" + pagemap present pages of the {n} mmapped chunks found by their "
+                    f"headers ({size} bytes")
+        if mi.get("hblks") is not None and (mi["hblks"], mi["hblkhd"]) != (n, size):
+            formula += (f"; glibc counts {mi['hblks']} chunks, {mi['hblkhd']} bytes: the "
+                        "rest not found, a lower bound")
+        formula += ")"
+    else:
+        formula += " (mmapped chunks not readable: a lower bound)"
+    stats["resident"] = Value.derived(res, formula)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from typing import Any
+import ctypes
+import os
 
 from collectors.allocators.interface import Base, LazyFreeAdvice, Release, Signature, Vocabulary
 from collectors.allocators.glibc.knobs import Knobs
@@ -35,6 +37,19 @@ class Glibc(Base):
         if isinstance(arenas, list):
             out["glibc.arenas"] = (len(arenas), "count", "gauge", "malloc_info <heap nr=...>")
         return out
+
+
+    def in_process(self, lib: Any, path: str) -> Signature | None:
+        base = os.path.basename(path or "")
+        if base.startswith("libc.so") or base.startswith("libc-"):
+            return Signature("glibc")
+        return None
+
+    def self_version(self, lib: Any) -> str | None:
+        fn = ctypes.CDLL(None).gnu_get_libc_version
+        fn.restype = ctypes.c_char_p
+        v: str = fn().decode()
+        return v
 
 
 ALLOCATOR = Glibc(

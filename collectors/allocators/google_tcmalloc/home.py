@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectors.allocators.interface import Base, Release, Signature, Vocabulary
+from collectors.allocators.interface import Base, has_symbol, Release, Signature, Vocabulary
 from collectors.allocators.gperftools.home import getstats_counters
 
 SIZE_MAX = (1 << 64) - 1    # ReleaseMemoryToSystem(SIZE_MAX): everything it can (tcmalloc/malloc_extension.h)
@@ -29,6 +29,12 @@ class GoogleTcmalloc(Base):
         out: dict[str, tuple[Any, str, str, str]] = {}
         getstats_counters(reader.native(), out)
         return out
+
+
+    def in_process(self, lib: Any, path: str) -> Signature | None:
+        if has_symbol(lib, "MallocExtension_Internal_GetNumericProperty"):
+            return Signature("tcmalloc-google")
+        return None
 
 
 ALLOCATOR = GoogleTcmalloc(

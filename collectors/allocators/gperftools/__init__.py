@@ -224,3 +224,8 @@ def parse_file(data):
     native = _document({}, stats, None)
     native["gathered_by"] = "file: MallocExtension_GetStats text"
     return native
+
+
+def looks_like(head):
+    """HEAD is MallocExtension_GetStats text."""
+    return b"MALLOC:" in head

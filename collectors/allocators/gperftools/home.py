@@ -4,8 +4,10 @@ the rest of the code asks of it."""
 from __future__ import annotations
 
 from typing import Any
+import ctypes
+import os
 
-from collectors.allocators.interface import Base, Release, Signature, Vocabulary
+from collectors.allocators.interface import Base, has_symbol, Release, Signature, Vocabulary
 from collectors.allocators.gperftools.knobs import Knobs
 
 
@@ -47,6 +49,22 @@ class Gperftools(Base):
         return out
 
 
+    def in_process(self, lib: Any, path: str) -> Signature | None:
+        if not has_symbol(lib, "MallocExtension_GetNumericProperty"):
+            return None
+        base = os.path.basename(path or "")
+        return Signature("tcmalloc", variant="minimal" if "minimal" in base else None)
+
+    def self_version(self, lib: Any) -> str | None:
+        if not has_symbol(lib, "tc_version"):
+            return None
+        tv = lib.tc_version
+        tv.argtypes = (ctypes.POINTER(ctypes.c_int),) * 2 + (ctypes.POINTER(ctypes.c_char_p),)
+        tv.restype = ctypes.c_char_p
+        v: str = tv(None, None, None).decode()
+        return v
+
+
 ALLOCATOR = Gperftools(
     kind="tcmalloc", name="gperftools tcmalloc", callable=True, banner="gperftools",
     reader="collectors.allocators.gperftools",
@@ -62,5 +80,6 @@ ALLOCATOR = Gperftools(
                            "malloc-heavy code runs markedly slower while it is on "
                            "(bench/heapprof_cost.py measures it)."),
         library_word="tcmalloc",
+        program_starts_profiler=True,
     ),
 )

@@ -426,3 +426,7 @@ def parse_file(data):
     return {"mallctl": values, "prefix": None, "side_effects": [],
             "gathered_by": "file: malloc_stats_print JSON"}
 
+
+def looks_like(head):
+    """HEAD is jemalloc's stats JSON (malloc_stats_print opts 'J')."""
+    return head.startswith(b"{") and b'"jemalloc"' in head

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+import ctypes
 
-from collectors.allocators.interface import Base, LazyFreeAdvice, Release, Signature, Vocabulary
+from collectors.allocators.interface import Base, has_symbol, LazyFreeAdvice, Release, Signature, Vocabulary
 from collectors.allocators.jemalloc.knobs import Knobs
 
 log = logging.getLogger("collectors.allocators")
@@ -63,6 +64,19 @@ class Jemalloc(Base):
         reader.pause_us.extend(rp.pause_us)
         out: dict[str, tuple[Any, str, str, str]] = jemalloc_counters.parse(raw)
         return out
+
+
+    def in_process(self, lib: Any, path: str) -> Signature | None:
+        return Signature("jemalloc") if has_symbol(lib, "mallctl") else None
+
+    def self_version(self, lib: Any) -> str | None:
+        cell, size = ctypes.c_char_p(), ctypes.c_size_t(ctypes.sizeof(ctypes.c_char_p))
+        lib.mallctl.argtypes = (ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                ctypes.c_void_p, ctypes.c_size_t)
+        if lib.mallctl(b"version", ctypes.byref(cell), ctypes.byref(size), None, 0) == 0 \
+                and cell.value is not None:
+            return cell.value.decode()
+        return None
 
 
 ALLOCATOR = Jemalloc(

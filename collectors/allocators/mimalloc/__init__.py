@@ -239,3 +239,9 @@ def parse_file(data):
              else mimalloc_stats.parse_stats_text(text))
     return {"stats": stats, "process_info": None, "options": None, "version": None,
             "side_effects": [], "gathered_by": "file: mimalloc stats " + stats["format"]}
+
+
+def looks_like(head):
+    """HEAD is mimalloc's stats text."""
+    low = head.lower()
+    return b"committed" in low and (b"reserved" in low or b"heap stats" in low)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from typing import Any
+import ctypes
 
-from collectors.allocators.interface import Base, LazyFreeAdvice, Release, Signature, Vocabulary
+from collectors.allocators.interface import Base, has_symbol, LazyFreeAdvice, Release, Signature, Vocabulary
 from collectors.allocators.mimalloc.knobs import Knobs
 
 ENDBR64 = b"\xf3\x0f\x1e\xfa"   # CET landing pad that may open a function (x86-64)
@@ -14,6 +15,13 @@ FORCE = 1                       # mi_collect(bool force) (include/mimalloc.h)
 # MI_MALLOC_VERSION encodings (include/mimalloc.h): 2.4+ major*10000+minor*100+patch,
 # before that major*100+minor*10+patch (209 = 2.0.9).
 VERSION_WIDE = 10000
+
+
+def version_text(v: int) -> str:
+    """MI_MALLOC_VERSION -> "major.minor.patch": 209 is 2.0.9, 20401 is 2.4.1."""
+    if v >= VERSION_WIDE:
+        return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+    return f"{v // 100}.{v // 10 % 10}.{v % 10}"
 
 
 def _collect(c: Any, fn: int) -> int:
@@ -53,10 +61,7 @@ class Mimalloc(Base):
         if code.startswith(ENDBR64):
             code = code[len(ENDBR64):]
         if len(code) >= 6 and code[0] == MOV_EAX_IMM32 and code[5] == RET:
-            v = int.from_bytes(code[1:5], "little")
-            if v >= VERSION_WIDE:                       # 2.4+ style: major*10000+minor*100+patch
-                return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
-            return f"{v // 100}.{v // 10 % 10}.{v % 10}"
+            return version_text(int.from_bytes(code[1:5], "little"))
         return None
 
     def counters(self, reader: Any) -> dict[str, tuple[Any, str, str, str]]:
@@ -73,6 +78,16 @@ class Mimalloc(Base):
         _flatten(out, "mimalloc.stats", (native.get("stats") or {}).get("counters"),
                  "delta", "mi_stats_print counters")
         return out
+
+
+    def in_process(self, lib: Any, path: str) -> Signature | None:
+        return Signature("mimalloc") if has_symbol(lib, "mi_version") else None
+
+    def self_version(self, lib: Any) -> str | None:
+        if not has_symbol(lib, "mi_version"):
+            return None
+        lib.mi_version.restype = ctypes.c_int
+        return version_text(lib.mi_version())
 
 
 ALLOCATOR = Mimalloc(
