@@ -279,7 +279,7 @@ def _describe(obj, how, image, preloads):
     sig = classify(obj, use_symtab=is_exe)
     kind = sig.kind or "unknown"
     ev = list(sig.evidence)
-    if is_exe and how in ("static", "go", "got", "lookup-order") and registry.for_kind(kind) is registry.UNKNOWN \
+    if is_exe and how is not None and registry.for_kind(kind) is registry.UNKNOWN \
             and obj.elf is not None:
         # Stripped static executable: fall back to .rodata banners.
         for alloc in registry.STRIPPED_STATIC:

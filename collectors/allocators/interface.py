@@ -140,7 +140,11 @@ class Allocator(Protocol):
 
     release: Release | None             # None: no release call
     knobs: Knobs | None                 # None: no knob allocdiag reads or sets
-    heap_profiler: str | None           # collectors.heapcontrol driver name, None: none to drive
+
+    def profiler(self) -> ModuleType | None:
+        """Its heap profiler driver for collectors.heapcontrol (status, start,
+        stop, dump, restart), or None: none allocdiag can drive."""
+        ...
 
     memory_walk: bool                   # its live bytes are read from memory with no stop
 
@@ -163,7 +167,7 @@ class Base:
     reader: str | None = None           # dotted module of the stats reader
     release: Release | None = None
     knobs: Knobs | None = None
-    heap_profiler: str | None = None
+    heap_profiler: str | None = None    # dotted module of the heap profiler driver
     memory_walk: bool = False
     vocabulary: Vocabulary = field(default_factory=Vocabulary)
 
@@ -186,6 +190,10 @@ class Base:
     def stats(self) -> ModuleType | None:
         import importlib
         return importlib.import_module(self.reader) if self.reader else None
+
+    def profiler(self) -> ModuleType | None:
+        import importlib
+        return importlib.import_module(self.heap_profiler) if self.heap_profiler else None
 
     def counters(self, reader: Any) -> dict[str, tuple[Any, str, str, str]]:
         # no counters of its own; the read still says why when there are no

@@ -6,7 +6,7 @@ from typing import Any
 import ctypes
 import os
 
-from collectors.allocators.interface import Base, LazyFreeAdvice, Release, Signature, Vocabulary
+from collectors.allocators.interface import Base, Release, Signature, Vocabulary
 from collectors.allocators.glibc.knobs import Knobs
 
 TRIM_PAD = 0                # malloc_trim(pad): keep nothing at the top (malloc/malloc.c)

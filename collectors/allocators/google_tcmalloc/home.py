@@ -42,6 +42,7 @@ ALLOCATOR = GoogleTcmalloc(
     reader="collectors.allocators.google_tcmalloc",
     release=Release("MallocExtension_Internal_ReleaseMemoryToSystem(SIZE_MAX)",
                     "MallocExtension_Internal_ReleaseMemoryToSystem", _release),
+    heap_profiler="collectors.allocators.google_tcmalloc.heapprof",
     vocabulary=Vocabulary(
         resident_caveat="physical_memory_used counts mapped spans never touched as physical",
     ),

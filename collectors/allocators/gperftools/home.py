@@ -71,7 +71,7 @@ ALLOCATOR = Gperftools(
     release=Release("MallocExtension_ReleaseFreeMemory()", "MallocExtension_ReleaseFreeMemory",
                     _release),
     knobs=Knobs(),
-    heap_profiler="gperftools",
+    heap_profiler="collectors.allocators.gperftools.heapprof",
     vocabulary=Vocabulary(
         findings=("tcmalloc-pageheap-free", "tcmalloc-thread-caches"),
         resident_caveat=("total_physical_bytes counts the whole page heap that is not released as "

@@ -84,7 +84,7 @@ ALLOCATOR = Jemalloc(
     reader="collectors.allocators.jemalloc",
     release=Release('mallctl("arena.4096.purge")', "mallctl", _purge),
     knobs=Knobs(),
-    heap_profiler="jemalloc",
+    heap_profiler="collectors.allocators.jemalloc.heapprof",
     vocabulary=Vocabulary(
         findings=("jemalloc-dirty-pages", "jemalloc-background-thread-off", "jemalloc-muzzy-pages",
                   "jemalloc-fragmentation", "jemalloc-too-many-arenas",
