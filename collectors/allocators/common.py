@@ -1,28 +1,32 @@
 """Helpers the allocator modules share: symbol checks, stdio streams over
 scratch memory, and reading text the allocator wrote."""
 
+from __future__ import annotations
+
+from typing import Any
+
 from diag.model.errors import MalformedData, RemoteCallError, Unsupported
 
 SCRATCH_TEXT = 48 * 1024      # bytes of the buffer (Call.buffer, never the stack) for text/XML
 IONBF = 2                     # stdio.h _IONBF: no stdio buffer (nothing malloc'd for it)
 
 
-def need(addr, name, kind):
+def need(addr: int | None, name: str, kind: str) -> int:
     if addr is None:
         raise Unsupported(f"{kind}: symbol {name} not found (stripped build?)")
     return addr
 
 
-def libc_stdio(res):
+def libc_stdio(res: Any) -> dict[str, int]:
     return {n: need(res.libc(n), n, "libc") for n in ("fmemopen", "setvbuf", "fclose", "fputs")}
 
 
-def mapper(res):
+def mapper(res: Any) -> tuple[int | None, int | None]:
     """(mmap, munmap) of the target's libc, for the engine's Call.buffer."""
     return (res.libc("mmap"), res.libc("munmap"))
 
 
-def fmemopen(c, addrs, buf, size):
+def fmemopen(c: Any, addrs: dict[str, int], buf: int, size: int) -> int:
     """FILE* of an unbuffered fmemopen stream writing into SIZE bytes at
     BUF.  glibc's fmemopen keeps the written text NUL-terminated while there
     is room.  Caller must fclose."""
@@ -35,7 +39,7 @@ def fmemopen(c, addrs, buf, size):
     return f
 
 
-def text_at(c, addr, size, first=None):
+def text_at(c: Any, addr: int, size: int, first: int | None = None) -> tuple[bytes, bool]:
     """The NUL-terminated text in SIZE bytes at ADDR, read in one go (one
     process_vm_readv: fewer syscalls than a page-by-page scan), or FIRST
     bytes first and the rest only when no NUL lies in them.  Returns (text,
@@ -48,7 +52,7 @@ def text_at(c, addr, size, first=None):
     return (data, False) if end < 0 else (data[:end], True)
 
 
-def signed(v):
+def signed(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
@@ -62,7 +66,7 @@ class Retry(MalformedData):
         self.opts = opts
 
 
-def int_value(value, name):
+def int_value(value: Any, name: str) -> int:
     """VALUE (a string from the command line) as an integer for knob NAME."""
     try:
         return int(str(value), 0)
@@ -70,5 +74,5 @@ def int_value(value, name):
         raise Unsupported(f"{name} needs an integer, got {value!r}") from None
 
 
-def true_false(v):
+def true_false(v: Any) -> str:
     return "true" if v else "false"

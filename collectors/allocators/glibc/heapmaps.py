@@ -20,6 +20,10 @@ ptrace read rights), also where the kernel merged adjacent ones into one
 mapping, and their present pages come from /proc/PID/pagemap.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import os
 import struct
 
@@ -59,7 +63,7 @@ def _chunks_in(read, start, end):
     return out
 
 
-def mmapped_chunks(pid, maps, procfs_root="/proc"):
+def mmapped_chunks(pid: Any, maps: Any, procfs_root: Any = '/proc') -> Any:
     """(count, bytes, resident bytes) of glibc's mmapped chunks among MAPS,
     or None when process memory or pagemap cannot be read."""
     try:
@@ -78,7 +82,7 @@ def mmapped_chunks(pid, maps, procfs_root="/proc"):
     return len(spans), sum(b - a for a, b in spans), resident
 
 
-def glibc_heap_resident(procfs, pid):
+def glibc_heap_resident(procfs: Any, pid: Any) -> Any:
     """(resident bytes of [heap] + arena heaps, number of arena heaps,
     maps), or (None, 0, None) when smaps cannot be read."""
     try:
@@ -94,9 +98,9 @@ def glibc_heap_resident(procfs, pid):
             continue
         head = line.split(None, 1)[0]
         if b"-" in head and not head.endswith(b":"):
-            m = parse_maps(line + b"\n")
-            if m:
-                current = m[0]
+            parsed = parse_maps(line + b"\n")
+            if parsed:
+                current = parsed[0]
                 maps.append(current)
             continue
         if current is not None and line.startswith(b"Rss:"):
@@ -146,7 +150,7 @@ def _thread_sps(procfs, pid):
     return sps
 
 
-def anon_present_outside_stacks(procfs, pid):
+def anon_present_outside_stacks(procfs: Any, pid: Any) -> Any:
     """(bytes, stacks left out) of the pages present (/proc/PID/pagemap) in
     the private anonymous mappings that hold no thread stack: where an
     allocator's memory can be.  A running thread's stack is not recognised
@@ -173,7 +177,7 @@ def anon_present_outside_stacks(procfs, pid):
     return (present, stacks) if present is not None else None
 
 
-def resident(image, native, stats):
+def resident(image: Any, native: Any, stats: Any) -> Any:
     """glibc's resident: smaps Rss of its heaps plus the present pages of
     its mmapped chunks, found by their headers (collectors.allocators.glibc.heapmaps).  The
     chunks found are checked against malloc_info's / mallinfo2's own count

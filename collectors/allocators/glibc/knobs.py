@@ -46,8 +46,8 @@ def read(native: dict[str, Any]) -> dict[str, Knob]:
 
 
 class Knobs:
-    runtime = tuple(MALLOPT)
-    conf_strings = False
+    runtime: tuple[str, ...] = tuple(MALLOPT)
+    conf_strings: bool = False
 
     def conf_sources(self, image: Any, obj: Any, prefix: str | None) -> dict[str, Any]:
         return {}

@@ -2,6 +2,10 @@
 driven by collectors.heapcontrol: HeapProfilerStart / GetHeapProfile /
 HeapProfilerStop on one borrowed thread."""
 
+from __future__ import annotations
+
+from typing import Any
+
 import os
 import re
 
@@ -26,7 +30,7 @@ def _gperf_running(t):
     return running, list(rp.pause_us)
 
 
-def status(t, doc):
+def status(t: Any, doc: dict[str, Any]) -> None:
     doc["env"] = profiler_env(t.procfs, t.pid)
     if not _gperf_full(t):
         doc["reason"] = ("gperftools' libtcmalloc_minimal has no heap profiler (no "
@@ -45,7 +49,7 @@ def status(t, doc):
                                 "seen everything since the program started")
 
 
-def start(t, doc):
+def start(t: Any, doc: dict[str, Any]) -> dict[str, Any]:
     if doc["running"]:
         return {"call": "IsHeapProfilerRunning() (already running: nothing started)",
                 "was_running": True, "running": True, "notes": [GROWTH_NOTE],
@@ -72,7 +76,7 @@ def start(t, doc):
             "pause_us": list(rp.pause_us)}
 
 
-def stop(t, doc, wd, ours, force):
+def stop(t: Any, doc: dict[str, Any], wd: Any, ours: bool, force: bool) -> dict[str, Any]:
     if not doc["running"]:
         wd.remove()
         return {"call": None, "was_running": False, "running": False,
@@ -94,7 +98,7 @@ def stop(t, doc, wd, ours, force):
             "pause_us": list(rp.pause_us)}
 
 
-def dump(t, doc):
+def dump(t: Any, doc: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
     if not doc["running"]:
         raise Unsupported("the gperftools heap profiler is not running: nothing to dump",
                           pid=t.pid, remediation=f"allocdiag heap start {t.pid}  (then let the "
@@ -124,7 +128,7 @@ def dump(t, doc):
                   "pause_us": list(rp.pause_us)}
 
 
-def restart(t, arm, exe):
+def restart(t: Any, arm: str, exe: str) -> str | None:
     return None
 
 
@@ -133,7 +137,7 @@ _HEADER = re.compile(rb"^(heap profile:) *(\d+): *(\d+) *\[ *(\d+): *(\d+) *\] *
                      rb"(heapprofile.*)$")
 
 
-def drop_remote_frames(text):
+def drop_remote_frames(text: Any) -> Any:
     """The legacy gperftools profile TEXT without the buckets allocated by
     allocdiag's own calls, and the header totals without them.  Their stacks
     hold the return address 0 the remote engine pushes (the trap that ends a
@@ -158,6 +162,7 @@ def drop_remote_frames(text):
     if not any(removed):
         return text
     h = _HEADER.match(lines[0])
+    assert h is not None        # matched above
     totals = [int(v) - r for v, r in zip(h.groups()[1:5], removed)]
     keep[0] = b"heap profile: %6d: %8d [%6d: %8d] @ " % tuple(totals) + h.group(6)
     return b"\n".join(keep)

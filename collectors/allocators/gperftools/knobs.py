@@ -47,8 +47,8 @@ def read(native: dict[str, Any]) -> dict[str, Knob]:
 
 
 class Knobs:
-    runtime = ("max_total_thread_cache_bytes",)
-    conf_strings = False
+    runtime: tuple[str, ...] = ("max_total_thread_cache_bytes",)
+    conf_strings: bool = False
 
     def conf_sources(self, image: Any, obj: Any, prefix: str | None) -> dict[str, Any]:
         return {}

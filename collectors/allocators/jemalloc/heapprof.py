@@ -2,6 +2,10 @@
 collectors.heapcontrol: opt.prof is fixed at start; prof.active switches
 sampling, prof.dump writes the sampled profile."""
 
+from __future__ import annotations
+
+from typing import Any
+
 import errno
 import os
 import struct
@@ -17,12 +21,12 @@ from diag.model.errors import Unsupported
 START = "turn jemalloc's prof.active on"
 
 
-def conf_var(alloc):
+def conf_var(alloc: Any) -> Any:
     """The MALLOC_CONF variable name jemalloc reads (prefixed builds: _RJEM_MALLOC_CONF)."""
     return (alloc.prefix or "").upper() + "MALLOC_CONF"
 
 
-def restart(t, arm, exe):
+def restart(t: Any, arm: str, exe: str) -> str | None:
     """Restart with prof armed but inactive, keeping the program's own conf."""
     var = conf_var(t.alloc)
     current = (t.image.environ or {}).get(var)
@@ -55,7 +59,7 @@ def _je_set_active(t, on):
     return was, list(rp.pause_us)
 
 
-def status(t, doc):
+def status(t: Any, doc: dict[str, Any]) -> None:
     doc["env"] = {k: v for k, v in (t.image.environ or {}).items() if k == conf_var(t.alloc)}
     vals, doc["pause_us"] = _jemalloc_values(t)
     doc["values"] = vals
@@ -78,13 +82,13 @@ def status(t, doc):
         doc["notes"].append(JE_ACTIVE_NOTE)
 
 
-def start(t, doc):
+def start(t: Any, doc: dict[str, Any]) -> dict[str, Any]:
     old, pause = _je_set_active(t, True)
     return {"call": "mallctl(\"prof.active\", true)", "was_running": old, "running": True,
             "notes": [JE_ACTIVE_NOTE], "work_dir": None, "pause_us": pause}
 
 
-def stop(t, doc, wd, ours, force):
+def stop(t: Any, doc: dict[str, Any], wd: Any, ours: bool, force: bool) -> dict[str, Any]:
     old, pause = _je_set_active(t, False)
     wd.remove()
     return {"call": "mallctl(\"prof.active\", false)", "was_running": old, "running": False,
@@ -93,7 +97,7 @@ def stop(t, doc, wd, ours, force):
                       "sampled objects that are live)"], "pause_us": pause}
 
 
-def dump(t, doc):
+def dump(t: Any, doc: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
     mallctl = t.mallctl()
     wd = work_dir(t)
     try:

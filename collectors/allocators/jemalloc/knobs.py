@@ -110,8 +110,8 @@ def _fmt_conf(v: str) -> str:
 
 
 class Knobs:
-    runtime = ("dirty_decay_ms", "muzzy_decay_ms", "background_thread")
-    conf_strings = True
+    runtime: tuple[str, ...] = ("dirty_decay_ms", "muzzy_decay_ms", "background_thread")
+    conf_strings: bool = True
 
     def conf_sources(self, image: Any, obj: Any, prefix: str | None) -> dict[str, Any]:
         from collectors import config
@@ -133,10 +133,10 @@ class Knobs:
 
 def _set(rp: Any, mallctl: int, name: str, value: Any) -> tuple[str | None, str, str]:
     if name == "background_thread":
-        v = str(value).lower()
-        if v not in ("true", "false", "1", "0"):
+        flag = str(value).lower()
+        if flag not in ("true", "false", "1", "0"):
             raise Unsupported("background_thread takes true or false")
-        new = v in ("true", "1")
+        new = flag in ("true", "1")
         with rp.borrow() as c:
             rc, was = jemalloc.mallctl_write_bool(c, mallctl, "background_thread", new)
         if rc:

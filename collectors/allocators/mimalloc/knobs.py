@@ -35,8 +35,8 @@ def read(native: dict[str, Any]) -> dict[str, Knob]:
 
 
 class Knobs:
-    runtime = tuple(n for n in mimalloc.OPTIONS_2_0 if not n.startswith("deprecated_"))
-    conf_strings = False
+    runtime: tuple[str, ...] = tuple(n for n in mimalloc.OPTIONS_2_0 if not n.startswith("deprecated_"))
+    conf_strings: bool = False
 
     def conf_sources(self, image: Any, obj: Any, prefix: str | None) -> dict[str, Any]:
         return {}
