@@ -77,7 +77,6 @@ WORK_DIR_PARENT = "/tmp"          # in the target's own root
 WORK_DIR_NAME = "allocdiag-heap-{pid}-{start}"
 GPERF_PREFIX = "heap"             # HeapProfilerStart(WORK_DIR/heap): files heap.NNNN.heap
 JE_DUMP_NAME = "dump.heap"
-U32 = (1 << 32) - 1               # an int return value in rax
 
 GROWTH_NOTE = ("the gperftools profile sees only allocations made after the start: "
                "it is the growth since attach, not the whole heap")

@@ -7,6 +7,12 @@ from typing import Any
 
 from diag.model.errors import MalformedData, RemoteCallError, Unsupported
 
+# What a remote call's rax holds, by the C return type (x86-64 SysV ABI: an
+# int is eax, a bool al; the upper bits are left as the callee had them).
+INT_RETURN = (1 << 32) - 1
+BOOL_RETURN = 0xFF
+U64 = (1 << 64) - 1           # a negative C long/int argument passed in a 64-bit register
+
 SCRATCH_TEXT = 48 * 1024      # bytes of the buffer (Call.buffer, never the stack) for text/XML
 IONBF = 2                     # stdio.h _IONBF: no stdio buffer (nothing malloc'd for it)
 

@@ -177,7 +177,7 @@ def gather(c: Any, a: Any, opts: Any) -> Any:
 
 def _malloc_info(c, a, buf, size, raw):
     f = common.fmemopen(c, a, buf, size)
-    raw["rc"] = c.call(a["malloc_info"], 0, f) & 0xFFFFFFFF
+    raw["rc"] = c.call(a["malloc_info"], 0, f) & common.INT_RETURN
     c.call(a["fclose"], f)
     raw["xml"], terminated = common.text_at(c, buf, size, first=common.SCRATCH_TEXT // 3)
     raw["truncated"] = not terminated or len(raw["xml"]) >= size - 1

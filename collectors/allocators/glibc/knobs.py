@@ -10,6 +10,7 @@ from diag.model import Knob
 from diag.model.errors import Unsupported
 
 from collectors.allocators.common import int_value
+from collectors.allocators import common
 
 log = logging.getLogger("collectors.allocators")
 
@@ -21,8 +22,6 @@ GLIBC_DEFAULTS = {"arena_max": "8 x cores (NARENAS_FROM_NCORES)",
 # glibc mallopt parameters (malloc/malloc.h M_TRIM_THRESHOLD...).
 MALLOPT = {"trim_threshold": -1, "top_pad": -2, "mmap_threshold": -3, "mmap_max": -4,
            "arena_test": -7, "arena_max": -8}
-U64 = (1 << 64) - 1         # an int argument passed in a 64-bit register
-U32 = (1 << 32) - 1         # mallopt returns an int
 
 
 def read(native: dict[str, Any]) -> dict[str, Knob]:
@@ -66,7 +65,7 @@ class Knobs:
         fn = resolve("mallopt")
         v = int_value(value, name)
         with rp.borrow() as c:
-            ok = c.call(fn, MALLOPT[name] & U64, v & U64) & U32
+            ok = c.call(fn, MALLOPT[name] & common.U64, v & common.U64) & common.INT_RETURN
         if ok != 1:
             raise Unsupported(f"mallopt({name}, {v}) refused by glibc (returned {ok})")
         return None, str(v), "glibc has no getter for mallopt parameters: the old value is unknown; " \

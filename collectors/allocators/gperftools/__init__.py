@@ -152,7 +152,7 @@ def properties(c: Any, get: Any, names: Any, with_length: Any = False) -> Any:
         c.write(value_at, b"\0" * 8)
         # google/tcmalloc's entry point takes the name's length too.
         ok = c.call(get, name_at, len(raw), value_at) if with_length else c.call(get, name_at, value_at)
-        if ok & 0xFF:
+        if ok & common.BOOL_RETURN:
             props[name] = struct.unpack("<Q", c.read(value_at, 8))[0]
     return props
 

@@ -9,8 +9,9 @@ from typing import Any
 import os
 import re
 
+from collectors.allocators import common
 from collectors.heapcontrol import (BUCKET_LINE_MAX, GPERF_2_10_BUFFER, GPERF_CALLS, GPERF_PREFIX,
-                                    GROWTH_NOTE, PROFILE_MAX, U32, profiler_env, restart_recipe,
+                                    GROWTH_NOTE, PROFILE_MAX, profiler_env, restart_recipe,
                                     work_dir)
 from diag.model.errors import MalformedData, RemoteCallError, Unsupported
 
@@ -26,7 +27,7 @@ def _gperf_full(t):
 def _gperf_running(t):
     rp = t.session()
     with rp.borrow() as c:
-        running = bool(c.call(t.fn("IsHeapProfilerRunning")) & U32)
+        running = bool(c.call(t.fn("IsHeapProfilerRunning")) & common.INT_RETURN)
     return running, list(rp.pause_us)
 
 
@@ -63,7 +64,7 @@ def start(t: Any, doc: dict[str, Any]) -> dict[str, Any]:
             at = c.scratch(len(prefix) + 1)
             c.write(at, prefix + b"\0")
             c.call(fn_start, at)
-            running = bool(c.call(fn_running) & U32)
+            running = bool(c.call(fn_running) & common.INT_RETURN)
     except BaseException:
         wd.remove()
         raise
@@ -90,7 +91,7 @@ def stop(t: Any, doc: dict[str, Any], wd: Any, ours: bool, force: bool) -> dict[
     rp = t.session()
     with rp.borrow() as c:
         c.call(fn_stop)
-        running = bool(c.call(fn_running) & U32)
+        running = bool(c.call(fn_running) & common.INT_RETURN)
     wd.remove()
     return {"call": "HeapProfilerStop()", "was_running": True, "running": running,
             "removed": wd.inside if ours else None,

@@ -12,13 +12,13 @@ from diag.model.errors import Unsupported
 
 from collectors.allocators import gperftools
 from collectors.allocators.common import int_value
+from collectors.allocators import common
 
 log = logging.getLogger("collectors.allocators")
 
 # gperftools 2.10 (page_heap.cc, thread_cache.cc).
 TCMALLOC_DEFAULTS = {"TCMALLOC_RELEASE_RATE": "1.0", "TCMALLOC_AGGRESSIVE_DECOMMIT": "false",
                      "TCMALLOC_MAX_TOTAL_THREAD_CACHE_BYTES": "33554432"}
-U8 = 0xFF                   # SetNumericProperty returns a C++ bool
 
 
 def read(native: dict[str, Any]) -> dict[str, Knob]:
@@ -76,7 +76,7 @@ class Knobs:
             c.write(n, prop.encode() + b"\0")
             c.call(get, n, out)
             old = struct.unpack("<Q", c.read(out, 8))[0]
-            ok = c.call(put, n, v) & U8
+            ok = c.call(put, n, v) & common.BOOL_RETURN
             c.call(get, n, out)
             new = struct.unpack("<Q", c.read(out, 8))[0]
         gperftools.forget_knobs()       # cached knob properties are stale now

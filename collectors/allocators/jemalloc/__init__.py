@@ -181,6 +181,11 @@ _CTYPES = {"size_t": "<Q", "uint64": "<Q", "ssize_t": "<q", "unsigned": "<I", "b
 # process (keyed by pid and start time), not on every snapshot.
 _CONSTANT = ("version", "config.", "opt.", "arenas.page", "arenas.quantum", "arenas.nbins",
              "arenas.nlextents")
+# Longest mallctl name written (stats.arenas.4096.bins.N.curslabs and the like
+# are < 64; the room is for prefixed builds' names) and longest const char*
+# value read back (version, opt.prof_prefix, config.malloc_conf).
+MALLCTL_NAME_MAX = 256
+MALLCTL_STRING_MAX = 4096
 _constant_cache: dict[Any, Any] = {}
 _ifunc_cache: dict[Any, Any] = {}
 _general_cache: dict[Any, Any] = {}   # process key -> (monotonic time, {mallctl: value}, opt/config)
@@ -259,11 +264,11 @@ def mallctl_read(c: Any, mallctl: Any, name: Any, ctype: Any, scratch: Any) -> A
     c.write(name_at, name.encode() + b"\0")
     c.write(lenp, struct.pack("<Q", size))
     c.write(old, b"\0" * 8)
-    if c.call(mallctl, name_at, old, lenp, 0, 0) & 0xFFFFFFFF:
+    if c.call(mallctl, name_at, old, lenp, 0, 0) & common.INT_RETURN:
         return None
     value = struct.unpack(fmt, c.read(old, size))[0]
     if ctype == "const char*":
-        return c.cstring(value, 4096) if value else None
+        return c.cstring(value, MALLCTL_STRING_MAX) if value else None
     return value
 
 
@@ -274,12 +279,13 @@ def mallctl_write_bool(c: Any, mallctl: Any, name: Any, value: Any) -> Any:
     c.write(name_at, name.encode() + b"\0")
     c.write(oldlen, struct.pack("<Q", 1))
     c.write(new, struct.pack("<?", bool(value)))
-    rc = c.call(mallctl, name_at, old, oldlen, new, 1) & 0xFFFFFFFF
+    rc = c.call(mallctl, name_at, old, oldlen, new, 1) & common.INT_RETURN
     return rc, struct.unpack("<?", c.read(old, 1))[0]
 
 
 def mallctl_scratch(c: Any) -> Any:
-    return (c.scratch(256), c.scratch(16), c.scratch(16))
+    """(name, old value, old length) scratch cells for mallctl_read."""
+    return (c.scratch(MALLCTL_NAME_MAX), c.scratch(16), c.scratch(16))
 
 
 def gather(c: Any, a: Any, opts: Any) -> Any:

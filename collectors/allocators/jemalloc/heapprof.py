@@ -10,9 +10,9 @@ import errno
 import os
 import struct
 
-from collectors.allocators import jemalloc
+from collectors.allocators import common, jemalloc
 from collectors.config import parse_conf
-from collectors.heapcontrol import (JE_ACTIVE_NOTE, JE_DUMP_NAME, JE_READS, U32,
+from collectors.heapcontrol import (JE_ACTIVE_NOTE, JE_DUMP_NAME, JE_READS,
                                     read_target_file, restart_recipe, work_dir)
 from diag.model.errors import Unsupported
 
@@ -108,7 +108,7 @@ def dump(t: Any, doc: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
             c.write(name, b"prof.dump\0")
             c.write(path, inside.encode() + b"\0")
             c.write(pathp, struct.pack("<Q", path))
-            rc = c.call(mallctl, name, 0, 0, pathp, 8) & U32
+            rc = c.call(mallctl, name, 0, 0, pathp, 8) & common.INT_RETURN
         if rc:
             raise Unsupported(f"mallctl(\"prof.dump\") failed with error {rc}"
                               + (" (EFAULT: the target could not write the file)" if rc == errno.EFAULT

@@ -8,6 +8,7 @@ import ctypes
 
 from collectors.allocators.interface import Base, has_symbol, LazyFreeAdvice, Release, Signature, Vocabulary
 from collectors.allocators.jemalloc.knobs import Knobs
+from collectors.allocators import common
 
 log = logging.getLogger("collectors.allocators")
 
@@ -16,7 +17,6 @@ log = logging.getLogger("collectors.allocators")
 PREFIXES = ("", "je_", "_rjem_")
 MALLCTL_ARENAS_ALL = 4096                       # include/jemalloc/jemalloc_macros.h.in
 PURGE = f"arena.{MALLCTL_ARENAS_ALL}.purge"     # jemalloc src/ctl.c arena_i_purge_ctl
-U32 = (1 << 32) - 1                             # mallctl returns an int
 
 
 def prefix_of(names: set[str]) -> str | None:
@@ -30,7 +30,7 @@ def prefix_of(names: set[str]) -> str | None:
 def _purge(c: Any, mallctl: int) -> int:
     name = c.scratch(32)
     c.write(name, PURGE.encode() + b"\0")
-    rv: int = c.call(mallctl, name, 0, 0, 0, 0) & U32
+    rv: int = c.call(mallctl, name, 0, 0, 0, 0) & common.INT_RETURN
     return rv
 
 

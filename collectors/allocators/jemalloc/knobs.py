@@ -15,6 +15,7 @@ from diag.model.errors import Unsupported
 from collectors.config import parse_conf
 from collectors.allocators import jemalloc
 from collectors.allocators.common import int_value, true_false
+from collectors.allocators import common
 
 log = logging.getLogger("collectors.allocators")
 
@@ -154,7 +155,7 @@ def _set(rp: Any, mallctl: int, name: str, value: Any) -> tuple[str | None, str,
         for target in [f"arenas.{name}"] + [f"arena.{i}.{name}" for i in range(narenas or 0)]:
             n = scratch[0]
             c.write(n, target.encode() + b"\0")
-            rc = c.call(mallctl, n, 0, 0, val, 8) & 0xFFFFFFFF
+            rc = c.call(mallctl, n, 0, 0, val, 8) & common.INT_RETURN
             # EFAULT/ENOENT for arenas that were never initialised: skip.
             failures += rc not in (0,) + ARENA_UNUSED
         new = jemalloc.mallctl_read(c, mallctl, f"arenas.{name}", "ssize_t", scratch)

@@ -11,7 +11,6 @@ from collectors.allocators import common, mimalloc
 from collectors.allocators.common import int_value
 
 log = logging.getLogger("collectors.allocators")
-U64 = (1 << 64) - 1         # a long argument passed in a 64-bit register
 
 
 def read(native: dict[str, Any]) -> dict[str, Knob]:
@@ -57,7 +56,7 @@ class Knobs:
         v = int_value(value, name)
         with rp.borrow() as c:
             old = common.signed(c.call(get, idx))
-            c.call(put, idx, v & U64)
+            c.call(put, idx, v & common.U64)
             new = common.signed(c.call(get, idx))
         return str(old), str(new), f"mi_option_set({name})"
 
