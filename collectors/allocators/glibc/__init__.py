@@ -11,6 +11,7 @@ Native document::
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 from collectors.allocators.glibc import stats as glibc_stats
 from collectors.allocators import common
 from collectors.schema import BYTES, COUNT, FLAG, NativeField, TEXT
+
+log = logging.getLogger("collectors.allocators")
 
 _MI = "glibc malloc/malloc.c __malloc_info"
 _M2 = "glibc malloc/malloc.c int_mallinfo / __libc_mallinfo2"
@@ -148,7 +151,11 @@ def plan(res: Any, obj: Any, alloc: Any, opts: dict[str, Any]) -> dict[str, Any]
     if a["malloc_info"] and all(stdio.values()):
         a.update(stdio)
         a["bound"] = output_bound(count_arenas(res.maps()))
+        log.debug("glibc: malloc_info into fmemopen, bound %d bytes", a["bound"])
     else:
+        log.debug("glibc: mallinfo2 (malloc_info %s, stdio %s)",
+                  "off" if not opts.get("glibc_xml", True) else "found" if a["malloc_info"] else "missing",
+                  "complete" if all(stdio.values()) else "missing")
         a["malloc_info"] = None
         a["mallinfo2"] = common.need(res.address(obj, "mallinfo2"), "mallinfo2", "glibc")
     return a

@@ -11,6 +11,7 @@ Native document::
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import time
@@ -23,6 +24,8 @@ from collectors.allocators import tcmalloc_stats
 from collectors.allocators import common
 from diag.model.errors import AllocdiagError
 from collectors.schema import BYTES, COUNT, FLAG, NativeField, TEXT
+
+log = logging.getLogger("collectors.allocators")
 
 _TC = "gperftools src/tcmalloc.cc GetNumericProperty"
 _GS = "gperftools src/tcmalloc.cc DumpStats (MallocExtension_GetStats)"
@@ -139,6 +142,8 @@ def plan(res: Any, obj: Any, alloc: Any, opts: dict[str, Any]) -> dict[str, Any]
         a["props"] = tuple(n for n, _, _ in PROPERTIES)
     else:
         a["props"] = NOT_PRINTED if opts.get("per_arena") else EVERY_SNAPSHOT
+    log.debug("gperftools: GetStats %s, %d numeric properties",
+              "found" if a["stats"] else "missing", len(a["props"]))
     return a
 
 

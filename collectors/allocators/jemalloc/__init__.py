@@ -15,6 +15,7 @@ on the same keys.
 
 from __future__ import annotations
 
+import logging
 import struct
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,8 @@ from collectors.allocators.jemalloc import stats as jemalloc_stats
 from collectors.allocators import common
 from diag.model.errors import MalformedData, RemoteCallError
 from collectors.schema import BYTES, COUNT, FLAG, MS, NativeField, PAGES, TEXT
+
+log = logging.getLogger("collectors.allocators")
 
 # (mallctl name, C type, unit, meaning).  The one list of the mallctls
 # allocdiag reports: the JSON is filtered to it, the per-call path reads it.
@@ -252,6 +255,8 @@ def plan(res: Any, obj: Any, alloc: Any, opts: dict[str, Any]) -> dict[str, Any]
                 a["strcat"], a["strcat_ifunc"] = impl, False
         if not a["strcat"]:
             a["print"] = None
+    log.debug("jemalloc %s (prefix %r): %s", version or "?", prefix,
+              "malloc_stats_print JSON" if a["print"] else "one mallctl per value")
     return a
 
 
@@ -349,6 +354,7 @@ def parse(raw: Any, alloc: Any) -> Any:
             # process one mallctl at a time from now on.
             if raw.get("process_key"):
                 _print_broken[raw["process_key"]] = exc.msg
+            log.debug("jemalloc: stats JSON unusable (%s): falling back to mallctl", exc.msg)
             raise common.Retry(f"malloc_stats_print JSON unusable ({exc.msg}); reading "
                                "mallctls one by one", {"jemalloc_per_call": True}) from None
         if "general" in raw:

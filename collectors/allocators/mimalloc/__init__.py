@@ -11,6 +11,7 @@ Native document::
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -22,6 +23,8 @@ from collectors.allocators.mimalloc import stats as mimalloc_stats
 from collectors.allocators import common
 from diag.model.errors import AllocdiagError, Unsupported
 from collectors.schema import BYTES, COUNT, FLAG, MS, NativeField, RATIO, TEXT
+
+log = logging.getLogger("collectors.allocators")
 
 _ST = "mimalloc src/stats.c _mi_stats_print (mi_stats_print_out)"
 _JS = "mimalloc src/stats.c mi_stats_get_json"
@@ -182,6 +185,9 @@ def plan(res: Any, obj: Any, alloc: Any, opts: dict[str, Any]) -> dict[str, Any]
     if a["mi_stats_print_out"]:
         a.update(common.libc_stdio(res))
     a["options"] = option_names(getattr(alloc, "version", None))
+    log.debug("mimalloc: stats as %s, %d options",
+              "JSON (mi_stats_get_json)" if a["mi_stats_get_json"] else "text (mi_stats_print_out)",
+              len(a["options"] or ()))
     return a
 
 
