@@ -13,7 +13,6 @@ from collectors import livestats
 
 from collectors.allocators.glibc import heapmaps
 
-from collectors.allocators.mimalloc import segments as mimalloc_segments
 
 from collectors.runtimes import pymalloc
 from collectors import preload as preload_mod
@@ -153,10 +152,10 @@ def take(pid, procfs=None, cgroup_root="/sys/fs/cgroup", expect=None, rollup=Tru
     if image is not None and pymalloc.find_python(image) is not None:
         runtime = col.run("runtime", lambda: pymalloc.collect(image))
     walk = for_kind(allocator.kind).memory_walk
-    if image is not None and walk:
-        _mimalloc_walk(col, image, stats, native)
+    if image is not None and walk is not None:
+        walk(col.run, image, stats, native)
     process = process or ProcessMemory()
-    if attach or walk:
+    if attach or walk is not None:
         process = _fit_to_kernel(col, procfs, pid, allocator.kind, stats, process, rollup)
     if image is not None and det is not None:
         native["config"] = col.run("config", lambda: _config(image, det), {})
@@ -202,33 +201,6 @@ def _fit_to_kernel(col, procfs, pid, kind, stats, process, rollup):
             anon, res, f"lowered to {kernel}, {res.value - anon} below the allocator's "
                        f"{res.source}: {why}")
     return process
-
-
-def _mimalloc_walk(col, image, stats, native):
-    """A release mimalloc counts no allocated bytes: walk its segments
-    (collectors.allocators.mimalloc.segments, no stop) and, for a pinned build, make
-    ``allocated`` a real number."""
-    res = col.run("mimalloc_walk", lambda: mimalloc_segments.collect(image))
-    if res is None:
-        return
-    w, desc = res
-    if w is None:
-        native["mimalloc_walk"] = {"ok": False, "reason": desc}
-        return
-    stats["allocated"] = Value.derived(
-        w.allocated, f"segment walk of mimalloc {desc}: sum over pages of (used - blocks "
-                     f"pending on xthread_free and thread_delayed_free) x block size")
-    if stats.get("active") is None or stats["active"].value is None:
-        stats["active"] = Value.derived(
-            w.active, "segment walk: sum over pages holding live blocks of capacity x block size")
-    if w.resident is not None:
-        mib = sum(b - a for a, b in w.spans) >> 20
-        stats["resident"] = Value.measured(
-            w.resident, f"/proc/PID/pagemap: present pages of the {w.segments} mimalloc "
-                        f"segments walked ({mib} MiB of address space)")
-    walk = w._asdict()
-    del walk["spans"]
-    native["mimalloc_walk"] = {"ok": True, "build": desc, **walk}
 
 
 def _config(image, det):

@@ -146,7 +146,9 @@ class Allocator(Protocol):
         stop, dump, restart), or None: none allocdiag can drive."""
         ...
 
-    memory_walk: bool                   # its live bytes are read from memory with no stop
+    # its live bytes read from its memory with no stop, into a snapshot's
+    # stats and native document: (collector runner, image, stats, native), or None
+    memory_walk: Callable[[Any, Any, dict[str, Any], dict[str, Any]], None] | None
 
     def counters(self, reader: Any) -> dict[str, tuple[Any, str, str, str]]:
         """Its own contention/traffic counters for a wall window, read through READER
@@ -168,7 +170,7 @@ class Base:
     release: Release | None = None
     knobs: Knobs | None = None
     heap_profiler: str | None = None    # dotted module of the heap profiler driver
-    memory_walk: bool = False
+    memory_walk: Callable[[Any, Any, dict[str, Any], dict[str, Any]], None] | None = None
     vocabulary: Vocabulary = field(default_factory=Vocabulary)
 
     def signature(self, elf: Any, names: set[str], base: str, path: str,

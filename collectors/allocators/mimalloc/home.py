@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 import ctypes
 
+from collectors.allocators.mimalloc import segments
+from diag.model import Value
 from collectors.allocators.interface import Base, has_symbol, LazyFreeAdvice, Release, Signature, Vocabulary
 from collectors.allocators.mimalloc.knobs import Knobs
 
@@ -22,6 +24,33 @@ def version_text(v: int) -> str:
     if v >= VERSION_WIDE:
         return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
     return f"{v // 100}.{v // 10 % 10}.{v % 10}"
+
+
+def walk_segments(run: Any, image: Any, stats: dict[str, Any], native: dict[str, Any]) -> None:
+    """A release mimalloc counts no allocated bytes: walk its segments
+    (segments.py, no stop; RUN is the snapshot's collector runner) and, for a pinned build, make
+    ``allocated`` a real number."""
+    res = run("mimalloc_walk", lambda: segments.collect(image))
+    if res is None:
+        return
+    w, desc = res
+    if w is None:
+        native["mimalloc_walk"] = {"ok": False, "reason": desc}
+        return
+    stats["allocated"] = Value.derived(
+        w.allocated, f"segment walk of mimalloc {desc}: sum over pages of (used - blocks "
+                     f"pending on xthread_free and thread_delayed_free) x block size")
+    if stats.get("active") is None or stats["active"].value is None:
+        stats["active"] = Value.derived(
+            w.active, "segment walk: sum over pages holding live blocks of capacity x block size")
+    if w.resident is not None:
+        mib = sum(b - a for a, b in w.spans) >> 20
+        stats["resident"] = Value.measured(
+            w.resident, f"/proc/PID/pagemap: present pages of the {w.segments} mimalloc "
+                        f"segments walked ({mib} MiB of address space)")
+    walk = w._asdict()
+    del walk["spans"]
+    native["mimalloc_walk"] = {"ok": True, "build": desc, **walk}
 
 
 def _collect(c: Any, fn: int) -> int:
@@ -95,7 +124,7 @@ ALLOCATOR = Mimalloc(
     reader="collectors.allocators.mimalloc",
     release=Release("mi_collect(true)", "mi_collect", _collect),
     knobs=Knobs(),
-    memory_walk=True,
+    memory_walk=walk_segments,
     vocabulary=Vocabulary(
         findings=("mimalloc-decommit-delay",),
         # Not page_reset=0: measured, it turns the LazyFree pages into
