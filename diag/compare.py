@@ -138,19 +138,17 @@ def knob_env(allocator, knobs):
                         MIMALLOC_DECOMMIT_DELAY, its 2.0 name, and vice versa
       tcmalloc(_minimal) TCMALLOC_K=v
     """
-    env, options = {}, []
+    env = {}
     kind = ALLOCATORS.get(allocator, (None, _kind_of_library(allocator) or allocator))[1]
     allocator_knobs = registry.for_kind(kind).knobs
+    if allocator_knobs is not None:
+        allocator_knobs.start_env(knobs, env)
+        return env
     for key, value in knobs:
-        if key.upper() == key:
-            env[key] = value
-        elif allocator_knobs is not None:
-            options.append((key, value))
-        else:
+        if key.upper() != key:
             raise CompareError(f"knob {key}={value}: no knob syntax known for {allocator!r}; "
                                "write it as an environment variable (capitals)")
-    if allocator_knobs is not None:
-        allocator_knobs.start_env(options, env)
+        env[key] = value
     return env
 
 

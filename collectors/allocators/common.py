@@ -82,3 +82,14 @@ def int_value(value: Any, name: str) -> int:
 
 def true_false(v: Any) -> str:
     return "true" if v else "false"
+
+
+def start_options(options, env, option):
+    """Compare-variant knobs in order: keys in capitals are environment
+    variables and pass through to ENV; each lower-case option name goes to
+    OPTION(key, value, env)."""
+    for key, value in options:
+        if key.upper() == key:
+            env[key] = value
+        else:
+            option(key, value, env)

@@ -102,9 +102,9 @@ class Knobs(Protocol):
         ...
 
     def start_env(self, options: list[tuple[str, str]], env: dict[str, str]) -> None:
-        """Add to ENV the variables that set these option names at start
-        (compare variants); variables already in ENV win where the
-        allocator has two names for one option."""
+        """Add to ENV, in order, what compare-variant OPTIONS set at start:
+        keys in capitals are environment variables and pass through, lower-case
+        keys are this allocator's option names (common.start_options)."""
         ...
 
 

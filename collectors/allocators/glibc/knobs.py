@@ -74,6 +74,8 @@ class Knobs:
 
 def start_env(options: list[tuple[str, str]], env: dict[str, str]) -> None:
     """GLIBC_TUNABLES=glibc.malloc.k=v:... (``glibc.*`` names as they are)."""
-    if options:
-        env["GLIBC_TUNABLES"] = ":".join(
-            f"{k if k.startswith('glibc.') else 'glibc.malloc.' + k}={v}" for k, v in options)
+    tunables: list[str] = []
+    common.start_options(options, env, lambda k, v, e: tunables.append(
+        f"{k if k.startswith('glibc.') else 'glibc.malloc.' + k}={v}"))
+    if tunables:
+        env["GLIBC_TUNABLES"] = ":".join(tunables)

@@ -87,5 +87,8 @@ class Knobs:
 
 def start_env(options: list[tuple[str, str]], env: dict[str, str]) -> None:
     """TCMALLOC_K=v for gperftools' option names."""
-    for key, value in options:
-        env[f"TCMALLOC_{key.upper()}"] = value
+    common.start_options(options, env, _option)
+
+
+def _option(key: str, value: str, env: dict[str, str]) -> None:
+    env[f"TCMALLOC_{key.upper()}"] = value

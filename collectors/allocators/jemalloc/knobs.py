@@ -169,5 +169,7 @@ def _set(rp: Any, mallctl: int, name: str, value: Any) -> tuple[str | None, str,
 
 def start_env(options: list[tuple[str, str]], env: dict[str, str]) -> None:
     """MALLOC_CONF=k:v,... for jemalloc's option names."""
-    if options:
-        env["MALLOC_CONF"] = ",".join(f"{k}:{v}" for k, v in options)
+    conf: list[str] = []
+    common.start_options(options, env, lambda k, v, e: conf.append(f"{k}:{v}"))
+    if conf:
+        env["MALLOC_CONF"] = ",".join(conf)

@@ -64,9 +64,12 @@ class Knobs:
 def start_env(options: list[tuple[str, str]], env: dict[str, str]) -> None:
     """MIMALLOC_K=v; ``purge_delay`` (the 2.1 name) also sets
     MIMALLOC_DECOMMIT_DELAY, its 2.0 name, and vice versa."""
-    for key, value in options:
-        env[f"MIMALLOC_{key.upper()}"] = value
-        if key == "purge_delay":
-            env.setdefault("MIMALLOC_DECOMMIT_DELAY", value)
-        elif key == "decommit_delay":
-            env.setdefault("MIMALLOC_PURGE_DELAY", value)
+    common.start_options(options, env, _option)
+
+
+def _option(key: str, value: str, env: dict[str, str]) -> None:
+    env[f"MIMALLOC_{key.upper()}"] = value
+    if key == "purge_delay":
+        env.setdefault("MIMALLOC_DECOMMIT_DELAY", value)
+    elif key == "decommit_delay":
+        env.setdefault("MIMALLOC_PURGE_DELAY", value)
