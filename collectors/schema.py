@@ -28,7 +28,15 @@ NativeField = namedtuple("NativeField", "name unit meaning source")
 BYTES, PAGES, COUNT, MS, FLAG, TEXT, RATIO = "bytes", "pages", "count", "ms", "flag", "text", "ratio"
 UNITS = (BYTES, PAGES, COUNT, MS, FLAG, TEXT, RATIO)
 
-KINDS = ("glibc", "jemalloc", "tcmalloc", "tcmalloc-google", "mimalloc")
+
+
+def __getattr__(name):
+    """``KINDS``: the allocator kinds with a stats reader, from the registry
+    (looked up late: the readers import this module for NativeField)."""
+    if name == "KINDS":
+        from collectors.allocators import registry
+        return tuple(a.kind for a in registry.ALL if a.stats() is not None)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # Keys every kind's document may carry that describe the collection, not the
 # allocator (added by livestats / selfstats / diag.snapshot).
