@@ -72,7 +72,7 @@ class Vocabulary:
     program_starts_profiler: bool = False  # the program may run the heap profiler itself (HEAPPROFILE)
     library_word: str | None = None     # the word naming it in a library's file name
     always_loaded: bool = False         # present in every process (the libc): not a second allocator
-    no_stats: str | None = None         # why there are no live stats (when not callable)
+    no_stats: str | None = None         # why there are no live stats (no stats reader)
     whose_heap: str | None = None       # `explain` headline when it is not a malloc at all ({allocator})
     own_heap_note: str | None = None    # named among the others when an executable carries its own heap
 
@@ -113,7 +113,6 @@ class Allocator(Protocol):
 
     kind: str                           # the JSON kind: "glibc", "tcmalloc-google"...
     name: str                           # for people: "gperftools tcmalloc"
-    callable: bool                      # allocdiag can call its functions in a live process
     banner: str | None                  # collectors.binary.elf version banner read when stripped
 
     def signature(self, elf: Any, names: set[str], base: str, path: str,
@@ -164,7 +163,6 @@ class Base:
     """Defaults for the members an allocator need not have."""
     kind: str
     name: str
-    callable: bool = False
     banner: str | None = None
     reader: str | None = None           # dotted module of the stats reader
     release: Release | None = None

@@ -53,7 +53,7 @@ class Glibc(Base):
 
 
 ALLOCATOR = Glibc(
-    kind="glibc", name="glibc", callable=True, banner="glibc",
+    kind="glibc", name="glibc", banner="glibc",
     reader="collectors.allocators.glibc",
     release=Release("malloc_trim(0)", "malloc_trim", _trim),
     knobs=Knobs(),

@@ -38,7 +38,7 @@ class GoogleTcmalloc(Base):
 
 
 ALLOCATOR = GoogleTcmalloc(
-    kind="tcmalloc-google", name="google tcmalloc", callable=True,
+    kind="tcmalloc-google", name="google tcmalloc",
     reader="collectors.allocators.google_tcmalloc",
     release=Release("MallocExtension_Internal_ReleaseMemoryToSystem(SIZE_MAX)",
                     "MallocExtension_Internal_ReleaseMemoryToSystem", _release),

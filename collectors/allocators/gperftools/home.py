@@ -66,7 +66,7 @@ class Gperftools(Base):
 
 
 ALLOCATOR = Gperftools(
-    kind="tcmalloc", name="gperftools tcmalloc", callable=True, banner="gperftools",
+    kind="tcmalloc", name="gperftools tcmalloc", banner="gperftools",
     reader="collectors.allocators.gperftools",
     release=Release("MallocExtension_ReleaseFreeMemory()", "MallocExtension_ReleaseFreeMemory",
                     _release),

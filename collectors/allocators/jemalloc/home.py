@@ -80,7 +80,7 @@ class Jemalloc(Base):
 
 
 ALLOCATOR = Jemalloc(
-    kind="jemalloc", name="jemalloc", callable=True, banner="jemalloc",
+    kind="jemalloc", name="jemalloc", banner="jemalloc",
     reader="collectors.allocators.jemalloc",
     release=Release('mallctl("arena.4096.purge")', "mallctl", _purge),
     knobs=Knobs(),

@@ -120,7 +120,7 @@ class Mimalloc(Base):
 
 
 ALLOCATOR = Mimalloc(
-    kind="mimalloc", name="mimalloc", callable=True,
+    kind="mimalloc", name="mimalloc",
     reader="collectors.allocators.mimalloc",
     release=Release("mi_collect(true)", "mi_collect", _collect),
     knobs=Knobs(),
