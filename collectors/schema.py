@@ -21,12 +21,10 @@ bytes with :func:`page_size`; ``BYTES`` fields as bytes) instead of guessing
 from key names.
 """
 
-from collections import namedtuple
 
-NativeField = namedtuple("NativeField", "name unit meaning source")
-
-BYTES, PAGES, COUNT, MS, FLAG, TEXT, RATIO = "bytes", "pages", "count", "ms", "flag", "text", "ratio"
-UNITS = (BYTES, PAGES, COUNT, MS, FLAG, TEXT, RATIO)
+# NativeField and the units live in a leaf module the readers import
+from collectors.allocators.native import (BYTES, COUNT, FLAG, MS, PAGES, RATIO,  # noqa: F401
+                                          TEXT, UNITS, NativeField)
 
 
 

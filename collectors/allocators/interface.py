@@ -151,7 +151,8 @@ class Allocator(Protocol):
 
     def counters(self, reader: Any) -> dict[str, tuple[Any, str, str, str]]:
         """Its own contention/traffic counters for a wall window, read through READER
-        (collectors.sampler.counters.Reader: .image, .det, .native(), .pause_us):
+        (collectors.sampler.counters.Reader: .pid, .image, .det, .native(),
+        .resolver(), .session(stack_need), .pause_us):
         {name: (value, unit, "gauge"|"delta", source)}."""
         ...
 

@@ -55,6 +55,16 @@ class Reader:
         self.pause_us.extend(live.pause_us or [])
         return live.native
 
+    def resolver(self):
+        """The symbol resolver the snapshot reader uses (collectors.livestats)."""
+        return livestats.Resolver(self.image)
+
+    def session(self, stack_need):
+        """A borrowed-call session with the snapshot reader's timeouts."""
+        return livestats.open_remote(self.image, self.det, stack_need=stack_need,
+                                     deadline_s=self.deadline_s,
+                                     call_timeout_s=livestats.CALL_TIMEOUT_S)
+
     def _threads(self):
         try:
             return int(self.procfs.status(self.pid).get(b"Threads", b"").strip() or 0) or None

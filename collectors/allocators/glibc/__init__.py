@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 from collectors.allocators.glibc import stats as glibc_stats
 from collectors.allocators import common
-from collectors.schema import BYTES, COUNT, FLAG, NativeField, TEXT
+from collectors.allocators.native import BYTES, COUNT, FLAG, NativeField, TEXT
 
 log = logging.getLogger("collectors.allocators")
 

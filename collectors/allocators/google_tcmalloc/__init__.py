@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 from collectors.allocators import common, gperftools
 from collectors.allocators import tcmalloc_stats
-from collectors.schema import BYTES, FLAG, NativeField, RATIO, TEXT
+from collectors.allocators.native import BYTES, FLAG, NativeField, RATIO, TEXT
 
 _SRC = "google/tcmalloc tcmalloc/global_stats.cc GetNumericProperty"
 

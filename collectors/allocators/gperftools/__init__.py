@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 from collectors.allocators import tcmalloc_stats
 from collectors.allocators import common
 from diag.model.errors import AllocdiagError
-from collectors.schema import BYTES, COUNT, FLAG, NativeField, TEXT
+from collectors.allocators.native import BYTES, COUNT, FLAG, NativeField, TEXT
 
 log = logging.getLogger("collectors.allocators")
 

@@ -26,7 +26,7 @@ import time
 from collectors.allocators.jemalloc import stats as jemalloc_stats
 from collectors.allocators import common
 from diag.model.errors import MalformedData, RemoteCallError
-from collectors.schema import BYTES, COUNT, FLAG, MS, NativeField, PAGES, TEXT
+from collectors.allocators.native import BYTES, COUNT, FLAG, MS, NativeField, PAGES, TEXT
 
 log = logging.getLogger("collectors.allocators")
 

@@ -45,20 +45,16 @@ class Jemalloc(Base):
         return Signature("jemalloc", prefix=prefix, evidence=[ev], defines_malloc="malloc" in names)
 
     def counters(self, reader: Any) -> dict[str, tuple[Any, str, str, str]]:
-        from collectors import livestats
         from collectors.allocators import jemalloc
         from collectors.allocators.jemalloc import counters as jemalloc_counters
         from diag.model.errors import Unsupported
-        res = livestats.Resolver(reader.image)
-        a = jemalloc.plan(res, reader.det.serving, reader.det.allocator, {})
+        a = jemalloc.plan(reader.resolver(), reader.det.serving, reader.det.allocator, {})
         if not a.get("print"):
             raise Unsupported("this jemalloc build has no usable malloc_stats_print "
                               "(version other than 5.2/5.3)", pid=reader.pid)
         # the same print call as the snapshot reader: its measured stack need,
         # the output buffer from Call.buffer (never the borrowed stack)
-        rp = livestats.open_remote(reader.image, reader.det, stack_need=jemalloc.STACK_NEED,
-                                   deadline_s=reader.deadline_s,
-                                   call_timeout_s=livestats.CALL_TIMEOUT_S)
+        rp = reader.session(jemalloc.STACK_NEED)
         with rp.borrow() as c:
             raw = jemalloc_counters.gather(c, a)
         reader.pause_us.extend(rp.pause_us)

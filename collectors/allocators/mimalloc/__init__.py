@@ -22,7 +22,7 @@ import struct
 from collectors.allocators.mimalloc import stats as mimalloc_stats
 from collectors.allocators import common
 from diag.model.errors import AllocdiagError, Unsupported
-from collectors.schema import BYTES, COUNT, FLAG, MS, NativeField, RATIO, TEXT
+from collectors.allocators.native import BYTES, COUNT, FLAG, MS, NativeField, RATIO, TEXT
 
 log = logging.getLogger("collectors.allocators")
 
