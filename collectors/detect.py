@@ -65,7 +65,8 @@ def _classify_names(elf, path, names, where):
     for alloc in registry.ALL:
         sig = alloc.signature(elf, names, base, path, where)
         if sig is not None:
-            log.debug("%s: %s (%s)", base, sig.kind, where)
+            log.debug("%s: %s%s (%s)", base, sig.kind,
+                      f" prefix {sig.prefix!r}" if sig.prefix else "", where)
             return sig
     return Signature(defines_malloc=False)
 

@@ -40,7 +40,6 @@ class Jemalloc(Base):
         prefix = prefix_of(names)
         if prefix is None:
             return None
-        log.debug("%s: jemalloc with prefix %r", base, prefix)
         ev = f"{base} defines {prefix}mallctl and {prefix}malloc_stats_print ({where})"
         return Signature("jemalloc", prefix=prefix, evidence=[ev], defines_malloc="malloc" in names)
 
