@@ -131,7 +131,7 @@ class _DlInfo(ctypes.Structure):
 
 
 _RTLD_DL_LINKMAP = 2          # dlfcn.h
-_own_ifuncs = {}
+_own_ifuncs: dict[object, object] = {}
 
 
 def _own_ifunc(name):

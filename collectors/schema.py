@@ -101,7 +101,7 @@ class Table:
         return best[1] if best else None
 
 
-_tables = {}
+_tables: dict[str, Table] = {}
 
 
 def _module(kind):

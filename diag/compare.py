@@ -97,10 +97,10 @@ class CompareError(AllocdiagError):
 class Variant:
     name: str                       # as the user wrote it (or the allocator name)
     allocator: str                  # allocator name, or the library's file name
-    library: str = None             # LD_PRELOAD path (None: glibc)
-    expect_kind: str = None         # the kind the snapshot must report
+    library: str | None = None             # LD_PRELOAD path (None: glibc)
+    expect_kind: str | None = None         # the kind the snapshot must report
     env: dict = field(default_factory=dict)
-    skip_reason: str = None         # not run at all (unknown name, not installed)
+    skip_reason: str | None = None         # not run at all (unknown name, not installed)
 
     def to_json(self):
         return {"name": self.name, "allocator": self.allocator, "library": self.library,
@@ -522,21 +522,21 @@ def _preload(snap, variant):
 @dataclass
 class Settings:
     command: list
-    load: str = None
+    load: str | None = None
     load_s: float = 10.0
     idle_s: float = 10.0
     warmup_s: float = 1.0
     interval_s: float = 1.0
     timeout_s: float = 600.0
-    ready: str = None               # regex: wait for a line before the warm-up starts
+    ready: str | None = None               # regex: wait for a line before the warm-up starts
     ready_timeout_s: float = 120.0
-    idle_after: str = None          # regex: a finite command's "done, staying up" line
+    idle_after: str | None = None          # regex: a finite command's "done, staying up" line
     pause_ms_per_minute: float = 600.0
     isolate: bool = False
     repeat: int = 1
     noise_pct: float = 5.0
     rank_by: str = "rss"
-    cwd: str = None
+    cwd: str | None = None
     example_env: bool = False       # set ALLOCDIAG_EXAMPLE_ALLOCATOR (examples/ presets)
 
     def to_json(self):

@@ -584,7 +584,7 @@ def walk(read, anchors, layout):
 
 # -- the collector ----------------------------------------------------------
 
-_LOCATED = {}     # (pid, object, load address, ...) -> Anchors
+_LOCATED: dict[tuple, object] = {}     # (pid, object, load address, ...) -> Anchors
 
 
 def _env_pymalloc(image):
