@@ -25,7 +25,6 @@ MALLOPT = {"trim_threshold": -1, "top_pad": -2, "mmap_threshold": -3, "mmap_max"
 
 
 def read(native: dict[str, Any]) -> dict[str, Knob]:
-    from collectors.config import glibc_tunables
     env = (native.get("config") or {}).get("env") or {}
     set_ = glibc_tunables(env)
     how = {"arena_max": "MALLOC_ARENA_MAX=N or GLIBC_TUNABLES=glibc.malloc.arena_max=N at start; "
@@ -79,3 +78,21 @@ def start_env(options: list[tuple[str, str]], env: dict[str, str]) -> None:
         f"{k if k.startswith('glibc.') else 'glibc.malloc.' + k}={v}"))
     if tunables:
         env["GLIBC_TUNABLES"] = ":".join(tunables)
+
+
+def glibc_tunables(env: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """{tunable short name: value} from GLIBC_TUNABLES glibc.malloc.* and
+    the MALLOC_*_ aliases, with where each came from."""
+    out = {}
+    aliases = {"MALLOC_ARENA_MAX": "arena_max", "MALLOC_ARENA_TEST": "arena_test",
+               "MALLOC_TRIM_THRESHOLD_": "trim_threshold", "MALLOC_TOP_PAD_": "top_pad",
+               "MALLOC_MMAP_THRESHOLD_": "mmap_threshold", "MALLOC_MMAP_MAX_": "mmap_max",
+               "MALLOC_PERTURB_": "perturb", "MALLOC_CHECK_": "check"}
+    for var, name in aliases.items():
+        if var in env:
+            out[name] = (env[var], f"env {var}")
+    for item in env.get("GLIBC_TUNABLES", "").split(":"):
+        k, sep, v = item.partition("=")
+        if sep and k.startswith("glibc.malloc."):
+            out[k[len("glibc.malloc."):]] = (v, "env GLIBC_TUNABLES")
+    return out

@@ -11,7 +11,7 @@ import os
 import struct
 
 from collectors.allocators import common, jemalloc
-from collectors.config import parse_conf
+from collectors.allocators.jemalloc.config import parse_conf
 from collectors.heapcontrol import (JE_ACTIVE_NOTE, JE_DUMP_NAME, JE_READS,
                                     read_target_file, restart_recipe, work_dir)
 from diag.model.errors import Unsupported

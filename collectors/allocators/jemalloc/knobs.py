@@ -12,7 +12,7 @@ from typing import Any, Callable
 from diag.model import Knob
 from diag.model.errors import Unsupported
 
-from collectors.config import parse_conf
+from collectors.allocators.jemalloc.config import parse_conf
 from collectors.allocators import jemalloc
 from collectors.allocators.common import int_value, true_false
 from collectors.allocators import common
@@ -115,8 +115,8 @@ class Knobs:
     conf_strings: bool = True
 
     def conf_sources(self, image: Any, obj: Any, prefix: str | None) -> dict[str, Any]:
-        from collectors import config
-        return {"jemalloc": config.jemalloc_sources(image, obj, prefix), "prefix": prefix or ""}
+        from collectors.allocators.jemalloc.config import jemalloc_sources
+        return {"jemalloc": jemalloc_sources(image, obj, prefix), "prefix": prefix or ""}
 
     def read(self, native: dict[str, Any]) -> dict[str, Knob]:
         return read(native)

@@ -14,7 +14,6 @@ log = logging.getLogger("collectors.allocators")
 
 
 def read(native: dict[str, Any]) -> dict[str, Knob]:
-    from collectors.config import prefixed_env
     env = prefixed_env((native.get("config") or {}).get("env") or {}, "MIMALLOC_")
     opts = native.get("options") or {}
     out = {}
@@ -73,3 +72,13 @@ def _option(key: str, value: str, env: dict[str, str]) -> None:
         env.setdefault("MIMALLOC_DECOMMIT_DELAY", value)
     elif key == "decommit_delay":
         env.setdefault("MIMALLOC_PURGE_DELAY", value)
+
+
+def prefixed_env(env: dict[str, str], prefix: str) -> dict[str, tuple[str, str]]:
+    """{lower-case name: (value, source)} for PREFIX* variables (mimalloc
+    matches its option names case-insensitively)."""
+    out = {}
+    for k, v in (env or {}).items():
+        if k.upper().startswith(prefix):
+            out[k[len(prefix):].lower()] = (v, f"env {k}")
+    return out
