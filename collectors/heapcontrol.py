@@ -56,32 +56,14 @@ from collectors.proc.stat import start_time
 CALL_TIMEOUT_S = 10.0
 DEADLINE_S = 2.0                  # to find a safe thread
 PROFILE_MAX = 256 << 20           # refuse to copy a bigger profile text
-# gperftools 2.10 GetHeapProfile writes into malloc(kProfileBufferSize = 1 MiB)
-# and leaves out the smallest buckets when they do not fit (the maps are kept);
-# later versions strdup a text of any size.
-GPERF_2_10_BUFFER = 1 << 20
-BUCKET_LINE_MAX = 4096            # a bucket line with a full stack fits in this
-
-GPERF_CALLS = ("HeapProfilerStart", "IsHeapProfilerRunning", "GetHeapProfile",
-               "HeapProfilerStop")
 # The environment variables read here and nowhere else (gperftools heap-profiler.cc).
 GPERF_ENV = (b"HEAPPROFILE", b"HEAPPROFILESIGNAL")
 GPERF_ENV_PREFIX = b"HEAP_PROFILE_"
 # jemalloc's default lg_prof_sample (5.3: 2^19 = 512 KiB between samples).
 JE_LG_SAMPLE_DEFAULT = 19
-JE_READS = (("config.prof", "bool"), ("opt.prof", "bool"), ("prof.active", "bool"),
-            ("opt.prof_active", "bool"), ("opt.lg_prof_sample", "size_t"),
-            ("opt.prof_prefix", "const char*"), ("opt.prof_final", "bool"),
-            ("opt.lg_prof_interval", "ssize_t"), ("opt.prof_gdump", "bool"))
 WORK_DIR_PARENT = "/tmp"          # in the target's own root
 WORK_DIR_NAME = "allocdiag-heap-{pid}-{start}"
 GPERF_PREFIX = "heap"             # HeapProfilerStart(WORK_DIR/heap): files heap.NNNN.heap
-JE_DUMP_NAME = "dump.heap"
-
-GROWTH_NOTE = ("the gperftools profile sees only allocations made after the start: "
-               "it is the growth since attach, not the whole heap")
-JE_ACTIVE_NOTE = ("jemalloc samples (one allocation per 2^lg_prof_sample bytes on average, "
-                  "scaled back up) only while prof.active is on")
 
 LIBTCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4"
 LIBJEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"

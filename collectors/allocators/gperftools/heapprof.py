@@ -4,17 +4,26 @@ HeapProfilerStop on one borrowed thread."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import os
 import re
+from typing import Any
 
 from collectors.allocators import common
-from collectors.heapcontrol import (BUCKET_LINE_MAX, GPERF_2_10_BUFFER, GPERF_CALLS, GPERF_PREFIX,
-                                    GROWTH_NOTE, PROFILE_MAX, profiler_env, restart_recipe,
+from collectors.heapcontrol import (GPERF_PREFIX, PROFILE_MAX, profiler_env, restart_recipe,
                                     work_dir)
 from diag.model.errors import MalformedData, RemoteCallError, Unsupported
 
+
+# gperftools 2.10 GetHeapProfile writes into malloc(kProfileBufferSize = 1 MiB)
+# and leaves out the smallest buckets when they do not fit (the maps are kept);
+# later versions strdup a text of any size.
+GPERF_2_10_BUFFER = 1 << 20
+BUCKET_LINE_MAX = 4096            # a bucket line with a full stack fits in this
+
+GPERF_CALLS = ("HeapProfilerStart", "IsHeapProfilerRunning", "GetHeapProfile",
+               "HeapProfilerStop")
+GROWTH_NOTE = ("the gperftools profile sees only allocations made after the start: "
+               "it is the growth since attach, not the whole heap")
 
 # what `allocdiag heap start` asks the user to confirm
 START = "start gperftools' heap profiler (every later allocation is recorded)"

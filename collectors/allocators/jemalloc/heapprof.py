@@ -4,17 +4,24 @@ sampling, prof.dump writes the sampled profile."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import errno
 import os
 import struct
+from typing import Any
 
 from collectors.allocators import common, jemalloc
 from collectors.allocators.jemalloc.config import parse_conf
-from collectors.heapcontrol import (JE_ACTIVE_NOTE, JE_DUMP_NAME, JE_READS,
-                                    read_target_file, restart_recipe, work_dir)
+from collectors.heapcontrol import read_target_file, restart_recipe, work_dir
 from diag.model.errors import Unsupported
+
+
+JE_READS = (("config.prof", "bool"), ("opt.prof", "bool"), ("prof.active", "bool"),
+            ("opt.prof_active", "bool"), ("opt.lg_prof_sample", "size_t"),
+            ("opt.prof_prefix", "const char*"), ("opt.prof_final", "bool"),
+            ("opt.lg_prof_interval", "ssize_t"), ("opt.prof_gdump", "bool"))
+JE_DUMP_NAME = "dump.heap"
+JE_ACTIVE_NOTE = ("jemalloc samples (one allocation per 2^lg_prof_sample bytes on average, "
+                  "scaled back up) only while prof.active is on")
 
 
 # what `allocdiag heap start` asks the user to confirm
