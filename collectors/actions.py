@@ -11,11 +11,14 @@ explicit user action (DESIGN.md rule 7), never as part of a snapshot.
 ``set_knob``: the knobs each allocator lets a program change at runtime.
 """
 
-import struct
+import logging
 
 from collectors import livestats
-from collectors.allocators import common, gperftools, jemalloc, mimalloc
+from collectors.allocators import common, registry
+from collectors.allocators.glibc.knobs import MALLOPT  # noqa: F401  (collectors.actions.MALLOPT)
 from diag.model.errors import Unsupported
+
+log = logging.getLogger("collectors.allocators")
 
 ACTION_TIMEOUT_S = 10.0     # malloc_trim of a multi-GiB heap takes a while
 # Stack the release/set calls use on the borrowed thread (high-water marks
@@ -25,16 +28,8 @@ ACTION_TIMEOUT_S = 10.0     # malloc_trim of a multi-GiB heap takes a while
 # are smaller).
 ACTION_STACK_NEED = 8 * 1024
 
-# glibc mallopt parameters (malloc/malloc.h).
-MALLOPT = {"trim_threshold": -1, "top_pad": -2, "mmap_threshold": -3, "mmap_max": -4,
-           "arena_test": -7, "arena_max": -8}
-RELEASE_CALLS = {
-    "glibc": "malloc_trim(0)",
-    "jemalloc": "mallctl(\"arena.4096.purge\")",
-    "tcmalloc": "MallocExtension_ReleaseFreeMemory()",
-    "tcmalloc-google": "MallocExtension_Internal_ReleaseMemoryToSystem(SIZE_MAX)",
-    "mimalloc": "mi_collect(true)",
-}
+# kind -> the release call's text, for the allocators that have one
+RELEASE_CALLS = {a.kind: a.release.text for a in registry.ALL if a.release is not None}
 
 
 def _session(image, detection, deadline_s):
@@ -50,132 +45,36 @@ def release(image, detection, deadline_s=2.0):
     """Run the allocator's release call; returns (call text, return value, pause_us)."""
     a = detection.allocator
     kind, obj = a.kind, detection.serving
-    if kind not in RELEASE_CALLS:
+    rel = registry.for_kind(kind).release
+    if rel is None:
         raise Unsupported(f"{kind}: no release call (allocdiag knows none for this allocator)",
                           pid=image.pid)
     res = livestats.Resolver(image)
-    if kind == "glibc":
-        fn, args = _addr(res, obj, "malloc_trim", kind), (0,)
-    elif kind == "jemalloc":
-        fn, args = _addr(res, obj, (a.prefix or "") + "mallctl", kind), None
-    elif kind == "tcmalloc":
-        fn, args = _addr(res, obj, "MallocExtension_ReleaseFreeMemory", kind), ()
-    elif kind == "tcmalloc-google":
-        fn, args = _addr(res, obj, "MallocExtension_Internal_ReleaseMemoryToSystem", kind), \
-            ((1 << 64) - 1,)
-    else:
-        fn, args = _addr(res, obj, "mi_collect", kind), (1,)
+    fn = _addr(res, obj, (a.prefix or "") + rel.symbol, kind)
+    log.debug("pid %s: release with %s at %#x", image.pid, rel.text, fn)
     rp = _session(image, detection, deadline_s)
     with rp.borrow() as c:
-        if args is None:
-            name = c.scratch(32)
-            c.write(name, b"arena.4096.purge\0")
-            rv = c.call(fn, name, 0, 0, 0, 0) & 0xFFFFFFFF
-        else:
-            rv = c.call(fn, *args)
-    return RELEASE_CALLS[kind], rv, list(rp.pause_us)
+        rv = rel.run(c, fn)
+    return rel.text, rv, list(rp.pause_us)
 
 
 def runtime_knobs(kind):
     """Names `set` accepts for KIND."""
-    return {"jemalloc": ("dirty_decay_ms", "muzzy_decay_ms", "background_thread"),
-            "glibc": tuple(MALLOPT),
-            "tcmalloc": ("max_total_thread_cache_bytes",),
-            "mimalloc": tuple(n for n in mimalloc.OPTIONS_2_0
-                              if not n.startswith("deprecated_"))}.get(kind, ())
+    k = registry.for_kind(kind).knobs
+    return k.runtime if k is not None else ()
 
 
 def set_knob(image, detection, name, value, deadline_s=2.0):
     """Change knob NAME to VALUE (a string).  Returns (old, new, detail)."""
     a = detection.allocator
     kind, obj = a.kind, detection.serving
+    knobs = registry.for_kind(kind).knobs
     allowed = runtime_knobs(kind)
-    if name not in allowed:
+    if knobs is None or name not in allowed:
         hint = f"; runtime knobs of {kind}: {', '.join(allowed)}" if allowed else ""
-        if kind == "tcmalloc" and name.upper().startswith("TCMALLOC_RELEASE_RATE"):
-            hint = ("; SetMemoryReleaseRate takes a double, which the remote engine does not pass: "
-                    "set TCMALLOC_RELEASE_RATE at start, or use `allocdiag release`")
+        hint = (knobs.refusal_hint(name) if knobs is not None else None) or hint
         raise Unsupported(f"{kind} does not let {name} be changed at runtime{hint}", pid=image.pid)
     res = livestats.Resolver(image)
     rp = _session(image, detection, deadline_s)
-    if kind == "jemalloc":
-        return _set_jemalloc(rp, _addr(res, obj, (a.prefix or "") + "mallctl", kind), name, value)
-    if kind == "glibc":
-        fn = _addr(res, obj, "mallopt", kind)
-        v = _int(value, name)
-        with rp.borrow() as c:
-            ok = c.call(fn, MALLOPT[name] & 0xFFFFFFFFFFFFFFFF, v & 0xFFFFFFFFFFFFFFFF) & 0xFFFFFFFF
-        if ok != 1:
-            raise Unsupported(f"mallopt({name}, {v}) refused by glibc (returned {ok})")
-        return None, str(v), "glibc has no getter for mallopt parameters: the old value is unknown; " \
-                             "setting it disables glibc's dynamic mmap/trim thresholds"
-    if kind == "tcmalloc":
-        get = _addr(res, obj, "MallocExtension_GetNumericProperty", kind)
-        put = _addr(res, obj, "MallocExtension_SetNumericProperty", kind)
-        prop = "tcmalloc." + name
-        v = _int(value, name)
-        with rp.borrow() as c:
-            n, out = c.scratch(64), c.scratch(16)
-            c.write(n, prop.encode() + b"\0")
-            c.call(get, n, out)
-            old = struct.unpack("<Q", c.read(out, 8))[0]
-            ok = c.call(put, n, v) & 0xFF
-            c.call(get, n, out)
-            new = struct.unpack("<Q", c.read(out, 8))[0]
-        gperftools.forget_knobs()       # cached knob properties are stale now
-        if not ok:
-            raise Unsupported(f"tcmalloc refused {prop}={v}")
-        return str(old), str(new), f"MallocExtension_SetNumericProperty({prop})"
-    # mimalloc
-    idx = mimalloc.OPTIONS_2_0.index(name)
-    get, put = _addr(res, obj, "mi_option_get", kind), _addr(res, obj, "mi_option_set", kind)
-    v = _int(value, name)
-    with rp.borrow() as c:
-        old = common.signed(c.call(get, idx))
-        c.call(put, idx, v & 0xFFFFFFFFFFFFFFFF)
-        new = common.signed(c.call(get, idx))
-    return str(old), str(new), f"mi_option_set({name})"
-
-
-def _int(value, name):
-    try:
-        return int(str(value), 0)
-    except ValueError:
-        raise Unsupported(f"{name} needs an integer, got {value!r}") from None
-
-
-def _set_jemalloc(rp, mallctl, name, value):
-    if name == "background_thread":
-        v = str(value).lower()
-        if v not in ("true", "false", "1", "0"):
-            raise Unsupported("background_thread takes true or false")
-        new = v in ("true", "1")
-        with rp.borrow() as c:
-            rc, was = jemalloc.mallctl_write_bool(c, mallctl, "background_thread", new)
-        if rc:
-            raise Unsupported(f"mallctl(background_thread) failed with error {rc}")
-        return _b(was), _b(new), "mallctl background_thread (starts/stops jemalloc's purging threads)"
-    v = _int(value, name)
-    with rp.borrow() as c:
-        scratch = (c.scratch(64), c.scratch(16), c.scratch(16))
-        narenas = jemalloc.mallctl_read(c, mallctl, "arenas.narenas", "unsigned", scratch)
-        old = jemalloc.mallctl_read(c, mallctl, f"arenas.{name}", "ssize_t", scratch)
-        val = c.scratch(16)
-        c.write(val, struct.pack("<q", v))
-        failures = 0
-        # The default for new arenas, then every existing arena.
-        for target in [f"arenas.{name}"] + [f"arena.{i}.{name}" for i in range(narenas or 0)]:
-            n = scratch[0]
-            c.write(n, target.encode() + b"\0")
-            rc = c.call(mallctl, n, 0, 0, val, 8) & 0xFFFFFFFF
-            # EFAULT/ENOENT for arenas that were never initialised: skip.
-            failures += rc not in (0, 14, 2)
-        new = jemalloc.mallctl_read(c, mallctl, f"arenas.{name}", "ssize_t", scratch)
-    jemalloc.forget_general()          # cached arenas.*_decay_ms are stale now
-    if failures:
-        raise Unsupported(f"jemalloc refused {name}={v} on {failures} arenas")
-    return str(old), str(new), f"mallctl arenas.{name} and arena.<i>.{name} for {narenas} arenas"
-
-
-def _b(v):
-    return "true" if v else "false"
+    log.debug("pid %s: set %s=%s (%s)", image.pid, name, value, kind)
+    return knobs.set(rp, lambda sym: _addr(res, obj, sym, kind), a.prefix, name, value)

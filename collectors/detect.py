@@ -22,32 +22,19 @@ own public APIs; allocators.md §9): jemalloc ``[prefix]mallctl`` with
 loader name; Go ``.go.buildinfo``.
 """
 
+import logging
 import os
 
+from collectors.allocators import registry
+from collectors.allocators.interface import Signature  # noqa: F401  (collectors.detect.Signature)
+from collectors.allocators.jemalloc import home as jemalloc_home
 from diag.model.errors import AccessDenied
 from collectors.engine.memory import MemoryReader
 from diag.model import Allocator, AllocatorRef, Binding
 
-JEMALLOC_PREFIXES = ("", "je_", "_rjem_")
+log = logging.getLogger("collectors.allocators")
 
-
-class Signature:
-    """What an object is, allocator-wise (cached on the ElfObject)."""
-
-    __slots__ = ("kind", "variant", "prefix", "evidence", "defines_malloc")
-
-    def __init__(self, kind=None, variant=None, prefix=None, evidence=(), defines_malloc=False):
-        self.kind, self.variant, self.prefix = kind, variant, prefix
-        self.evidence = tuple(evidence)
-        self.defines_malloc = defines_malloc
-
-
-def _jemalloc_prefix(names):
-    """The prefix P for which both P+mallctl and P+malloc_stats_print exist."""
-    for name in names:
-        if name.endswith("mallctl") and (name[:-7] + "malloc_stats_print") in names:
-            return name[:-7]
-    return None
+JEMALLOC_PREFIXES = jemalloc_home.PREFIXES
 
 
 def classify(obj, use_symtab=False):
@@ -75,88 +62,23 @@ def classify(obj, use_symtab=False):
 
 def _classify_names(elf, path, names, where):
     base = os.path.basename(path)
-    defines_malloc = "malloc" in names
-    if elf.is_go:
-        return Signature("go", evidence=[f"{base}: Go binary (.go.buildinfo/.gopclntab sections)"],
-                         defines_malloc=defines_malloc)
-    prefix = _jemalloc_prefix(names)
-    if prefix is not None:
-        ev = f"{base} defines {prefix}mallctl and {prefix}malloc_stats_print ({where})"
-        return Signature("jemalloc", prefix=prefix, evidence=[ev], defines_malloc=defines_malloc)
-    if "TCMalloc_Internal_GetStats" in names or "MallocExtension_Internal_GetNumericProperty" in names:
-        return Signature("tcmalloc-google", evidence=[
-            f"{base} defines TCMalloc_Internal_GetStats/MallocExtension_Internal_GetNumericProperty ({where})"],
-            defines_malloc=defines_malloc)
-    if "MallocExtension_GetNumericProperty" in names or "tc_malloc" in names:
-        variant = "full" if "HeapProfilerStart" in names else "minimal"
-        if "debug" in base:
-            variant += "+debug"
-        return Signature("tcmalloc", variant=variant, evidence=[
-            f"{base} defines MallocExtension_GetNumericProperty ({where}); "
-            f"{'HeapProfilerStart present: full' if variant.startswith('full') else 'no HeapProfilerStart: minimal'} library"],
-            defines_malloc=defines_malloc)
-    if "mi_version" in names or "mi_malloc" in names:
-        return Signature("mimalloc", evidence=[f"{base} defines mi_version ({where})"],
-                         defines_malloc=defines_malloc)
-    # musl: its malloc internals (mallocng) in a static binary's .symtab, or
-    # a libc whose path says musl (Debian /usr/lib/x86_64-linux-musl/libc.so,
-    # Alpine /lib/ld-musl-x86_64.so.1) and which defines malloc.
-    if "__libc_malloc_impl" in names or "__malloc_donate" in names or \
-            (defines_malloc and "musl" in path):
-        return Signature("musl", evidence=[f"{base}: musl libc "
-                                           f"({'mallocng symbols' if '__libc_malloc_impl' in names else 'path'})"],
-                         defines_malloc=defines_malloc)
-    if "__libc_malloc" in names and ("malloc_info" in names or "mallinfo" in names):
-        variant = None
-        return Signature("glibc", variant=variant, evidence=[
-            f"{base} defines __libc_malloc and malloc_info ({where})"], defines_malloc=defines_malloc)
-    if base.startswith("libc_malloc_debug"):
-        return Signature("glibc", variant="malloc-debug", evidence=[
-            f"{base}: glibc's malloc debugging library"], defines_malloc=defines_malloc)
-    if defines_malloc:
-        return Signature("unknown", evidence=[f"{base} defines malloc but matches no known allocator"],
-                         defines_malloc=True)
+    for alloc in registry.ALL:
+        sig = alloc.signature(elf, names, base, path, where)
+        if sig is not None:
+            log.debug("%s: %s%s (%s)", base, sig.kind,
+                      f" prefix {sig.prefix!r}" if sig.prefix else "", where)
+            return sig
     return Signature(defines_malloc=False)
 
 
 def version_of(obj, kind):
     """The allocator's version, read without stopping the process."""
-    elf = obj.elf
-    if elf is None:
+    if obj.elf is None:
         return None
-    opener = obj.opener.open
     try:
-        if kind == "glibc":
-            return elf.rodata_version("glibc", opener)
-        if kind == "jemalloc":
-            return elf.rodata_version("jemalloc", opener)
-        if kind == "tcmalloc":
-            return elf.rodata_version("gperftools", opener)
-        if kind == "go":
-            return elf.go_version or elf.rodata_version("go", opener)
-        if kind == "mimalloc":
-            return _mimalloc_version(obj)
+        return registry.for_kind(kind).version(obj)
     except OSError:
         return None
-    return None
-
-
-def _mimalloc_version(obj):
-    """mi_version() is ``return MI_MALLOC_VERSION;``: on x86-64 that compiles
-    to ``mov $imm32, %eax; ret`` (after an optional endbr64).  Decode the
-    immediate (major*100+minor*10+patch in 1.x/2.x, e.g. 209 = 2.0.9)."""
-    sym = obj.elf.lookup("mi_version", obj.opener.open)
-    if sym is None:
-        return None
-    code = obj.elf.text_bytes(sym.st_value, 16, obj.opener.open) or b""
-    if code.startswith(b"\xf3\x0f\x1e\xfa"):
-        code = code[4:]
-    if len(code) >= 6 and code[0] == 0xB8 and code[5] == 0xC3:
-        v = int.from_bytes(code[1:5], "little")
-        if v >= 10000:                       # 2.4+ style: major*10000+minor*100+patch
-            return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
-        return f"{v // 100}.{v // 10 % 10}.{v % 10}"
-    return None
 
 
 # -- bindings ---------------------------------------------------------------
@@ -358,20 +280,21 @@ def _describe(obj, how, image, preloads):
     sig = classify(obj, use_symtab=is_exe)
     kind = sig.kind or "unknown"
     ev = list(sig.evidence)
-    if is_exe and how in ("static", "go", "got", "lookup-order") and kind in (None, "unknown") \
+    if is_exe and how is not None and registry.for_kind(kind) is registry.UNKNOWN \
             and obj.elf is not None:
         # Stripped static executable: fall back to .rodata banners.
-        for k, vk in (("jemalloc", "jemalloc"), ("glibc", "glibc")):
+        for alloc in registry.STRIPPED_STATIC:
             try:
-                v = obj.elf.rodata_version(vk, obj.opener.open)
+                v = obj.elf.rodata_version(alloc.banner, obj.opener.open)
             except OSError:
                 v = None
             if v:
-                kind = k
-                ev.append(f"{os.path.basename(obj.path)} .rodata holds the {k} version string {v}")
+                kind = alloc.kind
+                log.debug("%s: stripped static executable, %s banner %s", obj.path, kind, v)
+                ev.append(f"{os.path.basename(obj.path)} .rodata holds the {kind} version string {v}")
                 break
-    if is_exe and kind == "jemalloc" and sig.prefix:
-        # A prefixed jemalloc in the executable does not serve malloc.
+    if is_exe and kind == sig.kind and sig.prefix:
+        # A prefixed allocator (jemalloc) in the executable does not serve malloc.
         kind = "unknown"
     if is_exe:
         linkage = "static"
@@ -380,7 +303,7 @@ def _describe(obj, how, image, preloads):
     else:
         linkage = "dynamic"
     return AllocatorRef(kind=kind, version=version_of(obj, kind), linkage=linkage, path=obj.path,
-                        prefix=sig.prefix if kind == "jemalloc" else None,
+                        prefix=sig.prefix if kind == sig.kind else None,
                         variant=sig.variant, evidence=tuple(ev))
 
 
@@ -392,19 +315,19 @@ def _others(image, serving, order):
         # The serving object is the allocator itself, not an "other" --
         # unless it is an executable with a prefixed jemalloc inside, beside
         # the malloc it serves (a static Rust binary).
-        if obj is serving and not (obj is image.exe and sig.kind == "jemalloc" and sig.prefix):
+        if obj is serving and not (obj is image.exe and sig.prefix):
             continue
-        if not sig.kind or (sig.kind == "unknown" and not sig.defines_malloc):
+        if not sig.kind or (not sig.defines_malloc and registry.for_kind(sig.kind) is registry.UNKNOWN):
             continue
-        if sig.kind == "go" and obj is image.exe:
+        own_heap = registry.for_kind(sig.kind).vocabulary.own_heap_note
+        if own_heap and obj is image.exe:
             if obj is not serving:
                 out.append(AllocatorRef(
-                    kind="go", version=version_of(obj, "go"), linkage="static", path=obj.path,
-                    evidence=tuple(sig.evidence) + ("the Go runtime manages the Go heap itself (not "
-                                          "malloc); allocdiag reads no Go runtime statistics yet",)))
+                    kind=sig.kind, version=version_of(obj, sig.kind), linkage="static", path=obj.path,
+                    evidence=tuple(sig.evidence) + (own_heap,)))
             continue
         ev = list(sig.evidence)
-        if sig.kind == "jemalloc" and sig.prefix:
+        if sig.prefix:
             ev.append(f"symbols are prefixed ({sig.prefix}malloc): they do not interpose malloc; "
                       f"configured by {sig.prefix.upper()}MALLOC_CONF")
         if id(obj) not in in_order:
@@ -415,7 +338,7 @@ def _others(image, serving, order):
         else:
             linkage = "dynamic"
         out.append(AllocatorRef(kind=sig.kind, version=version_of(obj, sig.kind), linkage=linkage,
-                                path=obj.path, prefix=sig.prefix if sig.kind == "jemalloc" else None,
+                                path=obj.path, prefix=sig.prefix,
                                 variant=sig.variant, evidence=tuple(ev)))
     return out
 

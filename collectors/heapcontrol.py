@@ -36,18 +36,16 @@ here, for finding those files.
 
 import glob
 import os
-import re
 import shutil
 import stat
-import struct
 
 from collectors import livestats
 
 from collectors.engine import remote
-from collectors.allocators import common, jemalloc
-from collectors.config import parse_conf
+from collectors.allocators import common
+from collectors.allocators.registry import for_kind
 from collectors.detect import detect
-from diag.model.errors import AccessDenied, MalformedData, RemoteCallError, Unsupported
+from diag.model.errors import AccessDenied, MalformedData, Unsupported
 from collectors.binary.image import ProcessImage
 from collectors.proc.procfs import ProcFS
 from collectors.proc.stat import start_time
@@ -58,32 +56,14 @@ from collectors.proc.stat import start_time
 CALL_TIMEOUT_S = 10.0
 DEADLINE_S = 2.0                  # to find a safe thread
 PROFILE_MAX = 256 << 20           # refuse to copy a bigger profile text
-# gperftools 2.10 GetHeapProfile writes into malloc(kProfileBufferSize = 1 MiB)
-# and leaves out the smallest buckets when they do not fit (the maps are kept);
-# later versions strdup a text of any size.
-GPERF_2_10_BUFFER = 1 << 20
-BUCKET_LINE_MAX = 4096            # a bucket line with a full stack fits in this
-
-GPERF_CALLS = ("HeapProfilerStart", "IsHeapProfilerRunning", "GetHeapProfile",
-               "HeapProfilerStop")
 # The environment variables read here and nowhere else (gperftools heap-profiler.cc).
 GPERF_ENV = (b"HEAPPROFILE", b"HEAPPROFILESIGNAL")
 GPERF_ENV_PREFIX = b"HEAP_PROFILE_"
 # jemalloc's default lg_prof_sample (5.3: 2^19 = 512 KiB between samples).
 JE_LG_SAMPLE_DEFAULT = 19
-JE_READS = (("config.prof", "bool"), ("opt.prof", "bool"), ("prof.active", "bool"),
-            ("opt.prof_active", "bool"), ("opt.lg_prof_sample", "size_t"),
-            ("opt.prof_prefix", "const char*"), ("opt.prof_final", "bool"),
-            ("opt.lg_prof_interval", "ssize_t"), ("opt.prof_gdump", "bool"))
 WORK_DIR_PARENT = "/tmp"          # in the target's own root
 WORK_DIR_NAME = "allocdiag-heap-{pid}-{start}"
 GPERF_PREFIX = "heap"             # HeapProfilerStart(WORK_DIR/heap): files heap.NNNN.heap
-JE_DUMP_NAME = "dump.heap"
-
-GROWTH_NOTE = ("the gperftools profile sees only allocations made after the start: "
-               "it is the growth since attach, not the whole heap")
-JE_ACTIVE_NOTE = ("jemalloc samples (one allocation per 2^lg_prof_sample bytes on average, "
-                  "scaled back up) only while prof.active is on")
 
 LIBTCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4"
 LIBJEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
@@ -113,6 +93,11 @@ class Target:
     def fn(self, name):
         return common.need(self.res.address(self.det.serving, name), name, self.kind)
 
+    @property
+    def profiler(self):
+        """The allocator's heap profiler driver (its home's heapprof module), or None."""
+        return for_kind(self.kind).profiler()
+
     def mallctl(self):
         return self.fn((self.alloc.prefix or "") + "mallctl")
 
@@ -138,47 +123,18 @@ def profiler_env(procfs, pid):
     return out
 
 
-def _jemalloc_values(t):
-    """The prof mallctls (None where the name does not exist)."""
-    from collectors.allocators import jemalloc
-    mallctl = t.mallctl()
-    rp = t.session()
-    out = {}
-    with rp.borrow() as c:
-        scratch = jemalloc.mallctl_scratch(c)
-        for name, ctype in JE_READS:
-            v = jemalloc.mallctl_read(c, mallctl, name, ctype, scratch)
-            out[name] = v.decode(errors="replace") if isinstance(v, bytes) else v
-    return out, list(rp.pause_us)
-
-
-def _gperf_running(t):
-    rp = t.session()
-    with rp.borrow() as c:
-        running = bool(c.call(t.fn("IsHeapProfilerRunning")) & 0xFFFFFFFF)
-    return running, list(rp.pause_us)
-
-
-def conf_var(alloc):
-    """The MALLOC_CONF variable name jemalloc reads (prefixed builds: _RJEM_MALLOC_CONF)."""
-    return (alloc.prefix or "").upper() + "MALLOC_CONF"
-
-
 def restart_recipe(t, lg_sample=JE_LG_SAMPLE_DEFAULT):
     """The exact way to make heap profiling possible, for the allocator T has."""
-    kind = t.kind
     exe = t.image.exe_path or "PROGRAM"
     comm = getattr(t.image, "comm", None)
     if comm and t.image.exe_path and not os.path.basename(exe).startswith(comm[:15]):
         # Debian's redis-server is a symlink to redis-check-rdb: name both
         exe = f"{exe} (the program started as {comm})"
     arm = f"prof:true,prof_active:false,lg_prof_sample:{lg_sample}"
-    if kind == "jemalloc":
-        var = conf_var(t.alloc)
-        current = (t.image.environ or {}).get(var)
-        conf = ",".join(f"{k}:{v}" for k, v in {**parse_conf(current), **parse_conf(arm)}.items())
-        return (f"restart it with {var}={conf} {exe}  (armed but inactive: costs almost "
-                f"nothing until `allocdiag heap start {t.pid}` turns prof.active on)")
+    prof = t.profiler
+    own = prof.restart(t, arm, exe) if prof is not None else None
+    if own is not None:
+        return own
     return (f"restart it under an allocator with a heap profiler, e.g.\n"
             f"  LD_PRELOAD={LIBJEMALLOC} MALLOC_CONF={arm} {exe}\n"
             f"  (then `allocdiag heap start PID` / `heap dump PID`; package libjemalloc2), or\n"
@@ -205,59 +161,14 @@ def _status(t):
            "notes": [], "values": {}, "env": {}, "files": [], "work_dir": None, "pause_us": []}
     wd = work_dir(t, create=False)
     doc["work_dir"] = wd.inside if wd.exists() else None
-    if t.kind == "tcmalloc":
-        doc["env"] = profiler_env(t.procfs, pid)
-        if not _gperf_full(t):
-            doc["reason"] = ("gperftools' libtcmalloc_minimal has no heap profiler (no "
-                             "HeapProfilerStart/GetHeapProfile) and its sampling is compiled out "
-                             "(-DNO_TCMALLOC_SAMPLES)")
-            doc["remedy"] = restart_recipe(t)
-        else:
-            doc["running"], doc["pause_us"] = _gperf_running(t)
-            doc["possible"] = True
-            doc["how"] = "HeapProfilerStart / GetHeapProfile / HeapProfilerStop (libtcmalloc.so.4)"
-            doc["reason"] = ("full gperftools: the heap profiler can be started in the running "
-                             "process; it records every allocation after the start (not sampled)")
-            doc["notes"].append(GROWTH_NOTE)
-            if doc["running"] and "HEAPPROFILE" in doc["env"]:
-                doc["notes"].append("the program runs its own profile (HEAPPROFILE): it has "
-                                    "seen everything since the program started")
-    elif t.kind == "jemalloc":
-        doc["env"] = {k: v for k, v in (t.image.environ or {}).items() if k == conf_var(a)}
-        vals, doc["pause_us"] = _jemalloc_values(t)
-        doc["values"] = vals
-        if not vals.get("config.prof"):
-            doc["reason"] = "this jemalloc was built without profiling (config.prof false)"
-            doc["remedy"] = ("use a jemalloc built with --enable-prof (Debian's libjemalloc2 is): "
-                             + restart_recipe(t))
-        elif not vals.get("opt.prof"):
-            doc["reason"] = ("jemalloc has profiling compiled in (config.prof) but the program "
-                             "was not started with prof:true, and opt.prof cannot be changed "
-                             "at run time")
-            doc["remedy"] = restart_recipe(t)
-        else:
-            doc["possible"] = True
-            doc["running"] = bool(vals.get("prof.active"))
-            doc["how"] = "mallctl prof.active / prof.dump"
-            sample = vals.get("opt.lg_prof_sample")
-            doc["reason"] = (f"started with prof:true: sampling every ~2^{sample} bytes "
-                             f"allocated, switched by prof.active")
-            doc["notes"].append(JE_ACTIVE_NOTE)
-    elif t.kind == "tcmalloc-google":
-        doc["reason"] = ("google/tcmalloc profiles only through the C++ "
-                         "MallocExtension::SnapshotCurrent; there is no C entry point to call")
-        doc["remedy"] = ("have the program export its own profile (tcmalloc's "
-                         "MallocExtension::SnapshotCurrent(ProfileType::kHeap) to pprof), or "
-                         + restart_recipe(t))
+    prof = t.profiler
+    if prof is not None:
+        prof.status(t, doc)
     else:
         doc["reason"] = f"{t.kind} malloc has no heap profiler allocdiag can drive"
         doc["remedy"] = restart_recipe(t)
     doc["files"] = existing_files(t, doc)
     return doc
-
-
-def _gperf_full(t):
-    return all(t.res.address(t.det.serving, n) for n in GPERF_CALLS)
 
 
 # -- files on disk -----------------------------------------------------------------
@@ -391,6 +302,12 @@ def _fs_ids(t):
 
 # -- start / dump / stop -------------------------------------------------------------
 
+def start_wording(doc):
+    """What starting the profiler of status DOC does, in words for a confirmation."""
+    prof = for_kind(doc["allocator"]["kind"]).profiler()
+    return getattr(prof, "START", None) or "start the heap profiler"
+
+
 def not_possible(doc):
     """The Unsupported error (exit 5) for a status DOC that says no."""
     return Unsupported(f"heap profiling is not possible: {doc['reason']}", pid=doc["pid"],
@@ -409,45 +326,7 @@ def start(pid, procfs=None):
     """Start (gperftools) or activate (jemalloc) the heap profiler.
     Returns {call, was_running, running, notes, work_dir, pause_us}."""
     t, doc = _require(pid, procfs)
-    if t.kind == "tcmalloc":
-        if doc["running"]:
-            return {"call": "IsHeapProfilerRunning() (already running: nothing started)",
-                    "was_running": True, "running": True, "notes": [GROWTH_NOTE],
-                    "work_dir": doc["work_dir"], "pause_us": doc["pause_us"]}
-        wd = work_dir(t)
-        prefix = os.path.join(wd.inside, GPERF_PREFIX).encode()
-        fn_start, fn_running = t.fn("HeapProfilerStart"), t.fn("IsHeapProfilerRunning")
-        rp = t.session()
-        try:
-            with rp.borrow() as c:
-                at = c.scratch(len(prefix) + 1)
-                c.write(at, prefix + b"\0")
-                c.call(fn_start, at)
-                running = bool(c.call(fn_running) & 0xFFFFFFFF)
-        except BaseException:
-            wd.remove()
-            raise
-        if not running:
-            wd.remove()
-            raise RemoteCallError("HeapProfilerStart returned but IsHeapProfilerRunning says 0",
-                                  pid=pid)
-        return {"call": f"HeapProfilerStart(\"{prefix.decode()}\")", "was_running": False,
-                "running": True, "notes": [GROWTH_NOTE], "work_dir": wd.inside,
-                "pause_us": list(rp.pause_us)}
-    old, pause = _je_set_active(t, True)
-    return {"call": "mallctl(\"prof.active\", true)", "was_running": old, "running": True,
-            "notes": [JE_ACTIVE_NOTE], "work_dir": None, "pause_us": pause}
-
-
-def _je_set_active(t, on):
-    """Write prof.active; returns (old value, pause_us)."""
-    mallctl = t.mallctl()
-    rp = t.session()
-    with rp.borrow() as c:
-        rc, was = jemalloc.mallctl_write_bool(c, mallctl, "prof.active", on)
-    if rc:
-        raise Unsupported(f"mallctl(\"prof.active\") failed with error {rc}", pid=t.pid)
-    return was, list(rp.pause_us)
+    return t.profiler.start(t, doc)
 
 
 def stop(pid, procfs=None, force=False):
@@ -458,32 +337,7 @@ def stop(pid, procfs=None, force=False):
     t, doc = _require(pid, procfs)
     wd = work_dir(t, create=False)
     ours = wd.exists()
-    if t.kind == "tcmalloc":
-        if not doc["running"]:
-            wd.remove()
-            return {"call": None, "was_running": False, "running": False,
-                    "removed": wd.inside if ours else None,
-                    "notes": ["the profiler was not running"], "pause_us": doc["pause_us"]}
-        if not ours and not force:
-            raise Unsupported("the heap profiler was not started by allocdiag (the program's own "
-                              "HEAPPROFILE or HeapProfilerStart): left running", pid=pid,
-                              remediation="use --force to stop it anyway (its data is dropped)")
-        fn_stop, fn_running = t.fn("HeapProfilerStop"), t.fn("IsHeapProfilerRunning")
-        rp = t.session()
-        with rp.borrow() as c:
-            c.call(fn_stop)
-            running = bool(c.call(fn_running) & 0xFFFFFFFF)
-        wd.remove()
-        return {"call": "HeapProfilerStop()", "was_running": True, "running": running,
-                "removed": wd.inside if ours else None,
-                "notes": ["HeapProfilerStop drops the recorded data"],
-                "pause_us": list(rp.pause_us)}
-    old, pause = _je_set_active(t, False)
-    wd.remove()
-    return {"call": "mallctl(\"prof.active\", false)", "was_running": old, "running": False,
-            "removed": wd.inside if ours else None,
-            "notes": ["samples already taken stay in the profile (prof.dump still shows the "
-                      "sampled objects that are live)"], "pause_us": pause}
+    return t.profiler.stop(t, doc, wd, ours, force)
 
 
 def dump(pid, procfs=None):
@@ -491,91 +345,7 @@ def dump(pid, procfs=None):
     target's free), jemalloc prof.dump into the work directory (copied out,
     directory removed).  Returns (bytes, info dict)."""
     t, doc = _require(pid, procfs)
-    if t.kind == "tcmalloc":
-        if not doc["running"]:
-            raise Unsupported("the gperftools heap profiler is not running: nothing to dump",
-                              pid=pid, remediation=f"allocdiag heap start {pid}  (then let the "
-                              f"program run; the profile sees only what is allocated after it)")
-        get, free = t.fn("GetHeapProfile"), t.fn("free")
-        rp = t.session()
-        with rp.borrow() as c:
-            p = c.call(get)
-            if not p:
-                raise RemoteCallError("GetHeapProfile returned NULL", pid=pid)
-            try:
-                data = c.cstring(p, PROFILE_MAX)
-            finally:
-                c.call(free, p)
-        if len(data) >= PROFILE_MAX:
-            raise MalformedData(f"profile text longer than {PROFILE_MAX} bytes: not copied",
-                                pid=pid)
-        if not data:
-            raise MalformedData("GetHeapProfile returned an empty profile (profiler stopped?)",
-                                pid=pid)
-        notes = [GROWTH_NOTE]
-        if len(data) > GPERF_2_10_BUFFER - BUCKET_LINE_MAX:
-            notes.append("the profile filled GetHeapProfile's 1 MiB buffer (gperftools 2.10): "
-                         "the smallest sites may be left out; the biggest are all there")
-        data = drop_remote_frames(data)
-        return data, {"call": "GetHeapProfile() + free()", "notes": notes,
-                      "pause_us": list(rp.pause_us)}
-    mallctl = t.mallctl()
-    wd = work_dir(t)
-    try:
-        inside = os.path.join(wd.inside, JE_DUMP_NAME)
-        rp = t.session()
-        with rp.borrow() as c:
-            name, pathp, path = c.scratch(16), c.scratch(16), c.scratch(len(inside) + 1)
-            c.write(name, b"prof.dump\0")
-            c.write(path, inside.encode() + b"\0")
-            c.write(pathp, struct.pack("<Q", path))
-            rc = c.call(mallctl, name, 0, 0, pathp, 8) & 0xFFFFFFFF
-        if rc:
-            raise Unsupported(f"mallctl(\"prof.dump\") failed with error {rc}"
-                              + (" (EFAULT: the target could not write the file)" if rc == 14
-                                 else ""), pid=pid)
-        data = read_target_file(os.path.join(wd.local, JE_DUMP_NAME), wd.uid)
-    finally:
-        wd.remove()
-    notes = [] if doc["running"] else ["prof.active is off: the profile holds only what was "
-                                       "sampled while it was on"]
-    return data, {"call": f"mallctl(\"prof.dump\", \"{inside}\")",
-                  "notes": [JE_ACTIVE_NOTE] + notes, "pause_us": list(rp.pause_us)}
-
-
-_BUCKET = re.compile(rb"^ *(\d+): *(\d+) *\[ *(\d+): *(\d+) *\] *@(.*)$")
-_HEADER = re.compile(rb"^(heap profile:) *(\d+): *(\d+) *\[ *(\d+): *(\d+) *\] *@ *"
-                     rb"(heapprofile.*)$")
-
-
-def drop_remote_frames(text):
-    """The legacy gperftools profile TEXT without the buckets allocated by
-    allocdiag's own calls, and the header totals without them.  Their stacks
-    hold the return address 0 the remote engine pushes (the trap that ends a
-    call): GetHeapProfile's own 1 MiB buffer (gperftools 2.10 mallocs it
-    before taking the profile, so the profiler records it) would otherwise
-    show as a site in every dump.  The line layout is heap-profile-table.cc
-    UnparseBucket's ("%6d: %8d [%6d: %8d] @")."""
-    lines = text.split(b"\n")
-    if not lines or not _HEADER.match(lines[0]):
-        return text
-    removed = [0, 0, 0, 0]
-    keep = [lines[0]]
-    for i, line in enumerate(lines[1:], 1):
-        if line.startswith(b"MAPPED_LIBRARIES:"):
-            keep.extend(lines[i:])
-            break
-        m = _BUCKET.match(line)
-        if m and 0 in (int(a, 16) for a in m.group(5).split()):
-            removed = [r + int(v) for r, v in zip(removed, m.groups()[:4])]
-            continue
-        keep.append(line)
-    if not any(removed):
-        return text
-    h = _HEADER.match(lines[0])
-    totals = [int(v) - r for v, r in zip(h.groups()[1:5], removed)]
-    keep[0] = b"heap profile: %6d: %8d [%6d: %8d] @ " % tuple(totals) + h.group(6)
-    return b"\n".join(keep)
+    return t.profiler.dump(t, doc)
 
 
 def latest(pid, procfs=None):

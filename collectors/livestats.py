@@ -29,8 +29,9 @@ import time
 from collections import namedtuple
 
 from collectors import allocators
+from collectors.allocators import go
+from collectors.allocators.registry import for_kind
 
-from collectors.allocators.glibc import heapmaps
 
 from collectors.engine import remote
 import collectors.allocators.common  # noqa: F401  (allocators.common.Retry)
@@ -38,7 +39,6 @@ from collectors.allocators.glibc import LARGE_TEXT  # noqa: F401  (tests/test_sa
 from diag.model.errors import Unsupported
 from collectors.proc.stat import start_time
 from collectors.engine.remote import RemoteProcess
-from diag.model import Value
 
 LiveStats = namedtuple("LiveStats", "kind native stats pause_us thread")
 
@@ -131,7 +131,7 @@ class _DlInfo(ctypes.Structure):
 
 
 _RTLD_DL_LINKMAP = 2          # dlfcn.h
-_own_ifuncs = {}
+_own_ifuncs: dict[object, object] = {}
 
 
 def _own_ifunc(name):
@@ -173,8 +173,7 @@ def open_remote(image, detection, *, stack_need=None, procfs=None, **kw):
                          go_runtime=GoRuntime.of(image.exe), **kw)
 
 
-GO_HEAP = ("the Go runtime manages this heap; allocdiag reads no Go runtime statistics yet "
-           "(the kernel's and the cgroup's figures above are complete)")
+GO_HEAP = go.NO_STATS
 
 
 def collect(image, detection, *, deadline_s=2.0, call_timeout_s=CALL_TIMEOUT_S, glibc_xml=True,
@@ -194,7 +193,7 @@ def collect(image, detection, *, deadline_s=2.0, call_timeout_s=CALL_TIMEOUT_S, 
     kind = detection.allocator.kind
     mod = allocators.module(kind)
     if mod is None:
-        raise Unsupported(GO_HEAP if kind == "go" else
+        raise Unsupported(for_kind(kind).vocabulary.no_stats or
                           f"no live stats for a {kind} allocator (no stats interface)",
                           pid=image.pid)
     opts = {"glibc_xml": glibc_xml, "per_arena": per_arena, **options}
@@ -221,34 +220,9 @@ def collect(image, detection, *, deadline_s=2.0, call_timeout_s=CALL_TIMEOUT_S, 
     collect_s = time.perf_counter() - t0
     native["collect_s"] = round(collect_s, 6)
     stats = mod.normalise(native)
-    if kind == "glibc" and stats.get("resident") is not None and stats["resident"].value is None:
-        glibc_resident(image, native, stats)
+    complete = getattr(mod, "complete", None)
+    if complete is not None:
+        # what the allocator's calls leave unknown, read from the kernel
+        # (glibc: resident from smaps and pagemap)
+        complete(image, native, stats)
     return LiveStats(kind, native, stats, pauses, thread)
-
-
-def glibc_resident(image, native, stats):
-    """glibc's resident: smaps Rss of its heaps plus the present pages of
-    its mmapped chunks, found by their headers (collectors.allocators.glibc.heapmaps).  The
-    chunks found are checked against malloc_info's / mallinfo2's own count
-    and bytes (hblks, hblkhd): when they disagree the figure says so."""
-    res, heaps, maps = heapmaps.glibc_heap_resident(image.procfs, image.pid)
-    if res is None:
-        return
-    native["heap_resident"] = {"bytes": res, "arena_heaps": heaps}
-    formula = "smaps Rss of [heap] + the 64 MiB-aligned arena heaps"
-    chunks = heapmaps.mmapped_chunks(image.pid, maps, image.procfs.root)
-    mi = native.get("mallinfo2") or {}
-    if chunks is not None:
-        n, size, chunk_res = chunks
-        native["heap_resident"]["mmapped_chunks"] = {"count": n, "bytes": size,
-                                                     "resident": chunk_res}
-        res += chunk_res
-        formula += (f" + pagemap present pages of the {n} mmapped chunks found by their "
-                    f"headers ({size} bytes")
-        if mi.get("hblks") is not None and (mi["hblks"], mi["hblkhd"]) != (n, size):
-            formula += (f"; glibc counts {mi['hblks']} chunks, {mi['hblkhd']} bytes: the "
-                        "rest not found, a lower bound")
-        formula += ")"
-    else:
-        formula += " (mmapped chunks not readable: a lower bound)"
-    stats["resident"] = Value.derived(res, formula)

@@ -124,8 +124,8 @@ def verdict(image, detection, parent_environ=None, expect=None):
         effective = False
         for path, obj in mapped:
             sig = classify(obj)
-            if sig.kind == "jemalloc" and sig.prefix:
-                reasons.append(f"{obj.path} is a prefixed jemalloc build: it exports {sig.prefix}malloc, "
+            if sig.prefix:
+                reasons.append(f"{obj.path} is a prefixed {sig.kind} build: it exports {sig.prefix}malloc, "
                                "not malloc, so it does not interpose")
             elif not sig.defines_malloc:
                 reasons.append(f"{obj.path} is loaded but does not define malloc")

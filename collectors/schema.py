@@ -21,14 +21,20 @@ bytes with :func:`page_size`; ``BYTES`` fields as bytes) instead of guessing
 from key names.
 """
 
-from collections import namedtuple
 
-NativeField = namedtuple("NativeField", "name unit meaning source")
+# NativeField and the units live in a leaf module the readers import
+from collectors.allocators.native import (BYTES, COUNT, FLAG, MS, PAGES, RATIO,  # noqa: F401
+                                          TEXT, UNITS, NativeField)
 
-BYTES, PAGES, COUNT, MS, FLAG, TEXT, RATIO = "bytes", "pages", "count", "ms", "flag", "text", "ratio"
-UNITS = (BYTES, PAGES, COUNT, MS, FLAG, TEXT, RATIO)
 
-KINDS = ("glibc", "jemalloc", "tcmalloc", "tcmalloc-google", "mimalloc")
+
+def __getattr__(name):
+    """``KINDS``: the allocator kinds with a stats reader, from the registry
+    (looked up late: the readers import this module for NativeField)."""
+    if name == "KINDS":
+        from collectors.allocators import registry
+        return tuple(a.kind for a in registry.ALL if a.stats() is not None)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # Keys every kind's document may carry that describe the collection, not the
 # allocator (added by livestats / selfstats / diag.snapshot).
@@ -95,7 +101,7 @@ class Table:
         return best[1] if best else None
 
 
-_tables = {}
+_tables: dict[str, Table] = {}
 
 
 def _module(kind):

@@ -17,35 +17,23 @@ fmemopen FILE, jemalloc's malloc_stats_print output buffer.
 """
 
 import ctypes
+import logging
 import os
 
 from collectors import allocators
-from collectors.allocators import common
+from collectors.allocators import common, registry
+from collectors.allocators.mimalloc.home import version_text
+from collectors.allocators.registry import for_kind
 from diag.model.errors import AllocdiagError, Unsupported
-from collectors.engine.inproc import InProcess, SelfResolver, symbol
+from collectors.engine.inproc import InProcess, SelfResolver
 from collectors.proc.maps import parse_maps
+
+log = logging.getLogger("collectors.allocators")
 
 
 class _DlInfo(ctypes.Structure):
     _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
                 ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
-
-
-# symbol looked up in the object that defines malloc -> allocator kind
-_PROBES = (
-    ("mallctl", "jemalloc"),
-    ("MallocExtension_Internal_GetNumericProperty", "tcmalloc-google"),
-    ("MallocExtension_GetNumericProperty", "tcmalloc"),
-    ("mi_version", "mimalloc"),
-)
-
-
-def _has(lib, name):
-    try:
-        getattr(lib, name)
-        return True
-    except AttributeError:
-        return False
 
 
 def malloc_provider():
@@ -60,7 +48,7 @@ def malloc_provider():
         from collectors.detect import detect as detect_process
         from collectors.binary.image import ProcessImage
         det = detect_process(ProcessImage(os.getpid()))
-        if det.serving is not None and det.allocator.kind != "unknown":
+        if det.serving is not None and for_kind(det.allocator.kind) is not registry.UNKNOWN:
             path = det.serving.path
             try:
                 exe = os.path.realpath("/proc/self/exe")
@@ -102,14 +90,18 @@ def _dladdr_provider():
 
 def detect():
     """-> (kind, path, handle).  kind: jemalloc|tcmalloc|tcmalloc-google|mimalloc|glibc|unknown."""
+    return _detect()[1:]
+
+
+def _detect():
+    """-> (Signature, kind, path, handle): the first allocator that knows LIB."""
     path, lib = malloc_provider()
-    for symbol, kind in _PROBES:
-        if _has(lib, symbol):
-            return kind, path, lib
-    base = os.path.basename(path or "")
-    if base.startswith("libc.so") or base.startswith("libc-"):
-        return "glibc", path, lib
-    return "unknown", path, lib
+    for a in registry.ALL:
+        sig = a.in_process(lib, path)
+        if sig is not None:
+            log.debug("in-process malloc at %s: %s", path, sig.kind)
+            return sig, sig.kind, path, lib
+    return None, "unknown", path, lib
 
 
 # --------------------------------------------------------------------------
@@ -117,11 +109,10 @@ def detect():
 class _SelfAllocator:
     """What the allocator modules read of a detection's allocator."""
 
-    def __init__(self, kind, path, version):
+    def __init__(self, kind, path, version, variant=None):
         self.kind, self.path, self.version = kind, path, version
         self.prefix = ""
-        base = os.path.basename(path or "")
-        self.variant = "minimal" if kind == "tcmalloc" and "minimal" in base else None
+        self.variant = variant
 
 
 class _Resolver(SelfResolver):
@@ -134,34 +125,12 @@ def _version(kind, lib):
     """The allocator's version, asked in-process (outside the gather: it is
     not a statistic)."""
     try:
-        if kind == "glibc":
-            fn = ctypes.CDLL(None).gnu_get_libc_version
-            fn.restype = ctypes.c_char_p
-            return fn().decode()
-        if kind == "jemalloc":
-            cell, size = ctypes.c_char_p(), ctypes.c_size_t(ctypes.sizeof(ctypes.c_char_p))
-            lib.mallctl.argtypes = (ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
-                                    ctypes.c_void_p, ctypes.c_size_t)
-            if lib.mallctl(b"version", ctypes.byref(cell), ctypes.byref(size), None, 0) == 0:
-                return cell.value.decode()
-        if kind == "tcmalloc" and symbol(lib, "tc_version"):
-            tv = lib.tc_version
-            tv.argtypes = (ctypes.POINTER(ctypes.c_int),) * 2 + (ctypes.POINTER(ctypes.c_char_p),)
-            tv.restype = ctypes.c_char_p
-            return tv(None, None, None).decode()
-        if kind == "mimalloc" and symbol(lib, "mi_version"):
-            lib.mi_version.restype = ctypes.c_int
-            return mimalloc_version(lib.mi_version())
+        return for_kind(kind).self_version(lib)
     except (AttributeError, OSError, UnicodeDecodeError):
-        pass
-    return None
+        return None
 
 
-def mimalloc_version(n):
-    """MI_MALLOC_VERSION -> "major.minor.patch": 209 is 2.0.9, 20401 is 2.4.1."""
-    if n >= 10000:
-        return f"{n // 10000}.{n // 100 % 100}.{n % 100}"
-    return f"{n // 100}.{n // 10 % 10}.{n % 10}"
+mimalloc_version = version_text
 
 
 def snapshot_self(**options):
@@ -170,12 +139,12 @@ def snapshot_self(**options):
     kind: glibc|jemalloc|tcmalloc|tcmalloc-google|mimalloc.  Raises
     Unsupported when the allocator serving malloc is not one of these.
     """
-    kind, path, lib = detect()
+    sig, kind, path, lib = _detect()
     mod = allocators.module(kind)
     if mod is None:
         raise Unsupported(f"malloc is served by {path or 'an unknown object'}, "
                           "which is not an allocator allocdiag knows")
-    alloc = _SelfAllocator(kind, path, _version(kind, lib))
+    alloc = _SelfAllocator(kind, path, _version(kind, lib), sig.variant if sig else None)
     opts = {"glibc_xml": True, "per_arena": False, **options}
     addrs = mod.plan(_Resolver(lib), path, alloc, opts)
     raw = mod.gather(InProcess(), addrs, opts)

@@ -17,6 +17,7 @@ says so: its note is ``adjusted`` and ``raw`` keeps the figure before.
 
 from collections import namedtuple
 
+from collectors.allocators.registry import for_kind
 from diag.model import ADJUSTED
 
 # note: how the bytes are known (measured|derived|adjusted); raw: the
@@ -29,10 +30,11 @@ def allocator_held(snap):
     res = snap.stats.get("resident")
     if res is not None and res.value is not None:
         return res.value, f"{snap.allocator.kind} resident"
-    if snap.allocator.kind == "glibc":
-        m = snap.stats.get("mapped")
+    vocab = for_kind(snap.allocator.kind).vocabulary
+    if vocab.held_fallback is not None:
+        m = snap.stats.get(vocab.held_fallback)
         if m is not None and m.value is not None:
-            return m.value, "glibc arenas and mmapped chunks, upper bound"
+            return m.value, vocab.held_fallback_label
     return None, None
 
 

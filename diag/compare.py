@@ -42,6 +42,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from collectors.allocators import registry
 from diag.model.errors import AllocdiagError, NoSuchProcess
 from collectors.proc.procfs import ProcFS, cgroup_memory
 from diag.model.exitcodes import ExitCode
@@ -96,10 +97,10 @@ class CompareError(AllocdiagError):
 class Variant:
     name: str                       # as the user wrote it (or the allocator name)
     allocator: str                  # allocator name, or the library's file name
-    library: str = None             # LD_PRELOAD path (None: glibc)
-    expect_kind: str = None         # the kind the snapshot must report
+    library: str | None = None             # LD_PRELOAD path (None: glibc)
+    expect_kind: str | None = None         # the kind the snapshot must report
     env: dict = field(default_factory=dict)
-    skip_reason: str = None         # not run at all (unknown name, not installed)
+    skip_reason: str | None = None         # not run at all (unknown name, not installed)
 
     def to_json(self):
         return {"name": self.name, "allocator": self.allocator, "library": self.library,
@@ -113,9 +114,9 @@ def installed():
 
 def _kind_of_library(path):
     base = os.path.basename(path)
-    for word in ("jemalloc", "tcmalloc", "mimalloc"):
-        if word in base:
-            return word
+    for a in registry.ALL:
+        if a.vocabulary.library_word and a.vocabulary.library_word in base:
+            return a.kind
     return None
 
 
@@ -137,30 +138,17 @@ def knob_env(allocator, knobs):
                         MIMALLOC_DECOMMIT_DELAY, its 2.0 name, and vice versa
       tcmalloc(_minimal) TCMALLOC_K=v
     """
-    env, conf, tunables = {}, [], []
+    env = {}
     kind = ALLOCATORS.get(allocator, (None, _kind_of_library(allocator) or allocator))[1]
+    allocator_knobs = registry.for_kind(kind).knobs
+    if allocator_knobs is not None:
+        allocator_knobs.start_env(knobs, env)
+        return env
     for key, value in knobs:
-        if key.upper() == key:
-            env[key] = value
-        elif kind == "jemalloc":
-            conf.append(f"{key}:{value}")
-        elif kind == "glibc":
-            tunables.append(f"{key if key.startswith('glibc.') else 'glibc.malloc.' + key}={value}")
-        elif kind == "mimalloc":
-            env[f"MIMALLOC_{key.upper()}"] = value
-            if key == "purge_delay":
-                env.setdefault("MIMALLOC_DECOMMIT_DELAY", value)
-            elif key == "decommit_delay":
-                env.setdefault("MIMALLOC_PURGE_DELAY", value)
-        elif kind == "tcmalloc":
-            env[f"TCMALLOC_{key.upper()}"] = value
-        else:
+        if key.upper() != key:
             raise CompareError(f"knob {key}={value}: no knob syntax known for {allocator!r}; "
                                "write it as an environment variable (capitals)")
-    if conf:
-        env["MALLOC_CONF"] = ",".join(conf)
-    if tunables:
-        env["GLIBC_TUNABLES"] = ":".join(tunables)
+        env[key] = value
     return env
 
 
@@ -526,7 +514,7 @@ def _preload(snap, variant):
             reason += f" ({pre.reasons[0]})"
     elif variant.expect_kind and kind != variant.expect_kind:
         reason = f"malloc is served by {kind}, not {variant.expect_kind}"
-    elif variant.library is None and kind != "glibc":
+    elif variant.library is None and not registry.for_kind(kind).vocabulary.always_loaded:
         reason = f"malloc is served by {kind} (an inherited preload?), not glibc"
     return pre.effective, pre.verdict, reason
 
@@ -534,21 +522,21 @@ def _preload(snap, variant):
 @dataclass
 class Settings:
     command: list
-    load: str = None
+    load: str | None = None
     load_s: float = 10.0
     idle_s: float = 10.0
     warmup_s: float = 1.0
     interval_s: float = 1.0
     timeout_s: float = 600.0
-    ready: str = None               # regex: wait for a line before the warm-up starts
+    ready: str | None = None               # regex: wait for a line before the warm-up starts
     ready_timeout_s: float = 120.0
-    idle_after: str = None          # regex: a finite command's "done, staying up" line
+    idle_after: str | None = None          # regex: a finite command's "done, staying up" line
     pause_ms_per_minute: float = 600.0
     isolate: bool = False
     repeat: int = 1
     noise_pct: float = 5.0
     rank_by: str = "rss"
-    cwd: str = None
+    cwd: str | None = None
     example_env: bool = False       # set ALLOCDIAG_EXAMPLE_ALLOCATOR (examples/ presets)
 
     def to_json(self):

@@ -12,6 +12,7 @@ import json
 import os
 
 from collectors import allocators
+from collectors.allocators import registry
 from diag.model.errors import AccessDenied, AllocdiagError, BadInput, BadPath
 from diag.fields import STATS_FIELDS
 from diag.model import Allocator, CollectorStatus, Snapshot, Value
@@ -21,16 +22,14 @@ EXPECTED = ("expected malloc_info XML, jemalloc stats JSON (malloc_stats_print o
             "gperftools MallocExtension_GetStats text or mimalloc stats text")
 
 
+SNIFF_BYTES = 4096      # how much of a file's start the formats are recognised from
+
+
 def detect_format(data):
-    head = data.lstrip()[:4096]
-    if head.startswith(b"<?xml") or head.startswith(b"<malloc"):
-        return "glibc"
-    if head.startswith(b"{") and b'"jemalloc"' in head:
-        return "jemalloc"
-    if b"MALLOC:" in head:
-        return "tcmalloc"
-    if b"committed" in head.lower() and (b"reserved" in head.lower() or b"heap stats" in head.lower()):
-        return "mimalloc"
+    head = data.lstrip()[:SNIFF_BYTES]
+    for a in registry.FILE_FORMATS:
+        if a.stats().looks_like(head):
+            return a.kind
     return None
 
 

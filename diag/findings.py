@@ -7,6 +7,7 @@ with a suggested value and how to apply it, the bytes at stake, and a
 confidence.  Rules never read /proc or call into a process.
 """
 
+from collectors.allocators.registry import for_kind
 from diag.knobs import knobs as knob_table
 from diag.model import Finding, Knob
 
@@ -25,6 +26,16 @@ def _knob(table, name, suggested, how=None):
                 how=how or k.how)
 
 
+def _held(snap):
+    """What the allocator holds resident, or the stat that bounds it when
+    that is unknown (glibc: arena system bytes + mmapped chunks, an upper bound)."""
+    held = _v(snap, "resident")
+    fallback = for_kind(snap.allocator.kind).vocabulary.held_fallback
+    if held is None and fallback is not None:
+        held = _v(snap, fallback)
+    return held
+
+
 def _pct(part, whole):
     return round(100.0 * part / whole, 1) if whole else None
 
@@ -33,8 +44,9 @@ def evaluate(snap, floor=FLOOR):
     """Findings for one snapshot, most bytes at stake first."""
     kind = snap.allocator.kind
     table = knob_table(kind, snap.native)
+    own = tuple(ALLOCATOR_RULES[r] for r in for_kind(kind).vocabulary.findings if r in ALLOCATOR_RULES)
     out = []
-    for rule in RULES:
+    for rule in RULES_BEFORE + own + RULES_AFTER:
         f = rule(snap, table, floor)
         if f is not None:
             out.append(f)
@@ -48,26 +60,13 @@ def lazyfree_rss(snap, table, floor):
     p, c = snap.process, snap.cgroup
     if not p.lazyfree or not p.rss or p.lazyfree < floor or p.lazyfree < 0.2 * p.rss:
         return None
-    kind = snap.allocator.kind
     knob, cause = None, "an allocator or runtime that frees with MADV_FREE"
-    if kind == "jemalloc":
-        knob = _knob(table, "muzzy_decay_ms", "0",
-                     "set muzzy_decay_ms:0 so purged pages are MADV_DONTNEED'd (leave RSS at once), "
-                     "or a short finite value so the kernel view catches up quickly")
-        cause = (f"jemalloc muzzy decay (muzzy_decay_ms={knob.current}, {knob.source}): dirty pages "
-                 "are first purged with MADV_FREE")
-    elif kind == "mimalloc":
-        # Not page_reset=0: measured, it turns the LazyFree pages into
-        # ordinary resident ones (RSS unchanged); decommit_delay=0 decommits
-        # freed pages at once with MADV_DONTNEED, and RSS falls
-        # (tests/test_knob_effects.py).
-        knob = _knob(table, "decommit_delay", "0",
-                     "MIMALLOC_DECOMMIT_DELAY=0 (purge_delay in 2.1+) at start: freed pages are "
-                     "decommitted (MADV_DONTNEED) at once and leave RSS; MIMALLOC_PAGE_RESET=0 "
-                     "alone would only keep them as ordinary resident pages")
-        cause = "mimalloc page/segment reset (MADV_FREE)"
-    elif kind == "go":
-        cause = "the Go runtime (MADV_FREE before Go 1.16, or GODEBUG=madvdontneed=0)"
+    advice = for_kind(snap.allocator.kind).vocabulary.lazyfree
+    if advice is not None:
+        if advice.knob is not None:
+            knob = _knob(table, advice.knob, advice.suggested, advice.how)
+        cause = advice.cause.format(current=knob.current if knob else None,
+                                    source=knob.source if knob else None)
     ev = {"lazyfree": p.lazyfree, "rss": p.rss, "rss_anon": p.rss_anon,
           "lazyfree_pct_of_rss": _pct(p.lazyfree, p.rss)}
     panel = ""
@@ -88,9 +87,7 @@ def outside_allocator(snap, table, floor):
     """Anonymous memory the allocator does not account for: runtime heaps
     (pymalloc arenas, Go, JVM, V8), stacks, other mmaps."""
     p = snap.process
-    held = _v(snap, "resident")
-    if held is None and snap.allocator.kind == "glibc":
-        held = _v(snap, "mapped")      # glibc: arena system bytes + mmapped chunks (upper bound)
+    held = _held(snap)
     if held is None or not p.rss_anon:
         return None
     # pymalloc arenas read by the runtime layer are accounted for: they have
@@ -112,8 +109,6 @@ def outside_allocator(snap, table, floor):
 # -- jemalloc -------------------------------------------------------------------------
 
 def jemalloc_dirty(snap, table, floor):
-    if snap.allocator.kind != "jemalloc":
-        return None
     dirty, resident = _v(snap, "dirty"), _v(snap, "resident")
     if dirty is None or not resident or dirty < floor or dirty < 0.2 * resident:
         return None
@@ -143,8 +138,6 @@ def jemalloc_dirty(snap, table, floor):
 
 
 def jemalloc_background_thread(snap, table, floor):
-    if snap.allocator.kind != "jemalloc":
-        return None
     bg = table.get("background_thread")
     dirty, muzzy = _v(snap, "dirty") or 0, _v(snap, "muzzy") or 0
     if bg is None or bg.current != "false" or dirty + muzzy < floor:
@@ -162,8 +155,6 @@ def jemalloc_background_thread(snap, table, floor):
 
 
 def jemalloc_muzzy(snap, table, floor):
-    if snap.allocator.kind != "jemalloc":
-        return None
     muzzy, resident = _v(snap, "muzzy"), _v(snap, "resident")
     if not muzzy or muzzy < floor or muzzy < 0.1 * (resident or 1):
         return None
@@ -176,8 +167,6 @@ def jemalloc_muzzy(snap, table, floor):
 
 
 def jemalloc_fragmentation(snap, table, floor):
-    if snap.allocator.kind != "jemalloc":
-        return None
     alloc, active = _v(snap, "allocated"), _v(snap, "active")
     if not alloc or not active or active - alloc < floor or active < 1.4 * alloc:
         return None
@@ -196,8 +185,6 @@ def jemalloc_fragmentation(snap, table, floor):
 
 
 def jemalloc_arenas(snap, table, floor):
-    if snap.allocator.kind != "jemalloc":
-        return None
     n = snap.native.get("mallctl", {}).get("arenas.narenas")
     threads = snap.process.threads
     held = (_v(snap, "dirty") or 0) + ((_v(snap, "active") or 0) - (_v(snap, "allocated") or 0))
@@ -218,8 +205,6 @@ def _glibc_arenas(snap):
 
 
 def glibc_trimmable(snap, table, floor):
-    if snap.allocator.kind != "glibc":
-        return None
     free, mapped, alloc = _v(snap, "dirty"), _v(snap, "mapped"), _v(snap, "allocated")
     if free is None or not mapped or free < floor or free < 0.25 * mapped:
         return None
@@ -249,8 +234,6 @@ def glibc_trimmable(snap, table, floor):
 
 
 def glibc_arena_sprawl(snap, table, floor):
-    if snap.allocator.kind != "glibc":
-        return None
     arenas = _glibc_arenas(snap)
     if len(arenas) < 8:
         return None
@@ -277,8 +260,6 @@ def glibc_arena_sprawl(snap, table, floor):
 
 
 def glibc_top_not_trimmed(snap, table, floor):
-    if snap.allocator.kind != "glibc":
-        return None
     keep = (snap.native.get("mallinfo2") or {}).get("keepcost")
     if not keep or keep < floor:
         return None
@@ -302,8 +283,6 @@ def glibc_top_not_trimmed(snap, table, floor):
 # -- tcmalloc ----------------------------------------------------------------------------
 
 def tcmalloc_pageheap(snap, table, floor):
-    if snap.allocator.kind != "tcmalloc":
-        return None
     free, resident = _v(snap, "dirty"), _v(snap, "resident")
     if free is None or not resident or free < floor or free < 0.2 * resident:
         return None
@@ -328,8 +307,6 @@ def tcmalloc_pageheap(snap, table, floor):
 
 
 def tcmalloc_thread_caches(snap, table, floor):
-    if snap.allocator.kind != "tcmalloc":
-        return None
     props = snap.native.get("properties") or {}
     tc = props.get("tcmalloc.thread_cache_free_bytes")
     resident = _v(snap, "resident")
@@ -352,8 +329,6 @@ def tcmalloc_thread_caches(snap, table, floor):
 # -- mimalloc ------------------------------------------------------------------------------
 
 def mimalloc_held(snap, table, floor):
-    if snap.allocator.kind != "mimalloc":
-        return None
     committed = _v(snap, "committed")
     anon = snap.process.rss_anon
     if not committed or not anon or committed < floor or committed < 0.5 * anon:
@@ -424,9 +399,7 @@ def preload_misses_pymalloc(snap, table, floor):
     res = _runtime_v(snap, "resident")
     if res is None or res < floor:
         return None
-    held = _v(snap, "resident")
-    if held is None and snap.allocator.kind == "glibc":
-        held = _v(snap, "mapped")
+    held = _held(snap)
     base = held if held is not None else (snap.process.rss_anon or 0) - res
     if res <= base:
         return None
@@ -462,9 +435,10 @@ def preload_not_in_effect(snap, table, floor):
 
 
 def two_allocators(snap, table, floor):
-    others = [o for o in snap.allocator.others if o.kind not in ("glibc",) or o.prefix]
-    interesting = [o for o in snap.allocator.others
-                   if (o.kind == "jemalloc" and o.prefix) or o.linkage == "dlopen"]
+    others = [o for o in snap.allocator.others
+              if not for_kind(o.kind).vocabulary.always_loaded or o.prefix]
+    # a prefixed build (jemalloc's) serves only its own callers
+    interesting = [o for o in snap.allocator.others if o.prefix or o.linkage == "dlopen"]
     if not interesting:
         return None
     o = interesting[0]
@@ -481,11 +455,26 @@ def two_allocators(snap, table, floor):
         confidence="high")
 
 
-RULES = (lazyfree_rss, outside_allocator, jemalloc_dirty, jemalloc_background_thread,
-         jemalloc_muzzy, jemalloc_fragmentation, jemalloc_arenas, glibc_trimmable,
-         glibc_arena_sprawl, glibc_top_not_trimmed, tcmalloc_pageheap, tcmalloc_thread_caches,
-         mimalloc_held, pymalloc_fragmentation, preload_misses_pymalloc, preload_not_in_effect,
-         two_allocators)
+RULES_BEFORE = (lazyfree_rss, outside_allocator)
+# The rules of one allocator, by the id of the finding each gives: the
+# allocator's vocabulary (collectors/allocators/<name>/home.py) lists the
+# ones that apply to it, in the order they run.
+ALLOCATOR_RULES = {
+    "jemalloc-dirty-pages": jemalloc_dirty,
+    "jemalloc-background-thread-off": jemalloc_background_thread,
+    "jemalloc-muzzy-pages": jemalloc_muzzy,
+    "jemalloc-fragmentation": jemalloc_fragmentation,
+    "jemalloc-too-many-arenas": jemalloc_arenas,
+    "glibc-free-held": glibc_trimmable,
+    "glibc-arena-sprawl": glibc_arena_sprawl,
+    "glibc-top-chunk": glibc_top_not_trimmed,
+    "tcmalloc-pageheap-free": tcmalloc_pageheap,
+    "tcmalloc-thread-caches": tcmalloc_thread_caches,
+    "mimalloc-decommit-delay": mimalloc_held,
+}
+RULES_AFTER = (pymalloc_fragmentation, preload_misses_pymalloc, preload_not_in_effect,
+               two_allocators)
+RULES = RULES_BEFORE + tuple(ALLOCATOR_RULES.values()) + RULES_AFTER
 
 
 # -- trends over a series of snapshots --------------------------------------------------------

@@ -4,6 +4,7 @@ renderers of diag's model, next to the primitives in ``diag.render``."""
 import os
 import sys
 
+from collectors.allocators.registry import for_kind
 from diag import render
 
 
@@ -107,11 +108,11 @@ def print_explain(snap, out=None):
     out = out or sys.stdout
     hb = render.human_bytes
     p, c = snap.process, snap.cgroup
-    if snap.allocator.kind == "go":
+    whose = for_kind(snap.allocator.kind).vocabulary.whose_heap
+    if whose:
         # A static Go binary has no malloc: say whose heap it is instead.
-        print(f"pid {snap.pid} {snap.comm or '?'}: a Go program ({alloc_line(snap.allocator)}): "
-              f"the Go runtime manages this heap; allocdiag reads no Go runtime statistics yet",
-              file=out)
+        print(f"pid {snap.pid} {snap.comm or '?'}: "
+              + whose.format(allocator=alloc_line(snap.allocator)), file=out)
     else:
         print(f"pid {snap.pid} {snap.comm or '?'}: malloc is served by "
               f"{alloc_line(snap.allocator)}", file=out)

@@ -9,11 +9,10 @@ propagates, because there is nothing left to describe.
 import dataclasses
 import time
 
-from collectors import config, livestats
+from collectors import livestats
 
 from collectors.allocators.glibc import heapmaps
 
-from collectors.allocators.mimalloc import segments as mimalloc_segments
 
 from collectors.runtimes import pymalloc
 from collectors import preload as preload_mod
@@ -23,6 +22,7 @@ from collectors.binary.image import ProcessImage
 from collectors.proc.procfs import ProcFS, cgroup_memory
 from diag.model import (Allocator, CgroupMemory, CollectorStatus, Preload, ProcessMemory,
                         Snapshot, Value)
+from collectors.allocators.registry import for_kind
 from diag import findings, invariants, knobs
 from diag.fields import STATS_FIELDS
 
@@ -151,10 +151,11 @@ def take(pid, procfs=None, cgroup_root="/sys/fs/cgroup", expect=None, rollup=Tru
     runtime = None
     if image is not None and pymalloc.find_python(image) is not None:
         runtime = col.run("runtime", lambda: pymalloc.collect(image))
-    if image is not None and allocator.kind == "mimalloc":
-        _mimalloc_walk(col, image, stats, native)
+    walk = for_kind(allocator.kind).memory_walk
+    if image is not None and walk is not None:
+        walk(col.run, image, stats, native)
     process = process or ProcessMemory()
-    if attach or allocator.kind == "mimalloc":
+    if attach or walk is not None:
         process = _fit_to_kernel(col, procfs, pid, allocator.kind, stats, process, rollup)
     if image is not None and det is not None:
         native["config"] = col.run("config", lambda: _config(image, det), {})
@@ -167,17 +168,6 @@ def take(pid, procfs=None, cgroup_root="/sys/fs/cgroup", expect=None, rollup=Tru
     snap = dataclasses.replace(snap, findings=findings.evaluate(snap))
     invariants.check(snap)
     return snap, col
-
-
-# Why an allocator's own resident can be above the kernel's (each from the
-# allocator's source or documentation).
-_ABOVE_KERNEL = {
-    "jemalloc": "stats.resident is a maximum: it counts every active and dirty page as resident, "
-                "pages handed out but never touched included",
-    "tcmalloc": "total_physical_bytes counts the whole page heap that is not released as "
-                "physical, spans mapped but never touched included",
-    "tcmalloc-google": "physical_memory_used counts mapped spans never touched as physical",
-}
 
 
 def _fit_to_kernel(col, procfs, pid, kind, stats, process, rollup):
@@ -196,7 +186,8 @@ def _fit_to_kernel(col, procfs, pid, kind, stats, process, rollup):
         process = fresh
     anon = process.rss_anon
     if res.value > anon:
-        why = _ABOVE_KERNEL.get(kind, "the allocator's figure is an estimate")
+        # why its own figure can be above the kernel's (from the allocator's source or docs)
+        why = for_kind(kind).vocabulary.resident_caveat or "the allocator's figure is an estimate"
         kernel = (f"the kernel's resident anonymous memory of the whole process (RssAnon "
                   f"{anon}, {process.source or 'status'})")
         # Tighter: the pages present where the allocator's memory can be,
@@ -212,47 +203,23 @@ def _fit_to_kernel(col, procfs, pid, kind, stats, process, rollup):
     return process
 
 
-def _mimalloc_walk(col, image, stats, native):
-    """A release mimalloc counts no allocated bytes: walk its segments
-    (collectors.allocators.mimalloc.segments, no stop) and, for a pinned build, make
-    ``allocated`` a real number."""
-    res = col.run("mimalloc_walk", lambda: mimalloc_segments.collect(image))
-    if res is None:
-        return
-    w, desc = res
-    if w is None:
-        native["mimalloc_walk"] = {"ok": False, "reason": desc}
-        return
-    stats["allocated"] = Value.derived(
-        w.allocated, f"segment walk of mimalloc {desc}: sum over pages of (used - blocks "
-                     f"pending on xthread_free and thread_delayed_free) x block size")
-    if stats.get("active") is None or stats["active"].value is None:
-        stats["active"] = Value.derived(
-            w.active, "segment walk: sum over pages holding live blocks of capacity x block size")
-    if w.resident is not None:
-        mib = sum(b - a for a, b in w.spans) >> 20
-        stats["resident"] = Value.measured(
-            w.resident, f"/proc/PID/pagemap: present pages of the {w.segments} mimalloc "
-                        f"segments walked ({mib} MiB of address space)")
-    walk = w._asdict()
-    del walk["spans"]
-    native["mimalloc_walk"] = {"ok": True, "build": desc, **walk}
-
-
 def _config(image, det):
     """Allocator configuration sources (no stop): the allocator variables
     of the initial environment and, for jemalloc, its conf strings."""
     out = {"env": dict(image.environ or {})}
     a = det.allocator
-    je = det.serving if a.kind == "jemalloc" else None
-    prefix = a.prefix if je is not None else None
-    if je is None:
+    # the allocator that reads conf strings from the process (jemalloc): the
+    # serving one, else the first other one
+    knobs_of = for_kind(a.kind).knobs
+    obj, prefix = (det.serving, a.prefix) if knobs_of is not None and knobs_of.conf_strings \
+        else (None, None)
+    if obj is None:
         for o in a.others:
-            if o.kind == "jemalloc":
-                je = next((x for x in image.objects if x.path == o.path), None)
+            knobs_of = for_kind(o.kind).knobs
+            if knobs_of is not None and knobs_of.conf_strings:
+                obj = next((x for x in image.objects if x.path == o.path), None)
                 prefix = o.prefix
                 break
-    if je is not None:
-        out["jemalloc"] = config.jemalloc_sources(image, je, prefix)
-        out["prefix"] = prefix or ""
+    if obj is not None:
+        out.update(knobs_of.conf_sources(image, obj, prefix))
     return out

@@ -24,6 +24,7 @@ without such a test is not here.
   the code: reuse, pool, fewer temporaries).
 """
 
+from collectors.allocators.registry import for_kind
 from diag.model import Finding, Knob
 
 LOCK_THREADS = 0.1              # allocator_lock_s / window duration
@@ -45,7 +46,8 @@ def _threads(wall):
 def rules(wall, env=None):
     """The findings of WALL; ENV: the target's allocator variables."""
     env = env or {}
-    kind = wall.window.allocator
+    # the rules of this allocator (its vocabulary: collectors/allocators/<name>/home.py)
+    own = for_kind(wall.window.allocator).vocabulary.findings
     out = []
     off = wall.off_cpu
     threads = _threads(wall)
@@ -58,32 +60,12 @@ def rules(wall, env=None):
         if top:
             ev["sites"] = top
         want = str(max(threads or 0, 2))
-        if kind == "glibc":
-            arenas = _counter(wall, "glibc.arenas")
-            ev["arenas"] = arenas
-            current = env.get("MALLOC_ARENA_MAX") or _tunable(env, "glibc.malloc.arena_max")
-            if current is not None or (arenas is not None and threads and arenas < threads):
-                out.append(Finding(
-                    "wall-arena-lock", "warning",
-                    f"threads spend {off.allocator_lock_share:.0%} of their time waiting for "
-                    "glibc arena locks", ev,
-                    Knob("arena_max", current or GLIBC_DEFAULT_ARENAS,
-                         "environment" if current else "compiled default", want,
-                         f"MALLOC_ARENA_MAX={want} or GLIBC_TUNABLES=glibc.malloc.arena_max="
-                         f"{want} at start-up (one arena per allocating thread)"),
-                    None, "high"))
-        elif kind == "jemalloc":
-            ev["narenas"] = _counter(wall, "jemalloc.narenas")
-            out.append(Finding(
-                "wall-arena-lock", "warning",
-                f"threads spend {off.allocator_lock_share:.0%} of their time waiting for "
-                "jemalloc arena locks", ev,
-                Knob("narenas", str(ev["narenas"]) if ev["narenas"] is not None else None,
-                     "mallctl arenas.narenas", want,
-                     f"MALLOC_CONF=narenas:{want} (or percpu_arena:percpu) at start-up"),
-                None, "high"))
+        lock = next((ARENA_LOCK[r] for r in own if r in ARENA_LOCK), None)
+        f = lock(wall, env, off, ev, threads, want) if lock is not None else None
+        if f is not None:
+            out.append(f)
     sc = wall.syscalls
-    if kind == "glibc" and env.get("MALLOC_MMAP_THRESHOLD_") is not None:
+    if "wall-mmap-churn" in own and env.get("MALLOC_MMAP_THRESHOLD_") is not None:
         rate = _from_allocator_rate(sc, ("mmap", "munmap"))
         if rate is not None and rate >= CHURN_PER_S:
             cur = env["MALLOC_MMAP_THRESHOLD_"]
@@ -96,7 +78,7 @@ def rules(wall, env=None):
                      "MALLOC_MMAP_THRESHOLD_=33554432 (above the churned block size; or unset "
                      "it: glibc's dynamic threshold then follows freed blocks) at start-up"),
                 None, "high"))
-    if kind == "jemalloc":
+    if "wall-madvise-churn" in own:
         rate = _from_allocator_rate(sc, ("madvise",))
         if rate is not None and rate >= CHURN_PER_S:
             out.append(Finding(
@@ -123,6 +105,40 @@ def rules(wall, env=None):
                  "sites_share": round(top_s / total, 4)},
                 None, None, "medium"))
     return tuple(out)
+
+
+def _glibc_arena_lock(wall, env, off, ev, threads, want):
+    arenas = _counter(wall, "glibc.arenas")
+    ev["arenas"] = arenas
+    current = env.get("MALLOC_ARENA_MAX") or _tunable(env, "glibc.malloc.arena_max")
+    if current is not None or (arenas is not None and threads and arenas < threads):
+        return Finding(
+            "wall-arena-lock", "warning",
+            f"threads spend {off.allocator_lock_share:.0%} of their time waiting for "
+            "glibc arena locks", ev,
+            Knob("arena_max", current or GLIBC_DEFAULT_ARENAS,
+                 "environment" if current else "compiled default", want,
+                 f"MALLOC_ARENA_MAX={want} or GLIBC_TUNABLES=glibc.malloc.arena_max="
+                 f"{want} at start-up (one arena per allocating thread)"),
+            None, "high")
+    return None
+
+
+def _jemalloc_arena_lock(wall, env, off, ev, threads, want):
+    ev["narenas"] = _counter(wall, "jemalloc.narenas")
+    return Finding(
+        "wall-arena-lock", "warning",
+        f"threads spend {off.allocator_lock_share:.0%} of their time waiting for "
+        "jemalloc arena locks", ev,
+        Knob("narenas", str(ev["narenas"]) if ev["narenas"] is not None else None,
+             "mallctl arenas.narenas", want,
+             f"MALLOC_CONF=narenas:{want} (or percpu_arena:percpu) at start-up"),
+        None, "high")
+
+
+# wall-arena-lock, by the allocator's rule id
+ARENA_LOCK = {"wall-arena-lock/glibc": _glibc_arena_lock,
+              "wall-arena-lock/jemalloc": _jemalloc_arena_lock}
 
 
 def _from_allocator_rate(sc, names):

@@ -21,6 +21,7 @@ from textual.widgets import Button, DataTable, Static
 
 from diag.model.errors import AllocdiagError
 from diag import heapview
+from diag.allocators import for_kind
 from diag.render import human_bytes
 from tui.dialogs import ConfirmDialog
 from tui.layers import signed_bytes
@@ -44,13 +45,6 @@ INTRO = ("Heap profiles through the allocator's own profiler: gperftools (full "
 NO_ATTACH = ("heap profiles call into the process: this view was started with --no-attach")
 GROWTH = ("It sees only allocations after start: the growth from now on, never what is "
           "already allocated.")
-COST = {
-    "tcmalloc": ("gperftools records every allocation and its stack (no sampling): "
-                 "malloc-heavy code runs markedly slower while it is on "
-                 "(bench/heapprof_cost.py measures it)."),
-    "jemalloc": ("jemalloc samples about one allocation per 2^lg_prof_sample bytes: a small "
-                 "cost while prof.active is on (bench/heapprof_cost.py measures it)."),
-}
 WORKING = {"status": "asking the allocator", "start": "starting the profiler",
            "dump": "taking a profile", "diff": "comparing the last two dumps",
            "stop": "stopping the profiler"}
@@ -285,7 +279,8 @@ class HeapTab(VerticalScroll):
         """The last status shows a gperftools profile running that allocdiag
         did not start (the program's own HEAPPROFILE): heapcontrol leaves it
         alone unless forced."""
-        return bool(doc and doc["running"] and doc["allocator"]["kind"] == "tcmalloc"
+        return bool(doc and doc["running"]
+                    and for_kind(doc["allocator"]["kind"]).vocabulary.program_starts_profiler
                     and not doc["work_dir"])
 
     def _force_question(self):
@@ -356,7 +351,7 @@ class HeapTab(VerticalScroll):
     def _start_question(self, doc):
         kind = doc["allocator"]["kind"]
         return (f"Start the heap profiler in process {self.source.pid}?\n\n"
-                f"{doc['how']}.\n{GROWTH}\n{COST.get(kind, '')}\n"
+                f"{doc['how']}.\n{GROWTH}\n{for_kind(kind).vocabulary.heap_profile_cost or ''}\n"
                 f"It stays on until x stops it or you leave this view.")
 
     def _confirmed(self, yes):

@@ -17,20 +17,18 @@ native fields, collectors.schema.NativeField) and the four steps:
     The normalised layer of diag.fields.
 
 and ``parse_file(data) -> native`` for ``allocdiag inspect --from FILE``.
+
+The rest of what the code knows about an allocator (detection, release,
+knobs, heap profiler, counters, the findings' words) is its object in
+``collectors.allocators.registry`` (interface: collectors.allocators.interface).
 """
 
-import importlib
+from __future__ import annotations
 
-_MODULES = {
-    "glibc": "collectors.allocators.glibc",
-    "jemalloc": "collectors.allocators.jemalloc",
-    "tcmalloc": "collectors.allocators.gperftools",
-    "tcmalloc-google": "collectors.allocators.google_tcmalloc",
-    "mimalloc": "collectors.allocators.mimalloc",
-}
+from types import ModuleType
 
 
-def module(kind):
-    """The module for allocator KIND, or None for one without a stats interface."""
-    name = _MODULES.get(kind)
-    return importlib.import_module(name) if name else None
+def module(kind: str | None) -> ModuleType | None:
+    """The stats reader module for allocator KIND, or None for one without a stats interface."""
+    from collectors.allocators.registry import for_kind
+    return for_kind(kind).stats()

@@ -1,28 +1,38 @@
 """Helpers the allocator modules share: symbol checks, stdio streams over
 scratch memory, and reading text the allocator wrote."""
 
+from __future__ import annotations
+
+from typing import Any
+
 from diag.model.errors import MalformedData, RemoteCallError, Unsupported
+
+# What a remote call's rax holds, by the C return type (x86-64 SysV ABI: an
+# int is eax, a bool al; the upper bits are left as the callee had them).
+INT_RETURN = (1 << 32) - 1
+BOOL_RETURN = 0xFF
+U64 = (1 << 64) - 1           # a negative C long/int argument passed in a 64-bit register
 
 SCRATCH_TEXT = 48 * 1024      # bytes of the buffer (Call.buffer, never the stack) for text/XML
 IONBF = 2                     # stdio.h _IONBF: no stdio buffer (nothing malloc'd for it)
 
 
-def need(addr, name, kind):
+def need(addr: int | None, name: str, kind: str) -> int:
     if addr is None:
         raise Unsupported(f"{kind}: symbol {name} not found (stripped build?)")
     return addr
 
 
-def libc_stdio(res):
+def libc_stdio(res: Any) -> dict[str, int]:
     return {n: need(res.libc(n), n, "libc") for n in ("fmemopen", "setvbuf", "fclose", "fputs")}
 
 
-def mapper(res):
+def mapper(res: Any) -> tuple[int | None, int | None]:
     """(mmap, munmap) of the target's libc, for the engine's Call.buffer."""
     return (res.libc("mmap"), res.libc("munmap"))
 
 
-def fmemopen(c, addrs, buf, size):
+def fmemopen(c: Any, addrs: dict[str, int], buf: int, size: int) -> int:
     """FILE* of an unbuffered fmemopen stream writing into SIZE bytes at
     BUF.  glibc's fmemopen keeps the written text NUL-terminated while there
     is room.  Caller must fclose."""
@@ -35,7 +45,7 @@ def fmemopen(c, addrs, buf, size):
     return f
 
 
-def text_at(c, addr, size, first=None):
+def text_at(c: Any, addr: int, size: int, first: int | None = None) -> tuple[bytes, bool]:
     """The NUL-terminated text in SIZE bytes at ADDR, read in one go (one
     process_vm_readv: fewer syscalls than a page-by-page scan), or FIRST
     bytes first and the rest only when no NUL lies in them.  Returns (text,
@@ -48,7 +58,7 @@ def text_at(c, addr, size, first=None):
     return (data, False) if end < 0 else (data[:end], True)
 
 
-def signed(v):
+def signed(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
@@ -60,3 +70,26 @@ class Retry(MalformedData):
     def __init__(self, msg, opts):
         super().__init__(msg)
         self.opts = opts
+
+
+def int_value(value: Any, name: str) -> int:
+    """VALUE (a string from the command line) as an integer for knob NAME."""
+    try:
+        return int(str(value), 0)
+    except ValueError:
+        raise Unsupported(f"{name} needs an integer, got {value!r}") from None
+
+
+def true_false(v: Any) -> str:
+    return "true" if v else "false"
+
+
+def start_options(options, env, option):
+    """Compare-variant knobs in order: keys in capitals are environment
+    variables and pass through to ENV; each lower-case option name goes to
+    OPTION(key, value, env)."""
+    for key, value in options:
+        if key.upper() == key:
+            env[key] = value
+        else:
+            option(key, value, env)

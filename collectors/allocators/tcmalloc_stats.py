@@ -22,6 +22,10 @@ google/tcmalloc (tcmalloc/global_stats.cc GetNumericProperty):
     tcmalloc.pageheap_unmapped_bytes also counts arena non-resident bytes
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import re
 
 from diag.model import Value
@@ -78,7 +82,7 @@ def _slug(label):
     return s
 
 
-def parse_getstats(text):
+def parse_getstats(text: Any) -> Any:
     """``MallocExtension_GetStats`` / ``TCMalloc_Internal_GetStats`` text ->
     native dict.
 
@@ -179,7 +183,7 @@ def _num(props, name):
     return val
 
 
-def normalise_tcmalloc(props=None, stats=None, flavor=None):
+def normalise_tcmalloc(props: Any = None, stats: Any = None, flavor: Any = None) -> Any:
     """Numeric properties and/or a parse_getstats() dict -> {field: Value}.
 
     gperftools (default; ``flavor="google"`` for google/tcmalloc, which is

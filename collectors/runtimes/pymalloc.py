@@ -170,6 +170,21 @@ def _in(ranges, addr):
     return any(a <= addr < b for a, b in ranges)
 
 
+# x86-64 encodings the byte scans below look for (Intel SDM vol. 2, "MOV",
+# "MOVSXD", "LEA", "CALL", "JMP", and 2.1.3 ModR/M, 2.2.1 REX).
+REX_FIRST, REX_LAST = 0x40, 0x4F     # REX prefixes
+REX_W, REX_R = 8, 4                  # 64-bit operand size; ModR/M reg extension
+OP_MOV_LOAD = 0x8B                   # MOV r, r/m
+OP_MOVSXD = 0x63                     # MOVSXD r64, r/m32 (with REX.W)
+MODRM_RM_MASK = 0xC7                 # mod and r/m bits of a ModR/M byte
+MODRM_RIP = 0x05                     # mod 00, r/m 101: [rip + disp32]
+MODRM_SIB = 0x04                     # mod 00, r/m 100: a SIB byte follows
+SIB_DISP32 = 0x25                    # SIB with no base, no index: [disp32]
+OP_MOV_ESI_IMM32 = 0xBE              # MOV esi, imm32
+LEA_RSI_RIP = b"\x48\x8d\x35"         # LEA rsi, [rip + disp32]
+OP_CALL_REL32, OP_JMP_REL32 = 0xE8, 0xE9
+
+
 def rip_loads(code, vaddr):
     """Loads from a fixed address in x86-64 CODE at VADDR: ``mov r, [rip+d]``,
     ``movslq r, [rip+d]`` and their absolute ``[d32]`` forms.
@@ -182,26 +197,26 @@ def rip_loads(code, vaddr):
     n = len(code)
     for i in range(n - 6):
         j, rex = i, 0
-        if i and 0x40 <= code[i - 1] <= 0x4F:
+        if i and REX_FIRST <= code[i - 1] <= REX_LAST:
             continue        # the REX-prefixed form at i - 1 is the instruction
-        if 0x40 <= code[j] <= 0x4F:
+        if REX_FIRST <= code[j] <= REX_LAST:
             rex = code[j]
             j += 1
         if j + 6 > n:
             break
         op = code[j]
-        if op != 0x8B and not (op == 0x63 and rex & 8):
+        if op != OP_MOV_LOAD and not (op == OP_MOVSXD and rex & REX_W):
             continue
         modrm = code[j + 1]
-        reg = ((modrm >> 3) & 7) | ((rex & 4) << 1)
-        if modrm & 0xC7 == 0x05:                      # [rip + disp32]
+        reg = ((modrm >> 3) & 7) | ((rex & REX_R) << 1)
+        if modrm & MODRM_RM_MASK == MODRM_RIP:                      # [rip + disp32]
             end = j + 6
             target = vaddr + end + int.from_bytes(code[j + 2:end], "little", signed=True)
-        elif modrm & 0xC7 == 0x04 and j + 7 <= n and code[j + 2] == 0x25:   # [disp32]
+        elif modrm & MODRM_RM_MASK == MODRM_SIB and j + 7 <= n and code[j + 2] == SIB_DISP32:  # [disp32]
             target = int.from_bytes(code[j + 3:j + 7], "little", signed=True) & (2**64 - 1)
         else:
             continue
-        size = 8 if (rex & 8 and op == 0x8B) else 4
+        size = 8 if (rex & REX_W and op == OP_MOV_LOAD) else 4
         out.append((i, reg, size, target))
     return out
 
@@ -212,9 +227,9 @@ def _string_refs(code, vaddr, str_addr):
     out = []
     imm = struct.pack("<I", str_addr) if str_addr < 2**32 else None
     for i in range(len(code) - 7):
-        if imm is not None and code[i] == 0xBE and code[i + 1:i + 5] == imm:
+        if imm is not None and code[i] == OP_MOV_ESI_IMM32 and code[i + 1:i + 5] == imm:
             out.append(i)
-        elif code[i:i + 3] == b"\x48\x8d\x35":
+        elif code[i:i + 3] == LEA_RSI_RIP:
             if vaddr + i + 7 + int.from_bytes(code[i + 3:i + 7], "little", signed=True) == str_addr:
                 out.append(i)
     return out
@@ -271,7 +286,7 @@ def _with_callees(elf, vaddr, size, opener):
         return out
     seen = set()
     for i in range(len(code) - 4):
-        if code[i] in (0xE8, 0xE9):
+        if code[i] in (OP_CALL_REL32, OP_JMP_REL32):
             t = vaddr + i + 5 + int.from_bytes(code[i + 1:i + 5], "little", signed=True)
             if text[0] <= t < text[0] + text[2] and not vaddr <= t < vaddr + size and t not in seen:
                 seen.add(t)
@@ -569,7 +584,7 @@ def walk(read, anchors, layout):
 
 # -- the collector ----------------------------------------------------------
 
-_LOCATED = {}     # (pid, object, load address, ...) -> Anchors
+_LOCATED: dict[tuple, object] = {}     # (pid, object, load address, ...) -> Anchors
 
 
 def _env_pymalloc(image):

@@ -191,8 +191,7 @@ def _start(args):
     doc = heapcontrol.status(args.pid, procfs)
     if not doc["possible"]:
         raise heapcontrol.not_possible(doc)
-    what = ("start gperftools' heap profiler (every later allocation is recorded)"
-            if doc["allocator"]["kind"] == "tcmalloc" else "turn jemalloc's prof.active on")
+    what = heapcontrol.start_wording(doc)
     if not doc["running"] and not confirm(f"{what} in pid {args.pid}?", args):
         print("nothing done", file=sys.stderr)
         return ExitCode.OK

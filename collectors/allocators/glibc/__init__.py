@@ -9,9 +9,19 @@ Native document::
      "error": str | None}
 """
 
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from diag.model import Value
+
 from collectors.allocators.glibc import stats as glibc_stats
 from collectors.allocators import common
-from collectors.schema import BYTES, COUNT, FLAG, NativeField, TEXT
+from collectors.allocators.native import BYTES, COUNT, FLAG, NativeField, TEXT
+
+log = logging.getLogger("collectors.allocators")
 
 _MI = "glibc malloc/malloc.c __malloc_info"
 _M2 = "glibc malloc/malloc.c int_mallinfo / __libc_mallinfo2"
@@ -120,11 +130,11 @@ LARGE_TEXT = 4 << 20
 STACK_NEED = 20 * 1024
 
 
-def output_bound(narenas):
+def output_bound(narenas: Any) -> Any:
     return MI_TOTALS_MAX + narenas * MI_ARENA_MAX
 
 
-def count_arenas(maps):
+def count_arenas(maps: Any) -> Any:
     """Upper bound of the number of arenas: the main arena plus one per
     HEAP_MAX_SIZE-aligned anonymous mapping (every non-main arena has at
     least one heap, and each heap starts so aligned; counting others too
@@ -133,7 +143,7 @@ def count_arenas(maps):
     return 1 + heaps
 
 
-def plan(res, obj, alloc, opts):
+def plan(res: Any, obj: Any, alloc: Any, opts: dict[str, Any]) -> dict[str, Any]:
     """malloc_info into an fmemopen stream when it can; else mallinfo2.
     One heap walk either way (malloc_info carries every mallinfo2 field)."""
     a = {"malloc_info": res.address(obj, "malloc_info") if opts.get("glibc_xml", True) else None}
@@ -141,19 +151,23 @@ def plan(res, obj, alloc, opts):
     if a["malloc_info"] and all(stdio.values()):
         a.update(stdio)
         a["bound"] = output_bound(count_arenas(res.maps()))
+        log.debug("glibc: malloc_info into fmemopen, bound %d bytes", a["bound"])
     else:
+        log.debug("glibc: mallinfo2 (malloc_info %s, stdio %s)",
+                  "off" if not opts.get("glibc_xml", True) else "found" if a["malloc_info"] else "missing",
+                  "complete" if all(stdio.values()) else "missing")
         a["malloc_info"] = None
         a["mallinfo2"] = common.need(res.address(obj, "mallinfo2"), "mallinfo2", "glibc")
     return a
 
 
-def gather(c, a, opts):
+def gather(c: Any, a: Any, opts: Any) -> Any:
     if a["malloc_info"] is None:
         out = c.scratch(glibc_stats.MALLINFO2_SIZE)
         # struct mallinfo2 is returned in memory: the hidden pointer is rdi.
         c.call(a["mallinfo2"], out)
         return {"mallinfo2": c.read(out, glibc_stats.MALLINFO2_SIZE)}
-    raw = {}
+    raw: dict[str, Any] = {}
     # The XML goes into a buffer outside the borrowed stack (Call.buffer:
     # an anonymous mapping, unmapped before the thread is released).
     size = common.SCRATCH_TEXT if a["bound"] <= common.SCRATCH_TEXT else \
@@ -170,15 +184,15 @@ def gather(c, a, opts):
 
 def _malloc_info(c, a, buf, size, raw):
     f = common.fmemopen(c, a, buf, size)
-    raw["rc"] = c.call(a["malloc_info"], 0, f) & 0xFFFFFFFF
+    raw["rc"] = c.call(a["malloc_info"], 0, f) & common.INT_RETURN
     c.call(a["fclose"], f)
     raw["xml"], terminated = common.text_at(c, buf, size, first=common.SCRATCH_TEXT // 3)
     raw["truncated"] = not terminated or len(raw["xml"]) >= size - 1
     raw["size"] = size
 
 
-def parse(raw, alloc):
-    native = {"malloc_info": None, "mallinfo2": None, "mallinfo2_from": None,
+def parse(raw: Any, alloc: Any) -> Any:
+    native: dict[str, Any] = {"malloc_info": None, "mallinfo2": None, "mallinfo2_from": None,
               "version": getattr(alloc, "version", None), "error": None, "side_effects": []}
     if "mallinfo2" in raw:
         native["mallinfo2"] = glibc_stats.parse_mallinfo2(raw["mallinfo2"])
@@ -203,16 +217,28 @@ def parse(raw, alloc):
     return native
 
 
-def normalise(native):
+def normalise(native: dict[str, Any]) -> dict[str, Value]:
     if native.get("mallinfo2_from") == "mallinfo2":
         return glibc_stats.normalise_glibc(None, native["mallinfo2"])
     return glibc_stats.normalise_glibc(native.get("malloc_info"))
 
 
-def parse_file(data):
+def parse_file(data: bytes) -> dict[str, Any]:
     """A saved ``malloc_info`` XML document -> the native document."""
     info = glibc_stats.parse_malloc_info(data)
     return {"malloc_info": info, "mallinfo2": glibc_stats.mallinfo2_from_malloc_info(info),
             "mallinfo2_from": "malloc_info", "version": None, "error": None,
             "side_effects": [], "gathered_by": "file: malloc_info XML"}
 
+
+def complete(image: Any, native: dict[str, Any], stats: dict[str, Value]) -> None:
+    """Fill ``resident`` when the calls left it unknown: smaps Rss of the
+    heaps plus the present pages of the mmapped chunks (heapmaps.resident)."""
+    from collectors.allocators.glibc import heapmaps
+    if stats.get("resident") is not None and stats["resident"].value is None:
+        heapmaps.resident(image, native, stats)
+
+
+def looks_like(head: bytes) -> bool:
+    """HEAD (the start of a file, leading space stripped) is malloc_info XML."""
+    return head.startswith(b"<?xml") or head.startswith(b"<malloc")

@@ -20,6 +20,10 @@ ptrace read rights), also where the kernel merged adjacent ones into one
 mapping, and their present pages come from /proc/PID/pagemap.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import os
 import struct
 
@@ -27,6 +31,7 @@ from diag.model.errors import AccessDenied, AllocdiagError
 from collectors.engine.memory import MemoryReader
 from collectors.proc.pagemap import PAGE_SIZE, Pagemap
 from collectors.proc.maps import parse_maps
+from diag.model import Value
 
 HEAP_MAX_SIZE = 64 << 20
 # malloc/malloc.c: the low bits of a chunk's size field.
@@ -58,7 +63,7 @@ def _chunks_in(read, start, end):
     return out
 
 
-def mmapped_chunks(pid, maps, procfs_root="/proc"):
+def mmapped_chunks(pid: Any, maps: Any, procfs_root: Any = '/proc') -> Any:
     """(count, bytes, resident bytes) of glibc's mmapped chunks among MAPS,
     or None when process memory or pagemap cannot be read."""
     try:
@@ -77,7 +82,7 @@ def mmapped_chunks(pid, maps, procfs_root="/proc"):
     return len(spans), sum(b - a for a, b in spans), resident
 
 
-def glibc_heap_resident(procfs, pid):
+def glibc_heap_resident(procfs: Any, pid: Any) -> Any:
     """(resident bytes of [heap] + arena heaps, number of arena heaps,
     maps), or (None, 0, None) when smaps cannot be read."""
     try:
@@ -93,9 +98,9 @@ def glibc_heap_resident(procfs, pid):
             continue
         head = line.split(None, 1)[0]
         if b"-" in head and not head.endswith(b":"):
-            m = parse_maps(line + b"\n")
-            if m:
-                current = m[0]
+            parsed = parse_maps(line + b"\n")
+            if parsed:
+                current = parsed[0]
                 maps.append(current)
             continue
         if current is not None and line.startswith(b"Rss:"):
@@ -145,7 +150,7 @@ def _thread_sps(procfs, pid):
     return sps
 
 
-def anon_present_outside_stacks(procfs, pid):
+def anon_present_outside_stacks(procfs: Any, pid: Any) -> Any:
     """(bytes, stacks left out) of the pages present (/proc/PID/pagemap) in
     the private anonymous mappings that hold no thread stack: where an
     allocator's memory can be.  A running thread's stack is not recognised
@@ -170,3 +175,31 @@ def anon_present_outside_stacks(procfs, pid):
     except AccessDenied:
         return None
     return (present, stacks) if present is not None else None
+
+
+def resident(image: Any, native: Any, stats: Any) -> Any:
+    """glibc's resident: smaps Rss of its heaps plus the present pages of
+    its mmapped chunks, found by their headers (collectors.allocators.glibc.heapmaps).  The
+    chunks found are checked against malloc_info's / mallinfo2's own count
+    and bytes (hblks, hblkhd): when they disagree the figure says so."""
+    res, heaps, maps = glibc_heap_resident(image.procfs, image.pid)
+    if res is None:
+        return
+    native["heap_resident"] = {"bytes": res, "arena_heaps": heaps}
+    formula = "smaps Rss of [heap] + the 64 MiB-aligned arena heaps"
+    chunks = mmapped_chunks(image.pid, maps, image.procfs.root)
+    mi = native.get("mallinfo2") or {}
+    if chunks is not None:
+        n, size, chunk_res = chunks
+        native["heap_resident"]["mmapped_chunks"] = {"count": n, "bytes": size,
+                                                     "resident": chunk_res}
+        res += chunk_res
+        formula += (f" + pagemap present pages of the {n} mmapped chunks found by their "
+                    f"headers ({size} bytes")
+        if mi.get("hblks") is not None and (mi["hblks"], mi["hblkhd"]) != (n, size):
+            formula += (f"; glibc counts {mi['hblks']} chunks, {mi['hblkhd']} bytes: the "
+                        "rest not found, a lower bound")
+        formula += ")"
+    else:
+        formula += " (mmapped chunks not readable: a lower bound)"
+    stats["resident"] = Value.derived(res, formula)

@@ -30,6 +30,10 @@ so that ``rest`` matches ``int_mallinfo``'s numbers exactly; see
 ``tests/test_stats_parsers.py::test_glibc_xml_matches_mallinfo2``.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import struct
 
 from diag.model import Value
@@ -45,7 +49,7 @@ MALLINFO2_SIZE = _MALLINFO2.size
 MALLOC_ALIGNMENT = 16   # x86-64 (and every 64-bit glibc target; i386 too since 2.26)
 
 
-def parse_mallinfo2(raw_bytes):
+def parse_mallinfo2(raw_bytes: Any) -> Any:
     """The raw bytes of a ``struct mallinfo2`` -> {field: int}."""
     if not isinstance(raw_bytes, (bytes, bytearray, memoryview)):
         raise MalformedData(f"mallinfo2: expected bytes, got {type(raw_bytes).__name__}")
@@ -123,7 +127,7 @@ def _require(d, key, tag, where):
     return d[key]
 
 
-def parse_malloc_info(xml_bytes):
+def parse_malloc_info(xml_bytes: Any) -> Any:
     """glibc ``malloc_info(0, fp)`` output -> native dict.
 
     ::
@@ -234,7 +238,7 @@ def parse_malloc_info(xml_bytes):
             "arenas": arenas, "totals": out_totals}
 
 
-def mallinfo2_from_malloc_info(native):
+def mallinfo2_from_malloc_info(native: Any) -> Any:
     """``struct mallinfo2`` as ``__libc_mallinfo2`` would return it at the
     moment of this malloc_info output, derived exactly (glibc 2.33 ... 2.42
     malloc/malloc.c; both walk the same arenas under the same locks, and
@@ -276,7 +280,7 @@ def mallinfo2_from_malloc_info(native):
 # normalisation
 # --------------------------------------------------------------------------
 
-def normalise_glibc(native=None, mallinfo2=None):
+def normalise_glibc(native: Any = None, mallinfo2: Any = None) -> Any:
     """malloc_info native dict and/or mallinfo2 dict -> {field: Value}.
 
     mallinfo2 (taken by the caller at the same moment) wins where both exist.

@@ -13,13 +13,22 @@ src/stats.c).  ``malloc_stats_print`` JSON paths are the mallctl names with
 on the same keys.
 """
 
+from __future__ import annotations
+
+import logging
 import struct
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from diag.model import Value
 import time
 
 from collectors.allocators.jemalloc import stats as jemalloc_stats
 from collectors.allocators import common
 from diag.model.errors import MalformedData, RemoteCallError
-from collectors.schema import BYTES, COUNT, FLAG, MS, NativeField, PAGES, TEXT
+from collectors.allocators.native import BYTES, COUNT, FLAG, MS, NativeField, PAGES, TEXT
+
+log = logging.getLogger("collectors.allocators")
 
 # (mallctl name, C type, unit, meaning).  The one list of the mallctls
 # allocdiag reports: the JSON is filtered to it, the per-call path reads it.
@@ -106,7 +115,7 @@ FIELDS = tuple(NativeField("mallctl:" + n, u, m, _SRC) for n, _, u, m in MALLCTL
           for n, _, u, m in ARENA_FIELDS)
 
 
-def page_size(native):
+def page_size(native: Any) -> Any:
     """Bytes per page of the p* counters: mallctl arenas.page."""
     page = (native.get("mallctl") or {}).get("arenas.page")
     return page if isinstance(page, int) and page > 0 else None
@@ -175,10 +184,15 @@ _CTYPES = {"size_t": "<Q", "uint64": "<Q", "ssize_t": "<q", "unsigned": "<I", "b
 # process (keyed by pid and start time), not on every snapshot.
 _CONSTANT = ("version", "config.", "opt.", "arenas.page", "arenas.quantum", "arenas.nbins",
              "arenas.nlextents")
-_constant_cache = {}
-_ifunc_cache = {}
-_general_cache = {}            # process key -> (monotonic time, {mallctl: value}, opt/config)
-_print_broken = {}             # process key -> why its malloc_stats_print JSON did not parse
+# Longest mallctl name written (stats.arenas.4096.bins.N.curslabs and the like
+# are < 64; the room is for prefixed builds' names) and longest const char*
+# value read back (version, opt.prof_prefix, config.malloc_conf).
+MALLCTL_NAME_MAX = 256
+MALLCTL_STRING_MAX = 4096
+_constant_cache: dict[Any, Any] = {}
+_ifunc_cache: dict[Any, Any] = {}
+_general_cache: dict[Any, Any] = {}   # process key -> (monotonic time, {mallctl: value}, opt/config)
+_print_broken: dict[Any, str] = {}    # process key -> why its malloc_stats_print JSON did not parse
 
 
 # Stack the gather's calls use below the engine's frame on the borrowed thread
@@ -190,7 +204,7 @@ _print_broken = {}             # process key -> why its malloc_stats_print JSON 
 STACK_NEED = 18 * 1024
 
 
-def forget_general(process_key=None):
+def forget_general(process_key: Any = None) -> Any:
     """Drop cached general values (all, or one process's): after a write
     such as `allocdiag set`, the next snapshot prints them again."""
     if process_key is None:
@@ -199,7 +213,7 @@ def forget_general(process_key=None):
         _general_cache.pop(process_key, None)
 
 
-def print_stats(c, a, print_opts, size, first=None):
+def print_stats(c: Any, a: Any, print_opts: Any, size: Any, first: Any = None) -> Any:
     """``malloc_stats_print(strcat, buf, PRINT_OPTS)`` on the borrowed thread C
     (A from plan) into a SIZE-byte Call.buffer; its text.  SIZE must bound
     what those options print: an unterminated buffer is RemoteCallError."""
@@ -225,7 +239,7 @@ def print_stats(c, a, print_opts, size, first=None):
     return text
 
 
-def plan(res, obj, alloc, opts):
+def plan(res: Any, obj: Any, alloc: Any, opts: dict[str, Any]) -> dict[str, Any]:
     prefix = getattr(alloc, "prefix", None) or ""
     mallctl = common.need(res.address(obj, prefix + "mallctl"), prefix + "mallctl", "jemalloc")
     a = {"mallctl": mallctl, "process_key": res.process_key(obj), "print": None}
@@ -241,10 +255,12 @@ def plan(res, obj, alloc, opts):
                 a["strcat"], a["strcat_ifunc"] = impl, False
         if not a["strcat"]:
             a["print"] = None
+    log.debug("jemalloc %s (prefix %r): %s", version or "?", prefix,
+              "malloc_stats_print JSON" if a["print"] else "one mallctl per value")
     return a
 
 
-def mallctl_read(c, mallctl, name, ctype, scratch):
+def mallctl_read(c: Any, mallctl: Any, name: Any, ctype: Any, scratch: Any) -> Any:
     """One mallctl read; the value (bytes for strings) or None when the name
     does not exist in this version/build."""
     fmt = _CTYPES[ctype]
@@ -253,30 +269,31 @@ def mallctl_read(c, mallctl, name, ctype, scratch):
     c.write(name_at, name.encode() + b"\0")
     c.write(lenp, struct.pack("<Q", size))
     c.write(old, b"\0" * 8)
-    if c.call(mallctl, name_at, old, lenp, 0, 0) & 0xFFFFFFFF:
+    if c.call(mallctl, name_at, old, lenp, 0, 0) & common.INT_RETURN:
         return None
     value = struct.unpack(fmt, c.read(old, size))[0]
     if ctype == "const char*":
-        return c.cstring(value, 4096) if value else None
+        return c.cstring(value, MALLCTL_STRING_MAX) if value else None
     return value
 
 
-def mallctl_write_bool(c, mallctl, name, value):
+def mallctl_write_bool(c: Any, mallctl: Any, name: Any, value: Any) -> Any:
     """mallctl(NAME, &old, &len, &VALUE, 1) for a bool mallctl such as
     ``background_thread`` or ``prof.active``: (return code, old value)."""
     name_at, old, oldlen, new = c.scratch(64), c.scratch(16), c.scratch(16), c.scratch(16)
     c.write(name_at, name.encode() + b"\0")
     c.write(oldlen, struct.pack("<Q", 1))
     c.write(new, struct.pack("<?", bool(value)))
-    rc = c.call(mallctl, name_at, old, oldlen, new, 1) & 0xFFFFFFFF
+    rc = c.call(mallctl, name_at, old, oldlen, new, 1) & common.INT_RETURN
     return rc, struct.unpack("<?", c.read(old, 1))[0]
 
 
-def mallctl_scratch(c):
-    return (c.scratch(256), c.scratch(16), c.scratch(16))
+def mallctl_scratch(c: Any) -> Any:
+    """(name, old value, old length) scratch cells for mallctl_read."""
+    return (c.scratch(MALLCTL_NAME_MAX), c.scratch(16), c.scratch(16))
 
 
-def gather(c, a, opts):
+def gather(c: Any, a: Any, opts: Any) -> Any:
     scratch = mallctl_scratch(c)
     raw = {}
     if a["print"]:
@@ -323,9 +340,9 @@ def _per_call(c, a, scratch):
     return values
 
 
-def parse(raw, alloc):
-    values = {}
-    native = {"mallctl": values, "prefix": getattr(alloc, "prefix", None) or "",
+def parse(raw: Any, alloc: Any) -> Any:
+    values: dict[str, Any] = {}
+    native: dict[str, Any] = {"mallctl": values, "prefix": getattr(alloc, "prefix", None) or "",
               "side_effects": []}
     if "json" in raw:
         try:
@@ -337,6 +354,7 @@ def parse(raw, alloc):
             # process one mallctl at a time from now on.
             if raw.get("process_key"):
                 _print_broken[raw["process_key"]] = exc.msg
+            log.debug("jemalloc: stats JSON unusable (%s): falling back to mallctl", exc.msg)
             raise common.Retry(f"malloc_stats_print JSON unusable ({exc.msg}); reading "
                                "mallctls one by one", {"jemalloc_per_call": True}) from None
         if "general" in raw:
@@ -408,12 +426,12 @@ def _remove_print_buffer(values, parsed):
             f"{extent} bytes from a moment without it"]
 
 
-def normalise(native):
+def normalise(native: dict[str, Any]) -> dict[str, Value]:
     return jemalloc_stats.normalise_jemalloc(
         {k: v for k, v in native["mallctl"].items() if v is not None})
 
 
-def parse_file(data):
+def parse_file(data: bytes) -> dict[str, Any]:
     """A saved ``malloc_stats_print`` JSON report -> the native document."""
     text = data.decode("utf-8", "replace") if isinstance(data, (bytes, bytearray)) else data
     parsed = jemalloc_stats.parse_stats_json(text)
@@ -426,3 +444,7 @@ def parse_file(data):
     return {"mallctl": values, "prefix": None, "side_effects": [],
             "gathered_by": "file: malloc_stats_print JSON"}
 
+
+def looks_like(head: bytes) -> bool:
+    """HEAD is jemalloc's stats JSON (malloc_stats_print opts 'J')."""
+    return head.startswith(b"{") and b'"jemalloc"' in head

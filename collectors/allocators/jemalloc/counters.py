@@ -29,6 +29,10 @@ shifted keys and the wait times, which the JSON lost, are read with one
 mallctl per mutex (``...mutexes.<m>.total_wait_time`` and ``max_wait_time``).
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import json
 
 from collectors.allocators.jemalloc import mallctl_read, mallctl_scratch, print_stats
@@ -55,7 +59,7 @@ PAGES_COUNTS = ("dirty_purged", "muzzy_purged")
 _SRC = "malloc_stats_print(\"%s\")" % PRINT_OPTS.decode()
 
 
-def gather(c, a):
+def gather(c: Any, a: Any) -> Any:
     """Run on the borrowed thread C with A from jemalloc.plan: the JSON text
     and arenas.narenas."""
     if not a.get("print") or not a.get("strcat"):
@@ -93,7 +97,7 @@ def _mutex_names(text):
             ("stats.arenas.4096.mutexes", list(merged.get("mutexes") or {}))]
 
 
-def parse(raw):
+def parse(raw: Any) -> Any:
     """{counter name: (value, unit, kind, source)} from gather's output.
     Names: ``jemalloc.mutexes.<m>.<field>``, ``jemalloc.arenas.mutexes.<m>.<field>``
     (all arenas merged), ``jemalloc.arenas.<counter>``,
@@ -106,7 +110,7 @@ def parse(raw):
     except (ValueError, KeyError, TypeError) as exc:
         raise MalformedData(f"jemalloc counters: malloc_stats_print JSON unusable ({exc})") \
             from None
-    out = {}
+    out: dict[str, Any] = {}
     stats = doc.get("stats") or {}
     shifted = (raw.get("version") or "").startswith(SHIFTED_VERSIONS)
     merged = (doc.get("stats.arenas") or {}).get("merged") or {}
@@ -123,7 +127,7 @@ def parse(raw):
         if isinstance(merged.get(k), int):
             out[f"jemalloc.arenas.{k}"] = (merged[k], "pages" if k in PAGES_COUNTS else "count",
                                            "delta", f"stats.arenas.4096.{k}")
-    total = {}
+    total: dict[str, Any] = {}
     for cls in ("small", "large"):
         for k in CLASS_COUNTS:
             v = (merged.get(cls) or {}).get(k)

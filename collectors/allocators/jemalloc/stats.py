@@ -22,6 +22,10 @@ Every stats mallctl is a cached snapshot: write ``epoch`` first.
 output is disabled), see stats_print_helper in src/stats.c.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import json
 
 from diag.model import Value
@@ -46,7 +50,7 @@ _REQUIRED = ("stats.allocated", "stats.active", "stats.metadata", "stats.residen
              "stats.mapped", "stats.retained")
 
 
-def parse_stats_json(text):
+def parse_stats_json(text: Any) -> Any:
     """``malloc_stats_print(cb, arg, "J")`` output -> native dict.
 
     Returns ``{"version", "config", "opt", "arenas" (general, without the
@@ -118,7 +122,7 @@ def parse_stats_json(text):
     return out
 
 
-def mallctls(parsed, names):
+def mallctls(parsed: Any, names: Any) -> Any:
     """{mallctl name: value} for each of NAMES found in a parse_stats_json()
     result.  The JSON's paths are the mallctl names (src/stats.c), with the
     merged pseudo-arena under "merged" for index 4096 (MALLCTL_ARENAS_ALL);
@@ -155,7 +159,7 @@ def _walk(node, parts):
     return node
 
 
-def mallctl_values(source):
+def mallctl_values(source: Any) -> Any:
     """{mallctl name: value} from either such a dict, a parse_stats_json()
     result, or a raw parsed JSON document ({"jemalloc": ...})."""
     if isinstance(source, dict) and "mallctl" in source and isinstance(source["mallctl"], dict):
@@ -166,7 +170,7 @@ def mallctl_values(source):
     return source, None
 
 
-def normalise_jemalloc(values):
+def normalise_jemalloc(values: Any) -> Any:
     """mallctl values (or a parsed stats JSON) -> {field: Value}.
 
       allocated = stats.allocated                       (measured)

@@ -9,12 +9,22 @@ Native document::
      "version": str | None}         # e.g. "2.0.9" (detection, or mi_version())
 """
 
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from diag.model import Value
+
 import struct
 
 from collectors.allocators.mimalloc import stats as mimalloc_stats
 from collectors.allocators import common
 from diag.model.errors import AllocdiagError, Unsupported
-from collectors.schema import BYTES, COUNT, FLAG, MS, NativeField, RATIO, TEXT
+from collectors.allocators.native import BYTES, COUNT, FLAG, MS, NativeField, RATIO, TEXT
+
+log = logging.getLogger("collectors.allocators")
 
 _ST = "mimalloc src/stats.c _mi_stats_print (mi_stats_print_out)"
 _JS = "mimalloc src/stats.c mi_stats_get_json"
@@ -163,11 +173,11 @@ OPTIONS_2_0 = (
 STACK_NEED = 6 * 1024
 
 
-def option_names(version):
+def option_names(version: Any) -> Any:
     return OPTIONS_2_0 if (version or "").startswith("2.0") else ()
 
 
-def plan(res, obj, alloc, opts):
+def plan(res: Any, obj: Any, alloc: Any, opts: dict[str, Any]) -> dict[str, Any]:
     a = {n: res.address(obj, n) for n in ("mi_process_info", "mi_option_get", "mi_stats_get_json",
                                           "mi_free", "mi_stats_print_out")}
     if not (a["mi_stats_get_json"] or a["mi_stats_print_out"]):
@@ -175,11 +185,14 @@ def plan(res, obj, alloc, opts):
     if a["mi_stats_print_out"]:
         a.update(common.libc_stdio(res))
     a["options"] = option_names(getattr(alloc, "version", None))
+    log.debug("mimalloc: stats as %s, %d options",
+              "JSON (mi_stats_get_json)" if a["mi_stats_get_json"] else "text (mi_stats_print_out)",
+              len(a["options"] or ()))
     return a
 
 
-def gather(c, a, opts):
-    raw = {}
+def gather(c: Any, a: Any, opts: Any) -> Any:
+    raw: dict[str, Any] = {}
     if a["mi_process_info"] and getattr(c, "max_args", 6) >= 8:
         outs = [c.scratch(8) for _ in mimalloc_stats.PROCESS_INFO_FIELDS]
         for o in outs:
@@ -203,10 +216,10 @@ def gather(c, a, opts):
     return raw
 
 
-def parse(raw, alloc):
+def parse(raw: Any, alloc: Any) -> Any:
     version = getattr(alloc, "version", None)
     names = option_names(version)
-    native = {"stats": None, "process_info": None, "options": None, "version": version,
+    native: dict[str, Any] = {"stats": None, "process_info": None, "options": None, "version": version,
               "side_effects": []}
     if "process_info" in raw:
         native["process_info"] = mimalloc_stats.process_info_dict(raw["process_info"])
@@ -227,11 +240,11 @@ def parse(raw, alloc):
     return native
 
 
-def normalise(native):
+def normalise(native: dict[str, Any]) -> dict[str, Value]:
     return mimalloc_stats.normalise_mimalloc(native.get("stats"), native.get("process_info"))
 
 
-def parse_file(data):
+def parse_file(data: bytes) -> dict[str, Any]:
     """Saved ``mi_stats_print`` text (or ``mi_stats_get_json`` JSON) -> the
     native document."""
     text = data.decode("utf-8", "replace") if isinstance(data, (bytes, bytearray)) else data
@@ -239,3 +252,9 @@ def parse_file(data):
              else mimalloc_stats.parse_stats_text(text))
     return {"stats": stats, "process_info": None, "options": None, "version": None,
             "side_effects": [], "gathered_by": "file: mimalloc stats " + stats["format"]}
+
+
+def looks_like(head: bytes) -> bool:
+    """HEAD is mimalloc's stats text."""
+    low = head.lower()
+    return b"committed" in low and (b"reserved" in low or b"heap stats" in low)

@@ -23,6 +23,10 @@ MI_SECURE 0, no MI_ENCODE_FREELIST, no MI_PADDING), pinned to the
 library's build-id; any other build is reported unknown.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import struct
 from collections import namedtuple
 
@@ -80,7 +84,7 @@ Walk = namedtuple("Walk", "allocated active segments abandoned huge pages pendin
                           "pending_delayed key_checked spans resident")
 
 
-def pinned_object(image):
+def pinned_object(image: Any) -> Any:
     """(LoadedObject, description) of a mapped libmimalloc whose build-id is
     pinned; (LoadedObject, None) for another mimalloc build; None if no
     mimalloc is mapped."""
@@ -116,7 +120,7 @@ def _header(read, addr):
     return cookie ^ addr, seg_slices, info_slices, kind, entries, thread_id
 
 
-def find_segments(read, maps):
+def find_segments(read: Any, maps: Any) -> Any:
     """[(addr, header)] of segment headers in anonymous mappings, all with
     the same cookie key.  Raises Invalid when the keys disagree."""
     found = []
@@ -132,7 +136,7 @@ def find_segments(read, maps):
             found.append((a, h))
             span = h[1] * MI_SEGMENT_SLICE_SIZE      # skip a huge segment's interior
             a += max(MI_SEGMENT_SIZE, (span + MI_SEGMENT_SIZE - 1) & ~(MI_SEGMENT_SIZE - 1))
-    keys = {}
+    keys: dict[Any, list[Any]] = {}
     for a, h in found:
         keys.setdefault(h[0], []).append((a, h))
     if not keys:
@@ -214,7 +218,7 @@ def _block_size(segs_by_addr, block):
     raise Invalid(f"delayed-free block {block:#x} is not in a used page")
 
 
-def walk(read, maps, lib_ranges):
+def walk(read: Any, maps: Any, lib_ranges: Any) -> Any:
     """One walk.  LIB_RANGES: address ranges of libmimalloc (its
     _mi_heap_main lives there).  Raises Invalid."""
     key, heads = find_segments(read, maps)
@@ -225,7 +229,7 @@ def walk(read, maps, lib_ranges):
         slices, pages = _pages(read, a, entries, kind, seg_slices)
         segs[a] = Segment(a, kind, slices, thread_id, pages)
     allocated = active = pending_tf = pending_df = npages = 0
-    heaps = {}
+    heaps: dict[Any, Any] = {}
     for seg in segs.values():
         for p in seg.pages:
             npages += 1
@@ -273,7 +277,7 @@ def walk(read, maps, lib_ranges):
                 pending_tf, pending_df, key_checked, spans, None)
 
 
-def segments_resident(pid, spans, procfs_root="/proc"):
+def segments_resident(pid: Any, spans: Any, procfs_root: Any = '/proc') -> Any:
     """Bytes of SPANS the kernel has present (/proc/PID/pagemap): what of
     mimalloc's committed memory is really resident.  None when pagemap
     cannot be read."""
@@ -284,7 +288,7 @@ def segments_resident(pid, spans, procfs_root="/proc"):
         return None
 
 
-def collect(image, procfs_root="/proc"):
+def collect(image: Any, procfs_root: Any = '/proc') -> Any:
     """(Walk, build description) for a process using a pinned mimalloc
     build, or (None, reason) when the walk cannot give a number.  Raises
     only NoSuchProcess."""

@@ -29,6 +29,10 @@ v2.2/v3.1).  Facts from mimalloc's src/stats.c:
   "malloc_bins": [...], "page_bins": [...]}``.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import json
 import re
 
@@ -85,7 +89,7 @@ def _num(conv, text, lineno, line):
                             f"{line[:80]!r}") from None
 
 
-def parse_stats_text(text):
+def parse_stats_text(text: Any) -> Any:
     """``mi_stats_print_out`` text -> native dict.
 
     ``{"columns": [...], "rows": {name: {column: amount}}, "counters":
@@ -99,8 +103,10 @@ def parse_stats_text(text):
         text = bytes(text).decode("utf-8", errors="replace")
     if not isinstance(text, str):
         raise MalformedData(f"mimalloc stats: expected text, got {type(text).__name__}")
-    columns, rows, counters = None, {}, {}
-    out = {"columns": None, "rows": rows, "counters": counters, "searches_avg": None,
+    columns = None
+    rows: dict[str, Any] = {}
+    counters: dict[str, Any] = {}
+    out: dict[str, Any] = {"columns": None, "rows": rows, "counters": counters, "searches_avg": None,
            "numa_nodes": None, "elapsed_s": None, "process": None}
     parent = None
     for lineno, line in enumerate(text.splitlines(), 1):
@@ -170,7 +176,7 @@ def parse_stats_text(text):
     return out
 
 
-def parse_stats_json(text):
+def parse_stats_json(text: Any) -> Any:
     """``mi_stats_get_json`` output (mimalloc >= 2.2 / 3.1) -> native dict.
 
     ``{"stat_version", "mimalloc_version", "process": {...},
@@ -223,7 +229,7 @@ def parse_stats_json(text):
             "tracks_allocations": bool(tracked)}
 
 
-def process_info_dict(values):
+def process_info_dict(values: Any) -> Any:
     """mi_process_info's eight out-parameters (in order) -> dict, with
     ``current_rss`` relabelled: on Linux it is the commit counter."""
     if len(values) != len(PROCESS_INFO_FIELDS):
@@ -233,7 +239,7 @@ def process_info_dict(values):
     return d
 
 
-def normalise_mimalloc(native=None, process_info=None):
+def normalise_mimalloc(native: Any = None, process_info: Any = None) -> Any:
     """Text/JSON native dict and/or mi_process_info dict -> {field: Value}.
 
       allocated = malloc_normal.current + malloc_huge.current   (JSON, if tracked)

@@ -9,14 +9,23 @@ Native document::
      "variant": "minimal" | None}
 """
 
+from __future__ import annotations
+
+import logging
 import os
 import struct
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from diag.model import Value
 
 from collectors.allocators import tcmalloc_stats
 from collectors.allocators import common
 from diag.model.errors import AllocdiagError
-from collectors.schema import BYTES, COUNT, FLAG, NativeField, TEXT
+from collectors.allocators.native import BYTES, COUNT, FLAG, NativeField, TEXT
+
+log = logging.getLogger("collectors.allocators")
 
 _TC = "gperftools src/tcmalloc.cc GetNumericProperty"
 _GS = "gperftools src/tcmalloc.cc DumpStats (MallocExtension_GetStats)"
@@ -117,14 +126,14 @@ STACK_NEED = 10 * 1024
 # Within one allocdiag process (TUI, record) the knob properties are read
 # again only every KNOBS_REFRESH_S; allocdiag's own `set` forgets them.
 KNOBS_REFRESH_S = 10.0
-_knobs_cache = {}              # process key -> (monotonic time, {property: value})
+_knobs_cache: dict[Any, Any] = {}   # process key -> (monotonic time, {property: value})
 
 
-def forget_knobs():
+def forget_knobs() -> Any:
     _knobs_cache.clear()
 
 
-def plan(res, obj, alloc, opts):
+def plan(res: Any, obj: Any, alloc: Any, opts: dict[str, Any]) -> dict[str, Any]:
     get = "MallocExtension_GetNumericProperty"
     a = {"get": common.need(res.address(obj, get), get, "tcmalloc"),
          "stats": res.address(obj, "MallocExtension_GetStats"),
@@ -133,10 +142,12 @@ def plan(res, obj, alloc, opts):
         a["props"] = tuple(n for n, _, _ in PROPERTIES)
     else:
         a["props"] = NOT_PRINTED if opts.get("per_arena") else EVERY_SNAPSHOT
+    log.debug("gperftools: GetStats %s, %d numeric properties",
+              "found" if a["stats"] else "missing", len(a["props"]))
     return a
 
 
-def properties(c, get, names, with_length=False):
+def properties(c: Any, get: Any, names: Any, with_length: Any = False) -> Any:
     """{name: value} of the numeric properties the getter answers."""
     name_at, value_at = c.scratch(128), c.scratch(16)
     props = {}
@@ -146,21 +157,21 @@ def properties(c, get, names, with_length=False):
         c.write(value_at, b"\0" * 8)
         # google/tcmalloc's entry point takes the name's length too.
         ok = c.call(get, name_at, len(raw), value_at) if with_length else c.call(get, name_at, value_at)
-        if ok & 0xFF:
+        if ok & common.BOOL_RETURN:
             props[name] = struct.unpack("<Q", c.read(value_at, 8))[0]
     return props
 
 
-def stats_text(c, fn, size=GETSTATS_BUF):
+def stats_text(c: Any, fn: Any, size: Any = GETSTATS_BUF) -> Any:
     buf = c.buffer(size)              # zeroed, outside the borrowed stack
     c.call(fn, buf, size)
     return common.text_at(c, buf, size)[0]
 
 
-def gather(c, a, opts):
+def gather(c: Any, a: Any, opts: Any) -> Any:
     names = a["props"]
     cached = _knobs_cache.get(a.get("process_key"))
-    raw = {}
+    raw: dict[str, Any] = {}
     if names == EVERY_SNAPSHOT and cached and time.monotonic() - cached[0] < KNOBS_REFRESH_S:
         raw["properties"], raw["knobs_cached"] = dict(cached[1]), True
     else:
@@ -193,7 +204,7 @@ def _document(props, stats, alloc):
             "variant": _variant(alloc), "side_effects": []}
 
 
-def parse(raw, alloc):
+def parse(raw: Any, alloc: Any) -> Any:
     stats, error = None, None
     if "getstats" in raw:
         try:
@@ -212,15 +223,20 @@ def parse(raw, alloc):
     return native
 
 
-def normalise(native):
+def normalise(native: dict[str, Any]) -> dict[str, Value]:
     props = {k: v for k, v in native["properties"].items() if v is not None}
     return tcmalloc_stats.normalise_tcmalloc(props, native.get("getstats"), flavor="gperftools")
 
 
-def parse_file(data):
+def parse_file(data: bytes) -> dict[str, Any]:
     """Saved ``MallocExtension_GetStats`` text -> the native document."""
     stats = tcmalloc_stats.parse_getstats(data.decode("utf-8", "replace")
                                           if isinstance(data, (bytes, bytearray)) else data)
     native = _document({}, stats, None)
     native["gathered_by"] = "file: MallocExtension_GetStats text"
     return native
+
+
+def looks_like(head: bytes) -> bool:
+    """HEAD is MallocExtension_GetStats text."""
+    return b"MALLOC:" in head

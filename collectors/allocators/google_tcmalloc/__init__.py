@@ -6,9 +6,16 @@ Native document::
      "getstats_text": str | None}        # its own format, kept verbatim
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from diag.model import Value
+
 from collectors.allocators import common, gperftools
 from collectors.allocators import tcmalloc_stats
-from collectors.schema import BYTES, FLAG, NativeField, RATIO, TEXT
+from collectors.allocators.native import BYTES, FLAG, NativeField, RATIO, TEXT
 
 _SRC = "google/tcmalloc tcmalloc/global_stats.cc GetNumericProperty"
 
@@ -47,13 +54,13 @@ FIELDS = tuple(NativeField("properties:" + n, u, m, _SRC) for n, u, m in PROPERT
 
 # -- plan, gather, parse, normalise -------------------------------------------------
 
-def plan(res, obj, alloc, opts):
+def plan(res: Any, obj: Any, alloc: Any, opts: dict[str, Any]) -> dict[str, Any]:
     get = "MallocExtension_Internal_GetNumericProperty"
     return {"get": common.need(res.address(obj, get), get, "tcmalloc-google"),
             "stats": res.address(obj, "TCMalloc_Internal_GetStats")}
 
 
-def gather(c, a, opts):
+def gather(c: Any, a: Any, opts: Any) -> Any:
     # Its getter takes the name's length too: (name, length, &value).
     raw = {"properties": gperftools.properties(c, a["get"], [n for n, _, _ in PROPERTIES],
                                                with_length=True)}
@@ -62,7 +69,7 @@ def gather(c, a, opts):
     return raw
 
 
-def parse(raw, alloc):
+def parse(raw: Any, alloc: Any) -> Any:
     text = raw["getstats"].decode(errors="replace") if "getstats" in raw else None
     return {"properties": {n: raw["properties"].get(n) for n, _, _ in PROPERTIES},
             "getstats_text": text, "side_effects": [],
@@ -70,12 +77,12 @@ def parse(raw, alloc):
                            + (" + TCMalloc_Internal_GetStats" if text is not None else "")}
 
 
-def normalise(native):
+def normalise(native: dict[str, Any]) -> dict[str, Value]:
     props = {k: v for k, v in native["properties"].items() if v is not None}
     return tcmalloc_stats.normalise_tcmalloc(props, None, flavor="google")
 
 
-def parse_file(data):
+def parse_file(data: bytes) -> dict[str, Any]:
     text = data.decode("utf-8", "replace") if isinstance(data, (bytes, bytearray)) else data
     return {"properties": {n: None for n, _, _ in PROPERTIES}, "getstats_text": text,
             "side_effects": [], "gathered_by": "file: TCMalloc_Internal_GetStats text"}

@@ -1,0 +1,49 @@
+"""google/tcmalloc (the Abseil-era TCMalloc): what the rest of the code asks of it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from collectors.allocators.interface import Base, has_symbol, Release, Signature, Vocabulary
+from collectors.allocators.gperftools.home import getstats_counters
+
+SIZE_MAX = (1 << 64) - 1    # ReleaseMemoryToSystem(SIZE_MAX): everything it can (tcmalloc/malloc_extension.h)
+
+
+def _release(c: Any, fn: int) -> int:
+    rv: int = c.call(fn, SIZE_MAX)
+    return rv
+
+
+class GoogleTcmalloc(Base):
+    def signature(self, elf: Any, names: set[str], base: str, path: str,
+                  where: str) -> Signature | None:
+        if "TCMalloc_Internal_GetStats" not in names and \
+                "MallocExtension_Internal_GetNumericProperty" not in names:
+            return None
+        return Signature("tcmalloc-google", evidence=[
+            f"{base} defines TCMalloc_Internal_GetStats/MallocExtension_Internal_GetNumericProperty ({where})"],
+            defines_malloc="malloc" in names)
+
+    def counters(self, reader: Any) -> dict[str, tuple[Any, str, str, str]]:
+        out: dict[str, tuple[Any, str, str, str]] = {}
+        getstats_counters(reader.native(), out)
+        return out
+
+
+    def in_process(self, lib: Any, path: str) -> Signature | None:
+        if has_symbol(lib, "MallocExtension_Internal_GetNumericProperty"):
+            return Signature("tcmalloc-google")
+        return None
+
+
+ALLOCATOR = GoogleTcmalloc(
+    kind="tcmalloc-google", name="google tcmalloc",
+    reader="collectors.allocators.google_tcmalloc",
+    release=Release("MallocExtension_Internal_ReleaseMemoryToSystem(SIZE_MAX)",
+                    "MallocExtension_Internal_ReleaseMemoryToSystem", _release),
+    heap_profiler="collectors.allocators.google_tcmalloc.heapprof",
+    vocabulary=Vocabulary(
+        resident_caveat="physical_memory_used counts mapped spans never touched as physical",
+    ),
+)

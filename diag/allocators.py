@@ -1,0 +1,4 @@
+"""The allocator objects (collectors.allocators.registry), for the TUI,
+which asks diag and never imports collectors."""
+
+from collectors.allocators.registry import for_kind  # noqa: F401  (tui.heap_tab)
