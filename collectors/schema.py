@@ -52,7 +52,7 @@ COMMON_FIELDS = (
     NativeField("borrowed_thread.kind", TEXT, "idle (parked in a wait) or running", "allocdiag"),
     NativeField("borrowed_thread.syscall", TEXT, "the wait the thread was parked in", "allocdiag"),
     NativeField("config.?", TEXT, "configuration sources read without stopping the target "
-                "(collectors.config)", "allocdiag"),
+                "(each allocator's home: collectors.allocators)", "allocdiag"),
     NativeField("config.?.?", TEXT, "one configuration source's text", "allocdiag"),
     NativeField("knobs.?.?", TEXT, "a knob's current value, its source and how to change it "
                 "(diag.knobs)", "allocdiag"),

@@ -2,7 +2,7 @@
 
 Pure functions of what a snapshot collected: ``native`` (live values read
 from the allocator, when attached) and ``native["config"]`` (the
-configuration sources read from /proc and memory, collectors.config).
+configuration sources read from /proc and memory, each allocator's knobs in its home).
 Sources, in words the user will recognise: "compiled default",
 "compiled-in conf (config.malloc_conf)", "global malloc_conf",
 "/etc/malloc.conf", "env MALLOC_CONF", "changed at runtime".
