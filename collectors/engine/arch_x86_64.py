@@ -37,7 +37,7 @@ varargs); the direction and trap flags are cleared.
 
 import ctypes
 
-from collectors.engine import tracee as ptrace
+from collectors.engine import abi, ptrace
 
 NAME = "x86_64"
 WORD = 8
@@ -100,7 +100,9 @@ def _signed(v):
 
 
 def get_regs(tid, pid):
-    return ptrace.getregs(tid, pid, user_regs_struct())
+    regs = user_regs_struct()
+    ptrace.getregs(tid, pid, regs)
+    return regs
 
 
 def set_regs(tid, pid, regs):
@@ -121,14 +123,14 @@ def get_ext_state(tid, pid):
     global _xstate_size
     size = _xstate_size or _XSTATE_PROBE
     buf = ctypes.create_string_buffer(size)
-    data = ptrace.getregset(tid, pid, ptrace.NT_X86_XSTATE, buf)
+    data = ptrace.getregset(tid, pid, abi.NT_X86_XSTATE, buf)
     if _xstate_size is None:
         _xstate_size = len(data)
     return data
 
 
 def set_ext_state(tid, pid, blob):
-    ptrace.setregset(tid, pid, ptrace.NT_X86_XSTATE, blob)
+    ptrace.setregset(tid, pid, abi.NT_X86_XSTATE, blob)
 
 
 def pc(regs):

@@ -29,10 +29,126 @@ Also here: ``forbidden_ranges`` (what a running thread must not be in) and
 by ``collectors.livestats``.
 """
 
+from __future__ import annotations
+
+import enum
+import errno
 import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
 
 from collectors.binary import unwind
 from collectors.binary.ranges import Ranges
+from collectors.engine import abi
+
+
+# ---- why a thread is not borrowed: reason codes ---------------------------------
+# Every refusal is a Reason; decisions look at the code, never at the words.
+# The words users (and tests) read come from REASON_TEXT, keyed by the code.
+
+class Reason(enum.Enum):
+    BACKGROUND_THREAD = "background-thread"
+    WAIT_REFUSED = "wait-refused"            # the policy refuses this wait (futex lock, ...)
+    BUSY_SYSCALL = "busy-syscall"            # in a syscall that is no wait (mmap, write, ...)
+    ISSUED_INSIDE = "issued-inside"          # a wait issued from forbidden non-libc text
+    RUNNING_UNJUDGED = "running-unjudged"
+    RUNNING_INSIDE = "running-inside"
+    RUNNING_UNPROVABLE = "running-unprovable"
+    RUNNING_CALLED_FROM = "running-called-from"
+    RUNNING_RETURN_ADDRESS = "running-return-address"
+    UNINTERRUPTIBLE = "uninterruptible"
+    EXITED = "exited"
+    STOPPED = "stopped"
+    OTHER_STATE = "other-state"
+    STACK_UNPROVEN = "stack-unproven"        # no provable stack mapping (stackbounds)
+    NOT_THREAD_STACK = "not-thread-stack"
+    NO_ROOM = "no-room"                      # a stack too small for the call
+    ALLOCATOR_FRAME = "allocator-frame"      # a walk found allocator code
+    ALLOCATOR_AHEAD = "allocator-ahead"      # ... before the stop (look-ahead walk)
+    WALK_UNPROVEN = "walk-unproven"          # a walk did not prove the wait safe
+    TRACED = "traced"
+    VANISHED = "vanished"
+    DID_NOT_STOP = "did-not-stop"
+    OWN_SIGNAL = "own-signal"
+    GROUP_STOP = "group-stop"
+    EINTR_NOT_RESTARTABLE = "eintr-not-restartable"
+    RESTART_UNSEEN = "restart-unseen"
+
+
+# The words for each code.  "{subject}" is what the thread was doing (the
+# wait's name); a template without it gets "subject: " in front when set.
+REASON_TEXT: Mapping[Reason, str] = {
+    Reason.BACKGROUND_THREAD: "{comm}: the allocator's own background thread",
+    Reason.WAIT_REFUSED: "{words}{where}",
+    Reason.BUSY_SYSCALL: "in {name}{note}{where}",
+    Reason.ISSUED_INSIDE: "{subject} issued from{inside} {where}",
+    Reason.RUNNING_UNJUDGED: "running user code (no forbidden ranges to judge it)",
+    Reason.RUNNING_INSIDE: "running inside {where}",
+    Reason.RUNNING_UNPROVABLE: "running: stack not provable ({error})",
+    Reason.RUNNING_CALLED_FROM: "running: called from {where}",
+    Reason.RUNNING_RETURN_ADDRESS: "running: return address into {where} at sp+{offset:#x}",
+    Reason.UNINTERRUPTIBLE: "uninterruptible sleep (disk or kernel wait)",
+    Reason.EXITED: "exited",
+    Reason.STOPPED: "stopped",
+    Reason.OTHER_STATE: "{name} (state {state})",
+    Reason.STACK_UNPROVEN: "{why}",
+    Reason.NOT_THREAD_STACK: ("its stack is the {kind} stack, not a thread stack glibc "
+                              "created (the Go runtime rule needs one)"),
+    Reason.NO_ROOM: ("has {room} of its stack free below the stack pointer; "
+                     "the call needs {need}"),
+    Reason.ALLOCATOR_FRAME: "inside {where}",
+    Reason.ALLOCATOR_AHEAD: "{subject} {frame}",
+    Reason.WALK_UNPROVEN: "{why}",
+    Reason.TRACED: "traced by pid {tracer}",
+    Reason.VANISHED: "vanished",
+    Reason.DID_NOT_STOP: "did not stop (uninterruptible)",
+    Reason.OWN_SIGNAL: "handling its own {signal}",
+    Reason.GROUP_STOP: "group-stop",
+    Reason.EINTR_NOT_RESTARTABLE: ("{subject}: returned EINTR at the stop and cannot be "
+                                   "restarted ({why}); released"),
+    Reason.RESTART_UNSEEN: "a wait resumed by restart_syscall that was not seen before the stop",
+}
+# Refusals of threads found busy (running, or in a syscall that is no wait):
+# when every thread is one, the process is busy inside allocator or libc.
+BUSY_REASONS = frozenset({
+    Reason.BUSY_SYSCALL, Reason.RUNNING_UNJUDGED, Reason.RUNNING_INSIDE,
+    Reason.RUNNING_UNPROVABLE, Reason.RUNNING_CALLED_FROM, Reason.RUNNING_RETURN_ADDRESS})
+RUNNING_SUBJECT = "running"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why one thread is not borrowed: a code, the facts its words need,
+    and what the thread was doing (SUBJECT)."""
+
+    code: Reason
+    args: Mapping[str, Any] = field(default_factory=dict)
+    subject: str | None = None
+
+    def about(self, subject: str) -> Refusal:
+        """The same refusal, said of a thread doing SUBJECT."""
+        return replace(self, subject=subject)
+
+    @property
+    def busy(self) -> bool:
+        """The thread was busy (running or in a non-wait syscall)."""
+        return self.code in BUSY_REASONS or self.subject == RUNNING_SUBJECT
+
+    @property
+    def text(self) -> str:
+        template = REASON_TEXT[self.code]
+        detail = template.format(subject=self.subject, **self.args)
+        if self.subject is not None and "{subject}" not in template:
+            return f"{self.subject}: {detail}"
+        return detail
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def refusal(code: Reason, subject: str | None = None, **args: Any) -> Refusal:
+    return Refusal(code, args, subject)
 
 # ---- syscalls (x86-64 numbers, arch/x86/entry/syscalls/syscall_64.tbl) -----
 # Waits that restart transparently after a ptrace stop (rax at the stop, on
@@ -74,11 +190,11 @@ FUTEX_CLOCK_REALTIME = 256
 FUTEX_CMD_MASK = ~(FUTEX_PRIVATE_FLAG | FUTEX_CLOCK_REALTIME)
 
 # errno values the kernel leaves in rax (include/linux/errno.h)
-EINTR = 4
-ERESTARTSYS = 512
-ERESTARTNOINTR = 513
-ERESTARTNOHAND = 514
-ERESTART_RESTARTBLOCK = 516
+EINTR = errno.EINTR
+ERESTARTSYS = abi.ERESTARTSYS
+ERESTARTNOINTR = abi.ERESTARTNOINTR
+ERESTARTNOHAND = abi.ERESTARTNOHAND
+ERESTART_RESTARTBLOCK = abi.ERESTART_RESTARTBLOCK
 ERESTART = {-ERESTARTSYS: "ERESTARTSYS", -ERESTARTNOINTR: "ERESTARTNOINTR",
             -ERESTARTNOHAND: "ERESTARTNOHAND",
             -ERESTART_RESTARTBLOCK: "ERESTART_RESTARTBLOCK"}
@@ -267,43 +383,46 @@ class StackJudge:
     def _is_libc(self, frame):
         return is_libc_name(frame.path)
 
-    def verdict(self, frames):
+    def verdict(self, frames: Sequence[unwind.Frame]) -> Refusal | None:
         """None when FRAMES (innermost first) prove a wait outside the
-        allocator, else the reason in user words."""
+        allocator, else the refusal."""
         facts = self._libc_facts()
         for f in frames:
             where = self.allocator(f.pc)
             if where:
-                return f"inside {where}"
+                return refusal(Reason.ALLOCATOR_FRAME, where=where)
             if facts is not None and f.path == facts[0]:
                 fn = facts[2](f.pc)
                 if fn:
-                    return f"inside glibc {fn}()"
+                    return refusal(Reason.ALLOCATOR_FRAME, where=f"glibc {fn}()")
         if not frames or not self._is_libc(frames[0]):
-            return "futex call not made by the C library's wait functions"
-        outer = None
+            return refusal(Reason.WALK_UNPROVEN,
+                           why="futex call not made by the C library's wait functions")
+        outer = frames[0]
         for f in frames:
             if not self._is_libc(f):
                 break
             outer = f
         if facts is None:
-            return "C library symbols unavailable"
+            return refusal(Reason.WALK_UNPROVEN, why="C library symbols unavailable")
         fn = facts[1](outer.pc) if outer.path == facts[0] else None
         if fn is None:
-            return (f"waiting in {os.path.basename(outer.path)}+{outer.vaddr:#x}, not in "
-                    "pthread_cond_wait/sem_wait/pthread_join")
+            return refusal(Reason.WALK_UNPROVEN, why=(
+                f"waiting in {os.path.basename(outer.path)}+{outer.vaddr:#x}, not in "
+                "pthread_cond_wait/sem_wait/pthread_join"))
         return None
 
-    def allocator_frame(self, frames):
-        """The first frame of FRAMES in allocator code, in user words, or None
-        (the running-thread rule: libc frames are fine, malloc's are not)."""
+    def allocator_frame(self, frames: Sequence[unwind.Frame]) -> str | None:
+        """Where the first frame of FRAMES in allocator code is (an
+        allocator object, or "glibc malloc()"), or None (the running-thread
+        rule: libc frames are fine, malloc's are not)."""
         facts = self._libc_facts()
         for f in frames:
-            where = self.allocator(f.pc)
+            where: str | None = self.allocator(f.pc)
             if where:
-                return f"inside {where}"
+                return where
             if facts is not None and f.path == facts[0] and facts[2](f.pc):
-                return f"inside glibc {facts[2](f.pc)}()"
+                return f"glibc {facts[2](f.pc)}()"
         return None
 
     def load_tables(self):
@@ -316,32 +435,31 @@ class StackJudge:
             except unwind.UnwindError:
                 pass
 
-    def prepare(self, pc, sp):
+    def prepare(self, pc: int, sp: int | None) -> Refusal | None:
         """Before any stop: parse the CFI a walk from (PC, SP) reaches, and
-        pre-judge.  Returns a refusal reason when the look-ahead already
-        shows allocator frames (no need to stop the thread), else None."""
+        pre-judge.  Returns a refusal when the look-ahead already shows
+        allocator frames (no need to stop the thread), else None."""
         frames = self.unwinder.prepare(pc, sp)
-        for f in frames:
-            where = self.allocator(f.pc)
-            if where:
-                return f"inside {where}"
-        facts = self._libc_facts()
-        if facts is not None:
-            for f in frames:
-                if f.path == facts[0] and facts[2](f.pc):
-                    return f"inside glibc {facts[2](f.pc)}()"
-        return None
+        where = self.allocator_frame(frames)
+        return refusal(Reason.ALLOCATOR_FRAME, where=where) if where else None
 
-    def judge(self, dwarf_regs):
-        """Walk from the stopped thread's registers with CFI parsed already
-        (never parses while a thread is stopped).  None = proven safe."""
+    def walk(self, dwarf_regs: Mapping[int, int]) -> tuple[list[unwind.Frame] | None,
+                                                          Refusal | None]:
+        """(frames, None), or (None, why not): a walk from the stopped
+        thread's registers with CFI parsed already (never parses while a
+        thread is stopped)."""
         try:
-            frames = self.unwinder.walk(dwarf_regs, parse=False)
+            return self.unwinder.walk(dwarf_regs, parse=False), None
         except unwind.NeedsParse as e:
-            return f"stack walk needs {os.path.basename(e.path)}'s CFI (parsed for the next try)"
+            return None, refusal(Reason.WALK_UNPROVEN, why=(
+                f"stack walk needs {os.path.basename(e.path)}'s CFI (parsed for the next try)"))
         except Exception as e:      # any failure: not proven
-            return f"stack walk failed ({e})"
-        return self.verdict(frames)
+            return None, refusal(Reason.WALK_UNPROVEN, why=f"stack walk failed ({e})")
+
+    def judge(self, dwarf_regs: Mapping[int, int]) -> Refusal | None:
+        """None = proven safe, else the refusal."""
+        frames, why = self.walk(dwarf_regs)
+        return why if frames is None else self.verdict(frames)
 
 
 # ---- the Go runtime's own parks (cgo binaries) ---------------------------------
