@@ -299,7 +299,8 @@ class Chooser:
     def _with_where(self, why: Refusal, pc: int | None, sp: int | None) -> Refusal:
         """WHY with ' inside X' when a walk with CFI parsed already (no
         parsing, no stop) finds allocator frames."""
-        if self.judge_stack is None or pc is None or sp is None or "where" not in why.args:
+        if self.judge_stack is None or pc is None or sp is None or \
+                why.code not in (Reason.WAIT_REFUSED, Reason.BUSY_SYSCALL):
             return why
         try:
             frames = self.judge_stack.unwinder.walk({unwind.RA: pc, unwind.RSP: sp},
