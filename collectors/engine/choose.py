@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collectors.binary import unwind
-from collectors.binary.ranges import Ranges
 from collectors.engine import memory, ptrace, safepoints, stackbounds
 from collectors.engine.arch import Arch
 from collectors.engine.safepoints import Reason, Refusal, refusal
@@ -99,7 +98,7 @@ class Chooser:
         self.procfs = tracer.procfs
         self.arch: Arch = tracer.arch
         self.forbidden = list(forbidden)
-        self.in_forbidden = Ranges(self.forbidden)   # addr -> the forbidden object's name, or None
+        self.in_forbidden = safepoints.new_ranges(self.forbidden)   # addr -> the forbidden object's name, or None
         self.stack_need = stack_need
         self.stack_window = stack_window
         self.go = go_runtime
@@ -128,7 +127,8 @@ class Chooser:
         sc = read_bytes(self.tracer.task(tid, "syscall"), self.pid, tid).split()
         comm = stat[stat.find(b"(") + 1:stat.rfind(b")")].decode("utf-8", "replace")
         state = stat.rsplit(b")", 1)[1].split()[0].decode()
-        nr, args, sp, pc = -1, (), None, None
+        nr, sp, pc = -1, None, None
+        args: tuple[int, ...] = ()
         if sc and sc[0] != b"running":
             nr = int(sc[0])
             if len(sc) >= 9:
@@ -337,7 +337,8 @@ class Chooser:
             return False, None      # proven by its stub's range: no walk
         if c.category == safepoints.FUTEX or c.facts.nr == self.arch.RESTART_SYSCALL:
             judge = self.stack_judge(refresh=not fresh_maps)
-            pre = judge.prepare(c.facts.pc, c.facts.sp) if c.facts.pc is not None else None
+            pre = judge.prepare(c.facts.pc, c.facts.sp) \
+                if c.facts.pc is not None and c.facts.sp is not None else None
             if pre is not None:
                 return True, refusal(Reason.ALLOCATOR_AHEAD, subject=c.facts.words,
                                      frame=pre.text)

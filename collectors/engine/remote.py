@@ -238,18 +238,19 @@ class RemoteProcess:
                                   "it was opened; open it again", pid=self.pid)
 
     # ---- signal blocking in allocdiag -----------------------------------------
-    def _block(self) -> set[signal.Signals] | None:
+    def _block(self) -> set[int | signal.Signals] | None:
         if "sigblock" in self._unsafe:
             return None
         return signal.pthread_sigmask(signal.SIG_BLOCK, abi.DEFERRED_SIGNALS)
 
     @staticmethod
-    def _unblock(old: set[signal.Signals] | None) -> None:
+    def _unblock(old: set[int | signal.Signals] | None) -> None:
         if old is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
     # ---- acquiring a thread ---------------------------------------------------
-    def _acquire(self, only_tid: int | None) -> tuple[Thread, set[signal.Signals] | None]:
+    def _acquire(self, only_tid: int | None
+                 ) -> tuple[Thread, set[int | signal.Signals] | None]:
         """The stopped thread at a safe point, and allocdiag's old sigmask."""
         ch = self._chooser
         t_end = time.monotonic() + self.deadline_s

@@ -34,13 +34,17 @@ from __future__ import annotations
 import enum
 import errno
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from collectors.binary import unwind
 from collectors.binary.ranges import Ranges
-from collectors.engine import abi
+from collectors.engine import abi, arch_x86_64
+
+
+# collectors.binary.ranges is not typed: its constructor, through a typed name
+new_ranges: Callable[[Iterable[tuple[int, int, Any]]], Ranges] = Ranges
 
 
 # ---- why a thread is not borrowed: reason codes ---------------------------------
@@ -199,8 +203,8 @@ ERESTART = {-ERESTARTSYS: "ERESTARTSYS", -ERESTARTNOINTR: "ERESTARTNOINTR",
             -ERESTARTNOHAND: "ERESTARTNOHAND",
             -ERESTART_RESTARTBLOCK: "ERESTART_RESTARTBLOCK"}
 
-SYSCALL_INSN = b"\x0f\x05"           # x86-64 `syscall`
-USER_CS_64 = 0x33                    # __USER_CS: 64-bit code (int 0x80 is i386 ABI)
+SYSCALL_INSN = arch_x86_64.SYSCALL_INSN   # x86-64 `syscall`
+USER_CS_64 = arch_x86_64.USER_CS_64       # 64-bit code (int 0x80 is the i386 ABI)
 
 RESTARTABLE, EPOLL, FUTEX, RUNNING = "restartable", "epoll", "futex", "running"
 GO_RUNTIME = "go-runtime"
@@ -233,16 +237,16 @@ GLIBC_MALLOC_FUNCTIONS = frozenset((
 LIBC_PREFIXES = ("libc.so", "libc-", "ld-linux", "ld-musl", "libc.musl", "libpthread")
 
 
-def is_libc_name(name):
+def is_libc_name(name: str) -> bool:
     return os.path.basename(name).startswith(LIBC_PREFIXES)
 
 
-def futex_cmd(op):
+def futex_cmd(op: int) -> int:
     """The FUTEX_* command of a futex op word (flags stripped)."""
     return op & FUTEX_CMD_MASK & 0x7F
 
 
-def classify_wait(nr, args):
+def classify_wait(nr: int, args: Sequence[int]) -> tuple[str | None, str | None]:
     """(category, words) for a thread blocked in syscall NR with ARGS, or
     (None, why refused).  Categories: RESTARTABLE, EPOLL, FUTEX."""
     if nr in RESTARTABLE_WAITS:
@@ -280,7 +284,7 @@ def classify_wait(nr, args):
 # for a timed condition wait (args op 0x89 = FUTEX_WAIT_BITSET|PRIVATE).
 
 
-def classify_restart(wchan, args):
+def classify_restart(wchan: bytes, args: Sequence[int]) -> tuple[str | None, str]:
     """(category, words) for a thread blocked in restart_syscall with wait
     channel WCHAN (bytes) and argument registers ARGS, or (None, why).  A
     resumed futex is judged like the futex it is (op from the argument
@@ -294,11 +298,17 @@ def classify_restart(wchan, args):
 
 # ---- the stack-walk proof for futex waits -----------------------------------------
 
+# (libc path, its wait functions, its malloc functions, every exported function)
+LibcFacts = tuple[str, Ranges, Ranges, Ranges]
+# ELF symbol types (include/uapi/linux/elf.h): STT_FUNC, STT_GNU_IFUNC
+STT_FUNC, STT_GNU_IFUNC = 2, 10
+STB_LOCAL = 0
+
 
 JMP_REL32 = 0xE9
 
 
-def _tail_call_targets(obj, opener, sym):
+def _tail_call_targets(obj: Any, opener: Any, sym: Any) -> list[tuple[int, int]]:
     """[(start, end)] (object addresses) of the functions SYM tail-calls.
 
     A tail call leaves no frame: glibc's sem_wait and sem_clockwait end with
@@ -334,14 +344,15 @@ class StackJudge:
     libc/ld.so entries are not, but glibc's malloc functions are (exact
     ``.dynsym`` ranges).  READ(addr, n) -> bytes or None."""
 
-    def __init__(self, pid, maps_text, forbidden, read, procfs="/proc"):
+    def __init__(self, pid: int, maps_text: str, forbidden: Sequence[tuple[int, int, str]],
+                 read: Callable[[int, int], bytes | None], procfs: str = "/proc") -> None:
         self.unwinder = unwind.Unwinder(pid, maps_text, read, procfs)
-        self.allocator = Ranges([r for r in forbidden if not is_libc_name(r[2])])
-        self._libc = None
+        self.allocator = new_ranges([r for r in forbidden if not is_libc_name(r[2])])
+        self._libc: LibcFacts | None = None
         self._libc_done = False
 
     # -- libc facts, from the libc mapping's .dynsym ----------------------------
-    def _libc_facts(self):
+    def _libc_facts(self) -> LibcFacts | None:
         if self._libc_done:
             return self._libc
         self._libc_done = True
@@ -351,12 +362,15 @@ class StackJudge:
                 continue
             try:
                 obj = elf.CACHE.get(m.opener)
-                bias = self.unwinder._bias(m)
+                bias_of: Callable[[Any], int] = self.unwinder._bias
+                bias = bias_of(m)
             except Exception:
                 return None
-            waits, malloc, named = [], [], {}
+            waits: list[tuple[int, int, str]] = []
+            malloc: list[tuple[int, int, str]] = []
+            named: dict[tuple[int, int], tuple[int, int, str]] = {}
             for s in obj.dynsym:
-                if not s.defined or not s.st_value or s.type not in (2, 10):
+                if not s.defined or not s.st_value or s.type not in (STT_FUNC, STT_GNU_IFUNC):
                     continue
                 rng = (bias + s.st_value, bias + s.st_value + max(s.st_size, 1), s.name)
                 # one name per range: the public one (nanosleep, not __nanosleep)
@@ -368,19 +382,21 @@ class StackJudge:
                                  for a, b in _tail_call_targets(obj, m.opener, s))
                 elif s.name in GLIBC_MALLOC_FUNCTIONS:
                     malloc.append(rng)
-            self._libc = (m.path, Ranges(waits), Ranges(malloc), Ranges(named.values()))
+            self._libc = (m.path, new_ranges(waits), new_ranges(malloc),
+                          new_ranges(named.values()))
             break
         return self._libc
 
-    def libc_function(self, frame):
+    def libc_function(self, frame: unwind.Frame) -> str | None:
         """The exported C-library function FRAME is in (exact .dynsym
         range), or None."""
         facts = self._libc_facts()
         if facts is None or frame.path != facts[0]:
             return None
-        return facts[3](frame.pc)
+        fn: str | None = facts[3](frame.pc)
+        return fn
 
-    def _is_libc(self, frame):
+    def _is_libc(self, frame: unwind.Frame) -> bool:
         return is_libc_name(frame.path)
 
     def verdict(self, frames: Sequence[unwind.Frame]) -> Refusal | None:
@@ -425,7 +441,7 @@ class StackJudge:
                 return f"glibc {facts[2](f.pc)}()"
         return None
 
-    def load_tables(self):
+    def load_tables(self) -> None:
         """Load the CFI index of every mapped object (before a running thread
         is stopped: its objects cannot be known in advance).  Cheap with
         .eh_frame_hdr (libc 0.01 s); failures are left for the walk to meet."""
@@ -435,7 +451,7 @@ class StackJudge:
             except unwind.UnwindError:
                 pass
 
-    def prepare(self, pc: int, sp: int | None) -> Refusal | None:
+    def prepare(self, pc: int, sp: int) -> Refusal | None:
         """Before any stop: parse the CFI a walk from (PC, SP) reaches, and
         pre-judge.  Returns a refusal when the look-ahead already shows
         allocator frames (no need to stop the thread), else None."""
@@ -443,7 +459,7 @@ class StackJudge:
         where = self.allocator_frame(frames)
         return refusal(Reason.ALLOCATOR_FRAME, where=where) if where else None
 
-    def walk(self, dwarf_regs: Mapping[int, int]) -> tuple[list[unwind.Frame] | None,
+    def walk(self, dwarf_regs: dict[int, int]) -> tuple[list[unwind.Frame] | None,
                                                           Refusal | None]:
         """(frames, None), or (None, why not): a walk from the stopped
         thread's registers with CFI parsed already (never parses while a
@@ -456,7 +472,7 @@ class StackJudge:
         except Exception as e:      # any failure: not proven
             return None, refusal(Reason.WALK_UNPROVEN, why=f"stack walk failed ({e})")
 
-    def judge(self, dwarf_regs: Mapping[int, int]) -> Refusal | None:
+    def judge(self, dwarf_regs: dict[int, int]) -> Refusal | None:
         """None = proven safe, else the refusal."""
         frames, why = self.walk(dwarf_regs)
         return why if frames is None else self.verdict(frames)
@@ -506,13 +522,14 @@ class GoRuntime:
     ranges), and the judgement of a thread parked in one.  ``why`` is set
     (and the rule refuses everything) when the ranges cannot be known."""
 
-    def __init__(self, path, stubs, why=None):
+    def __init__(self, path: str, stubs: Sequence[tuple[int, int, str]],
+                 why: str | None = None) -> None:
         self.path = path
-        self.stubs = Ranges(stubs)
+        self.stubs = new_ranges(stubs)
         self.why = why
 
     @classmethod
-    def of(cls, obj):
+    def of(cls, obj: Any) -> GoRuntime | None:
         """GoRuntime of the loaded executable OBJ (image.LoadedObject), or
         None when it is not a Go binary."""
         if obj is None or obj.elf is None or not obj.elf.is_go:
@@ -537,7 +554,8 @@ class GoRuntime:
             return cls(obj.path, [], f"{base} has no runtime.futex/runtime.usleep symbols")
         return cls(obj.path, stubs)
 
-    def judge(self, nr, args, pc, restart_nr):
+    def judge(self, nr: int, args: Sequence[int], pc: int | None, restart_nr: int
+              ) -> tuple[str | None, str | None]:
         """(GO_RUNTIME, words), or (None, why refused), or (None, None) when
         the rule does not apply (PC in no Go stub).  NR: the syscall number
         at the stop, RESTART_NR the arch's restart_syscall; ARGS the argument
@@ -572,7 +590,7 @@ JEMALLOC_PUBLIC = frozenset((
     "posix_memalign", "rallocx", "realloc", "sallocx", "sdallocx", "valloc", "xallocx"))
 
 
-def _is_anchor(kind, prefix, name):
+def _is_anchor(kind: str, prefix: str | None, name: str) -> bool:
     """Global functions that certainly belong to the allocator's code."""
     if kind == "jemalloc":
         return name.startswith("je_") or (name.startswith(prefix or "") and
@@ -584,7 +602,12 @@ def _is_anchor(kind, prefix, name):
     return False
 
 
-def static_allocator_ranges(obj, kind, prefix):
+# fewer anchors than this: the symbols do not delimit the allocator
+MIN_ANCHORS = 3
+
+
+def static_allocator_ranges(obj: Any, kind: str, prefix: str | None
+                            ) -> list[tuple[int, int, str]] | None:
     """Code ranges of an allocator linked into the executable OBJ.
 
     The linker lays each archive member's code out contiguously, but GCC
@@ -597,9 +620,9 @@ def static_allocator_ranges(obj, kind, prefix):
     allocator's.  None when .symtab is missing (stripped): the caller then
     forbids the whole text."""
     symtab = obj.elf.symtab(obj.opener.open) if obj.elf is not None else {}
-    funcs = sorted((s for s in symtab.values() if s.type in (2, 10) and s.st_value),
+    funcs = sorted((s for s in symtab.values() if s.type in (STT_FUNC, STT_GNU_IFUNC) and s.st_value),
                    key=lambda s: s.st_value)
-    if obj.bias is None or sum(1 for s in funcs if _is_anchor(kind, prefix, s.name)) < 3:
+    if obj.bias is None or sum(1 for s in funcs if _is_anchor(kind, prefix, s.name)) < MIN_ANCHORS:
         return None
     out = []
     start = end = None
@@ -608,7 +631,7 @@ def static_allocator_ranges(obj, kind, prefix):
             if start is None:
                 start = s.st_value
             end = max(end or 0, s.st_value + max(s.st_size, 1))
-        elif s.bind != 0 and start is not None:      # a foreign global ends the run
+        elif s.bind != STB_LOCAL and start is not None:      # a foreign global ends the run
             out.append((obj.bias + start, obj.bias + end, f"{kind} (static)"))
             start = end = None
     if start is not None:
@@ -616,7 +639,7 @@ def static_allocator_ranges(obj, kind, prefix):
     return out
 
 
-def forbidden_ranges(image, detection):
+def forbidden_ranges(image: Any, detection: Any) -> list[tuple[int, int, str]]:
     """Executable ranges a borrowed thread must not be inside (PC) nor have
     return addresses in (near its stack top): the C library and the loader
     (glibc's internal malloc code lies outside its exported symbols), and
