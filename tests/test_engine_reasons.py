@@ -140,3 +140,29 @@ def test_no_engine_module_decides_by_message_text():
 def test_the_check_finds_what_the_old_engine_did(snippet):
     """The patterns remote.py used before the reason codes are found."""
     assert message_text_decisions(snippet)
+
+
+def test_engine_modules_import_no_circle():
+    """No import circle inside the engine (memory <-> tracee was one)."""
+    graph = {}
+    for path in ENGINE.glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.module == "collectors.engine":
+                    deps |= {a.name for a in node.names}
+                elif node.module.startswith("collectors.engine."):
+                    deps.add(node.module.rsplit(".", 1)[1])
+            elif isinstance(node, ast.Import):
+                deps |= {a.name.rsplit(".", 1)[1] for a in node.names
+                         if a.name.startswith("collectors.engine.")}
+        graph[path.stem] = deps & {p.stem for p in ENGINE.glob("*.py")}
+
+    def visit(mod, trail):
+        assert mod not in trail, " -> ".join(trail + [mod])
+        for dep in graph.get(mod, ()):
+            visit(dep, trail + [mod])
+
+    for mod in graph:
+        visit(mod, [])
+    assert "tracee" not in graph["memory"]

@@ -49,28 +49,27 @@ RED_ZONE = 128
 STACK_ALIGN = 16
 MASK64 = (1 << 64) - 1
 
-# Names of syscalls for messages.  Which waits are safe points is policy,
-# in collectors.engine.safepoints (x86-64 numbers there too).
-IDLE_SYSCALLS = {
-    0: "read", 7: "poll", 23: "select", 34: "pause", 35: "nanosleep",
-    230: "clock_nanosleep", 270: "pselect6", 271: "ppoll",
+# The x86-64 syscall numbers the engine names (arch/x86/entry/syscalls/
+# syscall_64.tbl): the one table; which waits are safe points is policy, in
+# collectors.engine.safepoints, by these names.
+NR = {
+    "read": 0, "write": 1, "poll": 7, "mmap": 9, "mprotect": 10, "munmap": 11,
+    "brk": 12, "pread64": 17, "readv": 19, "select": 23, "sched_yield": 24,
+    "mremap": 25, "madvise": 28, "pause": 34, "nanosleep": 35, "accept": 43,
+    "recvfrom": 45, "recvmsg": 47, "clone": 56, "wait4": 61, "semop": 65,
+    "rt_sigtimedwait": 128, "rt_sigsuspend": 130, "futex": 202,
+    "restart_syscall": 219, "semtimedop": 220, "clock_nanosleep": 230,
+    "epoll_wait": 232, "waitid": 247, "pselect6": 270, "ppoll": 271,
+    "epoll_pwait": 281, "accept4": 288, "clone3": 435, "epoll_pwait2": 441,
+    "futex_waitv": 449,
 }
+SYSCALL_NAMES = {nr: name for name, nr in NR.items()}   # for messages
 
 # restart_syscall(2): what a thread runs when a sleep with a restart block
 # (nanosleep, clock_nanosleep, poll) or a futex wait with a timeout was
 # interrupted -- by an earlier stop, allocdiag's or anyone's -- and resumed.
 # Judged like any other wait (collectors.engine.safepoints.classify_restart).
-RESTART_SYSCALL = 219
-
-SYSCALL_NAMES = dict(IDLE_SYSCALLS)
-SYSCALL_NAMES.update({219: "restart_syscall",
-    1: "write", 9: "mmap", 10: "mprotect", 11: "munmap", 12: "brk", 28: "madvise",
-    25: "mremap", 56: "clone", 435: "clone3", 202: "futex", 232: "epoll_wait",
-    281: "epoll_pwait", 441: "epoll_pwait2", 128: "rt_sigtimedwait",
-    65: "semop", 220: "semtimedop", 61: "wait4", 43: "accept", 288: "accept4",
-    45: "recvfrom", 47: "recvmsg", 24: "sched_yield", 17: "pread64", 19: "readv",
-    130: "rt_sigsuspend", 247: "waitid", 449: "futex_waitv",
-})
+RESTART_SYSCALL = NR["restart_syscall"]
 
 SIGSEGV = signal.SIGSEGV
 # eflags bits (arch/x86/include/uapi/asm/processor-flags.h X86_EFLAGS_TF, _DF)

@@ -22,6 +22,10 @@ from diag.model.errors import NoSuchProcess, RemoteCallError
 
 log = logging.getLogger("collectors.engine")
 
+# Small scratch on the borrowed stack, at most (names and out-values).
+MAX_SCRATCH = 3 * 1024
+CSTRING_CHUNK = 64 * 1024   # bytes per process_vm_readv in Call.cstring (page-aligned ends)
+PAGE_SIZE = abi.PAGE_SIZE
 # What the engine puts between the red zone and its scratch.
 SCRATCH_GAP = 64
 # A restart's deadline must never come early: the estimate of when an epoll
@@ -129,8 +133,10 @@ class Caller:
             self.set_call_mask(th, mask)
         self.arch.set_regs(th.tid, self.pid, new)
         timeout = self.call_timeout_s if timeout_s is None else float(timeout_s)
+        t0 = time.monotonic()
+        log.debug("pid %d tid %d call %#x%s", self.pid, th.tid, func, args)
         try:
-            regs = self.resume_until_trap(th, time.monotonic() + timeout)
+            regs = self.resume_until_trap(th, t0 + timeout)
         except Crash as c:
             why = (f"the call to {func:#x} on thread {th.tid} crashed with "
                    f"{signame(c.si.signo)} (code {c.si.code}, address {c.si.addr:#x}, "
@@ -141,7 +147,10 @@ class Caller:
             self.timeout(th, func, timeout)
         th.frame.calls += 1
         self.stats.calls += 1
-        return self.arch.return_value(regs)
+        rv = self.arch.return_value(regs)
+        log.debug("pid %d tid %d call %#x returned %#x after %d us", self.pid, th.tid, func,
+                  rv, int((time.monotonic() - t0) * 1e6))
+        return rv
 
     def check_frame(self, th: Thread, writes: Sequence[tuple[int, bytes]], lowest_used: int
                     ) -> None:
@@ -168,6 +177,8 @@ class Caller:
         why = (f"a call to {func:#x} on thread {th.tid} did not return within "
                f"{timeout:g} s; its allocator may now hold a lock forever, so "
                "allocdiag makes no further remote calls to this process in this run")
+        log.debug("pid %d tid %d call %#x timed out after %g s", self.pid, th.tid, func,
+                  timeout)
         quarantine(self.pid, self.tracer.start, why)
         ptrace.interrupt(th.tid, self.pid)
         stop = self.tracer.next_stop(th, time.monotonic() + TRAP_WAIT_S)
@@ -349,3 +360,81 @@ class Caller:
                 log.debug("pid %d tid %d released after %d us, %d calls", self.pid, th.tid,
                           us, th.frame.calls)
             self.record.held_signals.extend(h.as_dict() for h in th.held)
+
+
+class Call:
+    """A borrowed thread (yielded by remote.RemoteProcess.borrow)."""
+
+    def __init__(self, caller: Caller, th: Thread, max_scratch: int = MAX_SCRATCH) -> None:
+        self._caller = caller
+        self._th = th
+        self._pid = caller.pid
+        self._max_scratch = max_scratch
+        self.tid = th.tid
+        self.kind = th.verdict.kind
+        self.syscall = th.verdict.syscall
+        self.category = th.verdict.category  # safepoints.RESTARTABLE|EPOLL|FUTEX|GO_RUNTIME|RUNNING
+        self.max_args = caller.arch.MAX_ARGS
+
+    def call(self, func_addr: int, *args: int, timeout_s: float | None = None) -> int:
+        """Call FUNC_ADDR(*ARGS) (integer args) in the thread; returns rax."""
+        return self._caller.call(self._th, int(func_addr), tuple(args), timeout_s)
+
+    def read(self, addr: int, n: int) -> bytes:
+        return memory.read(self._pid, addr, n)
+
+    def write(self, addr: int, data: bytes) -> None:
+        """Write DATA at ADDR, which must lie in this borrow's scratch or
+        buffers (the only target memory allocdiag writes outside a call
+        frame: docs/target-writes.md)."""
+        fr, n = self._th.frame, len(data)
+        inside = fr.scratch_low <= addr and addr + n <= fr.scratch_top or any(
+            m <= addr and addr + n <= m + size for m, size in fr.buffers)
+        if not inside:
+            raise RemoteCallError(f"refusing to write {n} bytes at {addr:#x}: not in this "
+                                  "call's scratch or buffers", pid=self._pid)
+        memory.write(self._pid, addr, data)
+
+    def scratch(self, n: int) -> int:
+        """Address of N bytes (16-aligned) on the thread's stack below the red
+        zone; valid until the borrow ends; nothing to free.  For small things
+        (names, out-values): MAX_SCRATCH bytes in all; output buffers come
+        from ``buffer``."""
+        fr = self._th.frame
+        low = (fr.scratch_low - int(n)) & ~(self._caller.arch.STACK_ALIGN - 1)
+        if fr.scratch_top - low - fr.stack_buffers > self._max_scratch:
+            raise RemoteCallError(f"stack scratch limit {self._max_scratch} bytes "
+                                  "exceeded (use Call.buffer for output buffers)",
+                                  pid=self._pid)
+        fr.scratch_low = low
+        return low
+
+    def buffer(self, n: int) -> int:
+        """Address of N bytes for an output buffer, starting with a NUL:
+        a private anonymous mapping the thread makes (one mmap call),
+        unmapped (one munmap call) before the thread is released -- or,
+        when the thread's measured stack room holds the buffer with the
+        callee's need and STACK_BUFFER_SPARE to spare, below the scratch on
+        its stack.  Never a stack without that room."""
+        return self._caller.buffer(self._th, n)
+
+    def cstring(self, addr: int, limit: int = 1 << 20) -> bytes:
+        """The NUL-terminated string at ADDR, cut at LIMIT bytes.  Each read
+        (up to CSTRING_CHUNK) ends on a page boundary, so it can fault only on
+        a page past the string's end; such a read is retried up to its first
+        page boundary."""
+        out, total = [], 0
+        while total < limit:
+            n = min(CSTRING_CHUNK - addr % PAGE_SIZE, limit - total)
+            try:
+                data = memory.read(self._pid, addr, n)
+            except memory.MemoryFault:
+                data = memory.read(self._pid, addr, min(PAGE_SIZE - addr % PAGE_SIZE, n))
+            i = data.find(b"\0")
+            if i >= 0:
+                out.append(data[:i])
+                break
+            out.append(data)
+            total += len(data)
+            addr += len(data)
+        return b"".join(out)

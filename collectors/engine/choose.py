@@ -31,6 +31,11 @@ ERESTART = safepoints.ERESTART
 # skips (128), 64 bytes of gap, MAX_SCRATCH of small scratch, the call frame
 # (return address and stack arguments) and alignment.
 FRAME_BUDGET = 4 * 1024
+# /proc/PID/task/TID/syscall (fs/proc/base.c proc_pid_syscall): "nr a0..a5 sp pc",
+# or "-1 sp pc" in user code, or "running"
+SYSCALL_LINE_FIELDS = 9
+SYSCALL_ARGS = slice(1, 7)
+MS_PER_S = 1000.0
 STAT_PROCESSOR_FIELD = 36     # /proc/PID/stat field 39 (processor), after "comm)"
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
@@ -52,7 +57,7 @@ def exec_start(sched: bytes) -> float | None:
     """se.exec_start (ms, the task's scheduler clock) from /proc/.../sched."""
     for line in sched.splitlines():
         if line.startswith(b"se.exec_start"):
-            return float(line.split(b":")[1]) / 1000.0
+            return float(line.split(b":")[1]) / MS_PER_S
     return None
 
 
@@ -131,9 +136,9 @@ class Chooser:
         args: tuple[int, ...] = ()
         if sc and sc[0] != b"running":
             nr = int(sc[0])
-            if len(sc) >= 9:
-                args = tuple(int(x, 16) for x in sc[1:7])
-                sp, pc = int(sc[7], 16), int(sc[8], 16)
+            if len(sc) >= SYSCALL_LINE_FIELDS:
+                args = tuple(int(x, 16) for x in sc[SYSCALL_ARGS])
+                sp, pc = int(sc[-2], 16), int(sc[-1], 16)
             elif len(sc) >= 3:
                 sp, pc = int(sc[-2], 16), int(sc[-1], 16)
         return Facts(state, nr, args, sp, pc, comm)

@@ -74,32 +74,30 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from collectors.engine import abi, arch, memory, ptrace, safepoints
-from collectors.engine.callframe import Caller, Stats
+from collectors.engine import abi, arch, ptrace, safepoints
+from collectors.engine.callframe import MAX_SCRATCH, Call, Caller, Stats
 from collectors.engine.choose import FRAME_BUDGET, Chooser
 from collectors.engine.safepoints import Reason, Refusal
-from collectors.engine.tracee import (REGISTRY, Registry, SigInfo, Skip, Stop, StopKind,
+from collectors.engine.tracee import (REGISTRY, STOPPED_MSG, Registry, SigInfo, Skip, Stop,
                                       Thread, Tracer, boost, detach_orphans,
                                       is_quarantined, quarantine_reason, read_bytes,
-                                      reap_orphans, status_fields, our_ids, unboost)
+                                      reap_orphans, unboost)
 from collectors.proc.maps import parse_maps
 from collectors.proc.stat import start_time
-from diag.model.errors import NoSuchProcess, Quarantined, RemoteCallError
+from diag.model.errors import NoSuchProcess, RemoteCallError
 
 __all__ = ["RemoteProcess", "Call", "is_quarantined", "quarantine_reason",
            "detach_orphans", "text_ranges", "DEFAULT_STACK_NEED", "MAX_SCRATCH"]
 
 log = logging.getLogger("collectors.engine")
 
-MAX_SCRATCH = 3 * 1024
 # The callee's own stack need when the caller declares none (calls whose
 # need was not measured: keep the engine's historical 16 KiB head-room).
 DEFAULT_STACK_NEED = 16 * 1024
-CSTRING_CHUNK = 64 * 1024   # bytes per process_vm_readv in Call.cstring (page-aligned ends)
-PAGE_SIZE = abi.PAGE_SIZE
+# Bytes at the top of a running thread's stack scanned for return addresses
+# into forbidden text.
+STACK_WINDOW = 2048
 TIMERSLACK_NS = 1000        # the tracer's sleeps while it waits (ptrace.set_timerslack_ns)
-STOPPED_MSG = ("the process is stopped (SIGSTOP / job control); allocdiag never "
-               "resumes a stopped process: send it SIGCONT first")
 
 # names kept for callers and tests
 _load_arch = arch.load
@@ -139,7 +137,8 @@ class RemoteProcess:
 
     def __init__(self, pid: int, *, forbidden_ranges: Iterable[tuple[int, int, str]] = (),
                  deadline_s: float = 2.0, procfs: str = "/proc", call_timeout_s: float = 1.0,
-                 block_signals: bool = True, boost: bool = True, stack_window: int = 2048,
+                 block_signals: bool = True, boost: bool = True,
+                 stack_window: int = STACK_WINDOW,
                  stack_need: int = DEFAULT_STACK_NEED,
                  mapper: Sequence[int | None] | None = None,
                  go_runtime: safepoints.GoRuntime | None = None,
@@ -213,29 +212,7 @@ class RemoteProcess:
         return read_bytes(f"{self.procfs}/{self.pid}/auxv", self.pid)
 
     def _preflight(self) -> None:
-        reason = quarantine_reason(self.pid, self.procfs)
-        if reason:
-            raise Quarantined(f"no remote calls: {reason}", pid=self.pid)
-        st = status_fields(read_bytes(f"{self.procfs}/{self.pid}/status", self.pid))
-        if start_time(self.pid, self.procfs) != self._tracer.start:
-            raise NoSuchProcess(self.pid, "the process exited (pid reused)")
-        state = st.get("State", "?")[:1]
-        if state in ("Z", "X"):
-            raise NoSuchProcess(self.pid, "the process exited (zombie)")
-        if state == "T":
-            raise RemoteCallError(STOPPED_MSG, pid=self.pid)
-        tracer = int(st.get("TracerPid", "0") or 0)
-        if tracer and tracer not in our_ids():
-            raise RemoteCallError(f"the process is already traced by pid {tracer} "
-                                  "(a debugger?)", pid=self.pid)
-        if int(st.get("SigIgn", "0"), 16) & abi.sigbit(signal.SIGSEGV):
-            raise RemoteCallError(
-                "the process ignores SIGSEGV; the return trap of a remote call "
-                "would reset it to the default action, so no remote calls are made",
-                pid=self.pid)
-        if self._tracer.exec_changed():
-            raise RemoteCallError("the process executed a new program (exec) since "
-                                  "it was opened; open it again", pid=self.pid)
+        self._tracer.preflight()
 
     # ---- signal blocking in allocdiag -----------------------------------------
     def _block(self) -> set[int | signal.Signals] | None:
@@ -345,7 +322,7 @@ class RemoteProcess:
                 self._stats.boundary_stops += 1
             self._stats.borrows += 1
             boosted = boost(th.tid) if self.boost else None
-            yield Call(self, th)
+            yield Call(self._caller, th, self.MAX_SCRATCH)
         finally:
             try:
                 try:
@@ -360,79 +337,3 @@ class RemoteProcess:
                              v.restart_rax is not None, "boundary": v.boundary,
                              "calls": th.frame.calls, "group_stop_seen": th.group_stop_seen}
                 self._unblock(old)
-
-
-class Call:
-    """A borrowed thread (yielded by RemoteProcess.borrow)."""
-
-    def __init__(self, rp: RemoteProcess, th: Thread) -> None:
-        self._rp = rp
-        self._th = th
-        self.tid = th.tid
-        self.kind = th.verdict.kind
-        self.syscall = th.verdict.syscall
-        self.category = th.verdict.category  # safepoints.RESTARTABLE|EPOLL|FUTEX|GO_RUNTIME|RUNNING
-        self.max_args = rp.arch.MAX_ARGS
-
-    def call(self, func_addr: int, *args: int, timeout_s: float | None = None) -> int:
-        """Call FUNC_ADDR(*ARGS) (integer args) in the thread; returns rax."""
-        return self._rp._caller.call(self._th, int(func_addr), tuple(args), timeout_s)
-
-    def read(self, addr: int, n: int) -> bytes:
-        return memory.read(self._rp.pid, addr, n)
-
-    def write(self, addr: int, data: bytes) -> None:
-        """Write DATA at ADDR, which must lie in this borrow's scratch or
-        buffers (the only target memory allocdiag writes outside a call
-        frame: docs/target-writes.md)."""
-        fr, n = self._th.frame, len(data)
-        inside = fr.scratch_low <= addr and addr + n <= fr.scratch_top or any(
-            m <= addr and addr + n <= m + size for m, size in fr.buffers)
-        if not inside:
-            raise RemoteCallError(f"refusing to write {n} bytes at {addr:#x}: not in this "
-                                  "call's scratch or buffers", pid=self._rp.pid)
-        memory.write(self._rp.pid, addr, data)
-
-    def scratch(self, n: int) -> int:
-        """Address of N bytes (16-aligned) on the thread's stack below the red
-        zone; valid until the borrow ends; nothing to free.  For small things
-        (names, out-values): MAX_SCRATCH bytes in all; output buffers come
-        from ``buffer``."""
-        fr = self._th.frame
-        low = (fr.scratch_low - int(n)) & ~(self._rp.arch.STACK_ALIGN - 1)
-        if fr.scratch_top - low - fr.stack_buffers > self._rp.MAX_SCRATCH:
-            raise RemoteCallError(f"stack scratch limit {self._rp.MAX_SCRATCH} bytes "
-                                  "exceeded (use Call.buffer for output buffers)",
-                                  pid=self._rp.pid)
-        fr.scratch_low = low
-        return low
-
-    def buffer(self, n: int) -> int:
-        """Address of N bytes for an output buffer, starting with a NUL:
-        a private anonymous mapping the thread makes (one mmap call),
-        unmapped (one munmap call) before the thread is released -- or,
-        when the thread's measured stack room holds the buffer with the
-        callee's need and STACK_BUFFER_SPARE to spare, below the scratch on
-        its stack.  Never a stack without that room."""
-        return self._rp._caller.buffer(self._th, n)
-
-    def cstring(self, addr: int, limit: int = 1 << 20) -> bytes:
-        """The NUL-terminated string at ADDR, cut at LIMIT bytes.  Each read
-        (up to CSTRING_CHUNK) ends on a page boundary, so it can fault only on
-        a page past the string's end; such a read is retried up to its first
-        page boundary."""
-        out, total = [], 0
-        while total < limit:
-            n = min(CSTRING_CHUNK - addr % PAGE_SIZE, limit - total)
-            try:
-                data = memory.read(self._rp.pid, addr, n)
-            except memory.MemoryFault:
-                data = memory.read(self._rp.pid, addr, min(PAGE_SIZE - addr % PAGE_SIZE, n))
-            i = data.find(b"\0")
-            if i >= 0:
-                out.append(data[:i])
-                break
-            out.append(data)
-            total += len(data)
-            addr += len(data)
-        return b"".join(out)

@@ -159,24 +159,23 @@ def refusal(code: Reason, subject: str | None = None, **args: Any) -> Refusal:
 # Linux 6.18: -ERESTARTSYS for accept/accept4/recvfrom/recvmsg/wait4/waitid/
 # read; -ERESTARTNOHAND for pause/rt_sigsuspend/select/pselect6/ppoll;
 # -ERESTART_RESTARTBLOCK for nanosleep/clock_nanosleep/poll with a timeout).
-RESTARTABLE_WAITS = {
-    0: "read", 7: "poll", 23: "select", 34: "pause", 35: "nanosleep",
-    43: "accept", 45: "recvfrom", 47: "recvmsg", 61: "wait4", 130: "rt_sigsuspend",
-    230: "clock_nanosleep", 247: "waitid", 270: "pselect6", 271: "ppoll", 288: "accept4",
-}
+NR = arch_x86_64.NR
+RESTARTABLE_WAITS = {NR[n]: n for n in (
+    "read", "poll", "select", "pause", "nanosleep", "accept", "recvfrom", "recvmsg",
+    "wait4", "rt_sigsuspend", "clock_nanosleep", "waitid", "pselect6", "ppoll", "accept4")}
 # Waits that return a plain -EINTR after a ptrace stop (fs/eventpoll.c ep_poll,
 # kernel/signal.c do_sigtimedwait): restored with rax = -ERESTARTNOHAND.
-EPOLL_WAITS = {232: "epoll_wait", 281: "epoll_pwait", 441: "epoll_pwait2",
-               128: "rt_sigtimedwait"}
+EPOLL_WAITS = {NR[n]: n for n in (
+    "epoll_wait", "epoll_pwait", "epoll_pwait2", "rt_sigtimedwait")}
 # Epoll-family waits' relative timeouts (argument index), which a restart
 # would otherwise start again in full: milliseconds (int) in a register, or
 # a struct timespec pointer (include/linux/syscalls.h).
-TIMEOUT_MS_ARG = {232: 3, 281: 3}            # epoll_wait, epoll_pwait
-TIMESPEC_ARG = {441: 3, 128: 2}              # epoll_pwait2, rt_sigtimedwait
-NR_futex = 202
-NR_semop, NR_semtimedop = 65, 220
-NR_futex_waitv = 449
-NR_restart_syscall = 219
+TIMEOUT_MS_ARG = {NR["epoll_wait"]: 3, NR["epoll_pwait"]: 3}
+TIMESPEC_ARG = {NR["epoll_pwait2"]: 3, NR["rt_sigtimedwait"]: 2}
+NR_futex = NR["futex"]
+NR_semop, NR_semtimedop = NR["semop"], NR["semtimedop"]
+NR_futex_waitv = NR["futex_waitv"]
+NR_restart_syscall = NR["restart_syscall"]
 
 # Waits that may be given back with rax = -ERESTARTNOHAND when a stop left
 # -EINTR in rax: a -EINTR from them means "interrupted, nothing done".
@@ -510,7 +509,7 @@ class StackJudge:
 # restart_syscall against the original deadline); Go's futexsleep callers
 # loop over spurious wakeups anyway.
 
-NR_nanosleep = 35
+NR_nanosleep = NR["nanosleep"]
 # stub (Go symbol, .abi0 suffix optional) -> the syscall it makes
 GO_STUBS = {"runtime.futex": NR_futex, "runtime.usleep": NR_nanosleep}
 GO_NOTE_VALUE = 0                 # runtime/lock_futex.go: notes sleep on key 0

@@ -33,10 +33,13 @@ from collectors.engine.arch import Arch, Regs
 from collectors.engine.safepoints import Reason, Refusal, refusal
 from collectors.engine.stackbounds import Bounds
 from collectors.proc.stat import start_time
-from diag.model.errors import (AccessDenied, AllocdiagError, NoSuchProcess,
+from diag.model.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,
                                RemoteCallError)
 
 log = logging.getLogger("collectors.engine")
+
+STOPPED_MSG = ("the process is stopped (SIGSTOP / job control); allocdiag never "
+               "resumes a stopped process: send it SIGCONT first")
 
 # the ptrace functions other code uses, from the lifetime module
 seize = ptrace.seize
@@ -385,6 +388,33 @@ class Tracer:
         self._read_auxv = auxv
         self._auxv = auxv()
         self.spin_s = self.SPIN_S
+
+    def preflight(self) -> None:
+        """Checks before any stop: not quarantined, the same program still
+        running, not stopped, traced by no one else, SIGSEGV not ignored."""
+        reason = quarantine_reason(self.pid, self.procfs)
+        if reason:
+            raise Quarantined(f"no remote calls: {reason}", pid=self.pid)
+        st = status_fields(read_bytes(f"{self.procfs}/{self.pid}/status", self.pid))
+        if start_time(self.pid, self.procfs) != self.start:
+            raise NoSuchProcess(self.pid, "the process exited (pid reused)")
+        state = st.get("State", "?")[:1]
+        if state in ("Z", "X"):
+            raise NoSuchProcess(self.pid, "the process exited (zombie)")
+        if state == "T":
+            raise RemoteCallError(STOPPED_MSG, pid=self.pid)
+        tracer = int(st.get("TracerPid", "0") or 0)
+        if tracer and tracer not in our_ids():
+            raise RemoteCallError(f"the process is already traced by pid {tracer} "
+                                  "(a debugger?)", pid=self.pid)
+        if int(st.get("SigIgn", "0"), 16) & abi.sigbit(signal.SIGSEGV):
+            raise RemoteCallError(
+                "the process ignores SIGSEGV; the return trap of a remote call "
+                "would reset it to the default action, so no remote calls are made",
+                pid=self.pid)
+        if self.exec_changed():
+            raise RemoteCallError("the process executed a new program (exec) since "
+                                  "it was opened; open it again", pid=self.pid)
 
     def task(self, tid: int, leaf: str) -> str:
         return f"{self.procfs}/{self.pid}/task/{tid}/{leaf}"
