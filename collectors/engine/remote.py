@@ -163,8 +163,8 @@ class RemoteProcess:
         self._caller = Caller(self._tracer, call_timeout_s=float(call_timeout_s),
                               block_signals=bool(block_signals), mapper=mapper,
                               unsafe=self._unsafe, stats=self._stats)
-        maps = parse_maps(read_bytes(f"{procfs}/{self.pid}/maps", self.pid))
-        if maps and maps[0].start == 0:
+        first = read_bytes(f"{procfs}/{self.pid}/maps", self.pid).split(b"\n", 1)[0]
+        if any(m.start == 0 for m in parse_maps(first)):
             raise RemoteCallError("address 0 is mapped in the target, so the "
                                   "return-to-0 trap cannot work; no remote calls",
                                   pid=self.pid)
