@@ -166,3 +166,29 @@ def test_engine_modules_import_no_circle():
     for mod in graph:
         visit(mod, [])
     assert "tracee" not in graph["memory"]
+
+
+def test_debug_lines_name_the_decisions(sp, caplog):  # noqa: F811
+    """The "collectors.engine" logger says, per tid: the refusal (with its
+    code) of a thread it will not stop, the seize, the chosen thread with its
+    category, each call and its µs, the release's pause and the detach."""
+    import logging
+    t, a = sp("mutex")
+    parked(t, a, NR_FUTEX)
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))
+    getpid = None
+    from collectors.binary.image import ProcessImage
+    from collectors.livestats import Resolver
+    getpid = Resolver(ProcessImage(t.pid)).libc("getpid")
+    with caplog.at_level(logging.DEBUG, logger="collectors.engine"):
+        with rp.borrow() as c:
+            assert c.call(getpid) == t.pid
+    text = "\n".join(r.getMessage() for r in caplog.records if r.name == "collectors.engine")
+    main = a["main"]
+    assert f"tid {a['tid']} refused before any stop: wait-refused" in text
+    assert f"tid {main} seized" in text
+    assert f"tid {main} chosen: restartable read" in text
+    assert f"tid {main} call {getpid:#x}" in text and "returned" in text
+    assert f"tid {main} released after" in text
+    assert f"tid {main} detached" in text
+    assert_released(t.pid)

@@ -77,6 +77,7 @@ from typing import Any
 from collectors.engine import abi, arch, ptrace, safepoints
 from collectors.engine.callframe import MAX_SCRATCH, Call, Caller, Stats
 from collectors.engine.choose import FRAME_BUDGET, Chooser
+from collectors.engine.memory import MemoryReader
 from collectors.engine.safepoints import Reason, Refusal
 from collectors.engine.tracee import (REGISTRY, STOPPED_MSG, Registry, SigInfo, Skip, Stop,
                                       Thread, Tracer, boost, detach_orphans,
@@ -103,7 +104,8 @@ TIMERSLACK_NS = 1000        # the tracer's sleeps while it waits (ptrace.set_tim
 _load_arch = arch.load
 _quarantine = REGISTRY.quarantine
 _reap_orphans = reap_orphans
-__all__ += ["Registry", "REGISTRY", "SigInfo", "Stop", "FRAME_BUDGET", "Reason", "Refusal"]
+__all__ += ["Registry", "REGISTRY", "SigInfo", "Stop", "FRAME_BUDGET", "Reason", "Refusal",
+            "MemoryReader"]
 
 
 def text_ranges(pid: int, names: Iterable[str], procfs: str = "/proc"
