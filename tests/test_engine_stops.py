@@ -74,6 +74,7 @@ def test_fault_is_told_from_the_return_trap(child):
     regs = a.get_regs(pid, pid)
     new = a.copy_regs(regs)
     new.rip = 0                       # "return" to 0: the engine's trap
+    new.orig_rax = (1 << 64) - 1      # no syscall restart (it would move rip back 2)
     a.set_regs(pid, pid, new)
     ptrace.cont(pid, pid, 0)
     stop = tracee.classify_stop(_status(pid), pid, pid, a)

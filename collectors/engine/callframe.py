@@ -134,7 +134,9 @@ class Caller:
         self.arch.set_regs(th.tid, self.pid, new)
         timeout = self.call_timeout_s if timeout_s is None else float(timeout_s)
         t0 = time.monotonic()
-        log.debug("pid %d tid %d call %#x%s", self.pid, th.tid, func, args)
+        debug = log.isEnabledFor(logging.DEBUG)    # once: this is inside the stop
+        if debug:
+            log.debug("pid %d tid %d call %#x%s", self.pid, th.tid, func, args)
         try:
             regs = self.resume_until_trap(th, t0 + timeout)
         except Crash as c:
@@ -148,8 +150,9 @@ class Caller:
         th.frame.calls += 1
         self.stats.calls += 1
         rv = self.arch.return_value(regs)
-        log.debug("pid %d tid %d call %#x returned %#x after %d us", self.pid, th.tid, func,
-                  rv, int((time.monotonic() - t0) * 1e6))
+        if debug:
+            log.debug("pid %d tid %d call %#x returned %#x after %d us", self.pid, th.tid,
+                      func, rv, int((time.monotonic() - t0) * 1e6))
         return rv
 
     def check_frame(self, th: Thread, writes: Sequence[tuple[int, bytes]], lowest_used: int
@@ -357,8 +360,9 @@ class Caller:
                 us = int((time.monotonic() - th.t_stop) * 1e6)
                 self.record.pause_us.append(us)
                 self.stats.pause_us_total += us
-                log.debug("pid %d tid %d released after %d us, %d calls", self.pid, th.tid,
-                          us, th.frame.calls)
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("pid %d tid %d released after %d us, %d calls", self.pid,
+                              th.tid, us, th.frame.calls)
             self.record.held_signals.extend(h.as_dict() for h in th.held)
 
 

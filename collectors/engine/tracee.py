@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from collectors.engine import abi, memory, ptrace
 from collectors.engine.arch import Arch, Regs
@@ -90,10 +90,10 @@ class WaitKind(enum.Enum):
     UNKNOWN = "unknown"
 
 
-@dataclass(frozen=True)
-class WaitStatus:
+class WaitStatus(NamedTuple):
     """A decoded waitpid status: KIND, the exit status / signal, and the
-    ptrace event (status >> 16) of a stop."""
+    ptrace event (status >> 16) of a stop.  (NamedTuples: made at every
+    stop, inside the stop window.)"""
 
     kind: WaitKind
     sig: int
@@ -123,8 +123,7 @@ class StopKind(enum.Enum):
     TIMEOUT = "timeout"          # nothing by the deadline (the thread still runs)
 
 
-@dataclass(frozen=True)
-class Stop:
+class Stop(NamedTuple):
     """A classified tracee stop."""
 
     kind: StopKind
