@@ -314,6 +314,11 @@ class PagedMemory:
 _StackCache = PagedMemory       # the old name
 
 
+class CFAExpression(UnwindError):
+    """The CFA is given as a DWARF expression (PLT stubs, signal frames):
+    the walk cannot continue (the remote engine refuses such a stack)."""
+
+
 class BeyondCopy(UnwindError):
     """A walk needed a stack word outside a sampled stack copy."""
 
@@ -440,7 +445,7 @@ class Unwinder:
             # that ends with a call (noreturn): look it up at pc - 1.
             cfa_rule, rules = self._table(m, parse).row(vaddr if depth == 0 else vaddr - 1)
             if cfa_rule.expr is not None or cfa_rule.reg is None:
-                raise UnwindError(f"CFA given as an expression at "
+                raise CFAExpression(f"CFA given as an expression at "
                                   f"{os.path.basename(m.path)}+{vaddr:#x}")
             base = regs.get(cfa_rule.reg)
             if base is None:

@@ -35,9 +35,13 @@ interrupted syscall to restart; ``rax = 0`` (also "no vector args" for
 varargs); the direction and trap flags are cleared.
 """
 
-import ctypes
+from __future__ import annotations
 
-from collectors.engine import tracee as ptrace
+import ctypes
+import signal
+from typing import Any
+
+from collectors.engine import abi, ptrace
 
 NAME = "x86_64"
 WORD = 8
@@ -45,45 +49,80 @@ RED_ZONE = 128
 STACK_ALIGN = 16
 MASK64 = (1 << 64) - 1
 
-# Names of syscalls for messages.  Which waits are safe points is policy,
-# in collectors.engine.safepoints (x86-64 numbers there too).
-IDLE_SYSCALLS = {
-    0: "read", 7: "poll", 23: "select", 34: "pause", 35: "nanosleep",
-    230: "clock_nanosleep", 270: "pselect6", 271: "ppoll",
+# The x86-64 syscall numbers the engine names (arch/x86/entry/syscalls/
+# syscall_64.tbl): the one table; which waits are safe points is policy, in
+# collectors.engine.safepoints, by these names.
+NR = {
+    "read": 0, "write": 1, "poll": 7, "mmap": 9, "mprotect": 10, "munmap": 11,
+    "brk": 12, "pread64": 17, "readv": 19, "select": 23, "sched_yield": 24,
+    "mremap": 25, "madvise": 28, "pause": 34, "nanosleep": 35, "accept": 43,
+    "recvfrom": 45, "recvmsg": 47, "clone": 56, "wait4": 61, "semop": 65,
+    "rt_sigtimedwait": 128, "rt_sigsuspend": 130, "futex": 202,
+    "restart_syscall": 219, "semtimedop": 220, "clock_nanosleep": 230,
+    "epoll_wait": 232, "waitid": 247, "pselect6": 270, "ppoll": 271,
+    "epoll_pwait": 281, "accept4": 288, "clone3": 435, "epoll_pwait2": 441,
+    "futex_waitv": 449,
 }
+SYSCALL_NAMES = {nr: name for name, nr in NR.items()}   # for messages
 
 # restart_syscall(2): what a thread runs when a sleep with a restart block
 # (nanosleep, clock_nanosleep, poll) or a futex wait with a timeout was
 # interrupted -- by an earlier stop, allocdiag's or anyone's -- and resumed.
 # Judged like any other wait (collectors.engine.safepoints.classify_restart).
-RESTART_SYSCALL = 219
+RESTART_SYSCALL = NR["restart_syscall"]
 
-SYSCALL_NAMES = dict(IDLE_SYSCALLS)
-SYSCALL_NAMES.update({219: "restart_syscall",
-    1: "write", 9: "mmap", 10: "mprotect", 11: "munmap", 12: "brk", 28: "madvise",
-    25: "mremap", 56: "clone", 435: "clone3", 202: "futex", 232: "epoll_wait",
-    281: "epoll_pwait", 441: "epoll_pwait2", 128: "rt_sigtimedwait",
-    65: "semop", 220: "semtimedop", 61: "wait4", 43: "accept", 288: "accept4",
-    45: "recvfrom", 47: "recvmsg", 24: "sched_yield", 17: "pread64", 19: "readv",
-    130: "rt_sigsuspend", 247: "waitid", 449: "futex_waitv",
-})
-
-SIGSEGV = 11
+SIGSEGV = signal.SIGSEGV
+# eflags bits (arch/x86/include/uapi/asm/processor-flags.h X86_EFLAGS_TF, _DF)
 _EFLAGS_TF = 0x100
 _EFLAGS_DF = 0x400
+# __USER_CS (arch/x86/include/asm/segment.h): 64-bit user code
+USER_CS_64 = 0x33
+# the `syscall` instruction (Intel SDM vol. 2B)
+SYSCALL_INSN = b"\x0f\x05"
+
+
+REG_NAMES = (
+    "r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8",
+    "rax", "rcx", "rdx", "rsi", "rdi", "orig_rax", "rip", "cs", "eflags",
+    "rsp", "ss", "fs_base", "gs_base", "ds", "es", "fs", "gs")
 
 
 class user_regs_struct(ctypes.Structure):
     """<sys/user.h> struct user_regs_struct (x86-64)."""
 
-    _fields_ = [(n, ctypes.c_ulonglong) for n in (
-        "r15", "r14", "r13", "r12", "rbp", "rbx", "r11", "r10", "r9", "r8",
-        "rax", "rcx", "rdx", "rsi", "rdi", "orig_rax", "rip", "cs", "eflags",
-        "rsp", "ss", "fs_base", "gs_base", "ds", "es", "fs", "gs")]
+    _fields_ = [(n, ctypes.c_ulonglong) for n in REG_NAMES]
+    # the fields as Python sees them (ctypes converts c_ulonglong to int)
+    r15: int
+    r14: int
+    r13: int
+    r12: int
+    rbp: int
+    rbx: int
+    r11: int
+    r10: int
+    r9: int
+    r8: int
+    rax: int
+    rcx: int
+    rdx: int
+    rsi: int
+    rdi: int
+    orig_rax: int
+    rip: int
+    cs: int
+    eflags: int
+    rsp: int
+    ss: int
+    fs_base: int
+    gs_base: int
+    ds: int
+    es: int
+    fs: int
+    gs: int
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "user_regs_struct(" + ", ".join(
-            f"{n}={getattr(self, n):#x}" for n, _ in self._fields_) + ")"
+            f"{n}={getattr(self, n):#x}" for n in REG_NAMES) + ")"
 
 
 ARG_REGS = ("rdi", "rsi", "rdx", "rcx", "r8", "r9")
@@ -92,65 +131,67 @@ ARG_REGS = ("rdi", "rsi", "rdx", "rcx", "r8", "r9")
 # (AVX-512 makes it ~2.7 KiB, AMX ~11 KiB).  GETREGSET shrinks iov_len to the
 # real size; SETREGSET must be given exactly that size.  Learnt once.
 _XSTATE_PROBE = 1 << 16
-_xstate_size = None
+_xstate_size: int | None = None
 
 
-def _signed(v):
+def _signed(v: int) -> int:
     return v - (1 << 64) if v & (1 << 63) else v
 
 
-def get_regs(tid, pid):
-    return ptrace.getregs(tid, pid, user_regs_struct())
+def get_regs(tid: int, pid: int) -> user_regs_struct:
+    regs = user_regs_struct()
+    ptrace.getregs(tid, pid, regs)
+    return regs
 
 
-def set_regs(tid, pid, regs):
+def set_regs(tid: int, pid: int, regs: user_regs_struct) -> None:
     ptrace.setregs(tid, pid, regs)
 
 
-def copy_regs(regs):
+def copy_regs(regs: user_regs_struct) -> user_regs_struct:
     new = user_regs_struct()
     ctypes.memmove(ctypes.addressof(new), ctypes.addressof(regs), ctypes.sizeof(regs))
     return new
 
 
-def regs_equal(a, b):
+def regs_equal(a: user_regs_struct, b: user_regs_struct) -> bool:
     return bytes(a) == bytes(b)
 
 
-def get_ext_state(tid, pid):
+def get_ext_state(tid: int, pid: int) -> bytes:
     global _xstate_size
     size = _xstate_size or _XSTATE_PROBE
     buf = ctypes.create_string_buffer(size)
-    data = ptrace.getregset(tid, pid, ptrace.NT_X86_XSTATE, buf)
+    data = ptrace.getregset(tid, pid, abi.NT_X86_XSTATE, buf)
     if _xstate_size is None:
         _xstate_size = len(data)
     return data
 
 
-def set_ext_state(tid, pid, blob):
-    ptrace.setregset(tid, pid, ptrace.NT_X86_XSTATE, blob)
+def set_ext_state(tid: int, pid: int, blob: bytes) -> None:
+    ptrace.setregset(tid, pid, abi.NT_X86_XSTATE, blob)
 
 
-def pc(regs):
+def pc(regs: user_regs_struct) -> int:
     return regs.rip
 
 
-def sp(regs):
+def sp(regs: user_regs_struct) -> int:
     return regs.rsp
 
 
-def thread_pointer(regs):
+def thread_pointer(regs: user_regs_struct) -> int:
     """The thread pointer (fs_base): glibc's struct pthread of the thread."""
     return regs.fs_base
 
 
-def syscall_state(regs):
+def syscall_state(regs: user_regs_struct) -> tuple[int, int]:
     """(syscall number or -1, signed rax).  At a stop inside a blocking syscall
     rax is -ERESTART*; at a stop just after one completed it is its result."""
     return _signed(regs.orig_rax), _signed(regs.rax)
 
 
-def syscall_args(regs):
+def syscall_args(regs: user_regs_struct) -> tuple[int, ...]:
     """The six syscall arguments (rdi, rsi, rdx, r10, r8, r9): still in their
     registers at a stop inside the syscall (only rax, rcx, r11 change)."""
     return (regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9)
@@ -159,19 +200,20 @@ def syscall_args(regs):
 _SYSCALL_ARG_REGS = ("rdi", "rsi", "rdx", "r10", "r8", "r9")
 
 
-def set_syscall_arg(regs, i, value):
+def set_syscall_arg(regs: user_regs_struct, i: int, value: int) -> None:
     """Set syscall argument I (0-5) in REGS, for a restart."""
     setattr(regs, _SYSCALL_ARG_REGS[i], int(value) & MASK64)
 
 
-def code_segment(regs):
+def code_segment(regs: user_regs_struct) -> int:
     return regs.cs
 
 
 MAX_ARGS = 12   # six in registers, the rest on the stack
 
 
-def prepare_call(regs, func, args, top):
+def prepare_call(regs: user_regs_struct, func: int, args: tuple[int, ...], top: int
+                 ) -> tuple[user_regs_struct, list[tuple[int, bytes]], int]:
     """Registers and memory writes for calling FUNC(*ARGS) with the frame
     entirely below address TOP (which the engine already put below the red
     zone and its scratch).  Returns (new_regs, [(addr, bytes)], lowest_addr)."""
@@ -195,16 +237,16 @@ def prepare_call(regs, func, args, top):
     return new, [(sp_, frame)], sp_
 
 
-def return_value(regs):
+def return_value(regs: user_regs_struct) -> int:
     return regs.rax
 
 
-def is_return_trap(regs, siginfo):
+def is_return_trap(regs: user_regs_struct, siginfo: Any) -> bool:
     """The function executed ``ret`` into our 0 return address: a kernel
     generated SIGSEGV (si_code > 0) for address 0 with rip 0."""
-    return (siginfo.signo == SIGSEGV and siginfo.code > 0
-            and siginfo.addr == 0 and regs.rip == 0)
+    return bool(siginfo.signo == SIGSEGV and siginfo.code > 0
+                and siginfo.addr == 0 and regs.rip == 0)
 
 
-def describe(regs):
+def describe(regs: user_regs_struct) -> str:
     return f"rip={regs.rip:#x} rsp={regs.rsp:#x} orig_rax={_signed(regs.orig_rax)}"

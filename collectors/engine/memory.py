@@ -19,18 +19,23 @@ Error semantics, per call:
 
 - ``read(addr, n)`` raises ``MemoryFault`` (a RemoteCallError) when any of
   the N bytes is not mapped or not accessible; NoSuchProcess /
-  AccessDenied as translated by ``ptrace.translate_errno``.
+  AccessDenied as translated by ``collectors.proc.oserror.translate``.
 - ``try_read(addr, n)`` returns None instead of raising MemoryFault (the
   process being gone still raises NoSuchProcess).
 - ``MemoryReader`` (the historical class name) reads through /proc/PID/mem
   and its ``read`` is ``try_read``: its callers treat None as "not mapped".
 """
 
+from __future__ import annotations
+
 import ctypes
 import errno
 import os
 import struct
+from types import TracebackType
+from typing import Callable
 
+from collectors.proc import oserror
 from diag.model.errors import AccessDenied, NoSuchProcess, RemoteCallError
 
 __all__ = ["MemoryFault", "ProcessMemory", "MemoryReader", "read", "try_read", "write"]
@@ -53,25 +58,25 @@ for _f in (_pvr, _pvw):
                    ctypes.POINTER(_iovec), ctypes.c_ulong, ctypes.c_ulong]
 
 
-def _vm(fn, pid, addr, buf, n, what):
-    from collectors.engine import tracee as ptrace
+def _vm(fn: Callable[..., int], pid: int, addr: int, buf: ctypes.Array[ctypes.c_char],
+        n: int, what: str) -> int:
     local = _iovec(ctypes.addressof(buf), n)
     remote = _iovec(addr, n)
     ctypes.set_errno(0)
-    got = fn(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    got: int = fn(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
     if got == -1:
         err = ctypes.get_errno()
         if err == errno.EFAULT:
             raise MemoryFault(f"{what} {n} bytes at {addr:#x}: address not mapped "
                               "or not accessible in the target", pid=pid)
-        raise ptrace.translate_errno(err, pid, what)
+        raise oserror.translate(err, pid, what, traced=True)
     if got != n:
         raise MemoryFault(f"{what} {n} bytes at {addr:#x}: only {got} bytes "
                           "accessible", pid=pid)
     return got
 
 
-def read(pid, addr, n):
+def read(pid: int, addr: int, n: int) -> bytes:
     """N bytes at ADDR in PID (process_vm_readv); raises MemoryFault."""
     if n == 0:
         return b""
@@ -80,7 +85,7 @@ def read(pid, addr, n):
     return buf.raw
 
 
-def try_read(pid, addr, n):
+def try_read(pid: int, addr: int, n: int) -> bytes | None:
     """Like ``read`` but None when the bytes are not all accessible."""
     try:
         return read(pid, addr, n)
@@ -88,7 +93,7 @@ def try_read(pid, addr, n):
         return None
 
 
-def write(pid, addr, data):
+def write(pid: int, addr: int, data: bytes) -> None:
     """Write DATA at ADDR in PID (process_vm_writev); raises MemoryFault."""
     data = bytes(data)
     if not data:
@@ -102,10 +107,10 @@ class ProcessMemory:
     (page protections honoured); ``force=True``: /proc/PID/mem (FOLL_FORCE
     reads).  Use as a context manager when ``force`` (it holds an fd)."""
 
-    def __init__(self, pid, procfs_root="/proc", force=False):
+    def __init__(self, pid: int, procfs_root: str = "/proc", force: bool = False) -> None:
         self.pid = pid
         self._procfs = procfs_root
-        self._fd = None
+        self._fd: int | None = None
         if force:
             path = os.path.join(procfs_root, str(pid), "mem")
             try:
@@ -117,7 +122,7 @@ class ProcessMemory:
                 raise AccessDenied(pid, "permission denied reading process memory "
                                         "(/proc/PID/mem needs ptrace rights)") from None
 
-    def try_read(self, addr, size):
+    def try_read(self, addr: int, size: int) -> bytes | None:
         """SIZE bytes at ADDR, or None when not all of them are readable."""
         if self._fd is None:
             return try_read(self.pid, addr, size)
@@ -130,7 +135,7 @@ class ProcessMemory:
             return None
         return data if len(data) == size else None
 
-    def read(self, addr, size):
+    def read(self, addr: int, size: int) -> bytes:
         """SIZE bytes at ADDR; raises MemoryFault when not all readable."""
         data = self.try_read(addr, size)
         if data is None:
@@ -138,23 +143,27 @@ class ProcessMemory:
                               "or not accessible in the target", pid=self.pid)
         return data
 
-    def write(self, addr, data):
+    def write(self, addr: int, data: bytes) -> None:
         write(self.pid, addr, data)
 
-    def read_u64(self, addr):
+    def read_u64(self, addr: int) -> int | None:
         """The little-endian u64 at ADDR, or None when unreadable."""
         data = self.try_read(addr, 8)
-        return struct.unpack("<Q", data)[0] if data else None
+        if not data:
+            return None
+        value: int = struct.unpack("<Q", data)[0]
+        return value
 
-    def close(self):
+    def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self):
+    def __enter__(self) -> ProcessMemory:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.close()
 
 
@@ -162,8 +171,8 @@ class MemoryReader(ProcessMemory):
     """/proc/PID/mem reader whose ``read`` returns None for unmapped bytes
     (the semantics detection and the heap walkers are written for)."""
 
-    def __init__(self, pid, procfs_root="/proc"):
+    def __init__(self, pid: int, procfs_root: str = "/proc") -> None:
         super().__init__(pid, procfs_root, force=True)
 
-    def read(self, addr, size):
+    def read(self, addr: int, size: int) -> bytes | None:  # type: ignore[override]  # historical: None for unmapped
         return self.try_read(addr, size)

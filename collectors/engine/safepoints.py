@@ -29,34 +29,153 @@ Also here: ``forbidden_ranges`` (what a running thread must not be in) and
 by ``collectors.livestats``.
 """
 
+from __future__ import annotations
+
+import enum
+import errno
 import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
 
 from collectors.binary import unwind
 from collectors.binary.ranges import Ranges
+from collectors.engine import abi, arch_x86_64
+
+
+# collectors.binary.ranges is not typed: its constructor, through a typed name
+new_ranges: Callable[[Iterable[tuple[int, int, Any]]], Ranges] = Ranges
+
+
+# ---- why a thread is not borrowed: reason codes ---------------------------------
+# Every refusal is a Reason; decisions look at the code, never at the words.
+# The words users (and tests) read come from REASON_TEXT, keyed by the code.
+
+class Reason(enum.Enum):
+    BACKGROUND_THREAD = "background-thread"
+    WAIT_REFUSED = "wait-refused"            # the policy refuses this wait (futex lock, ...)
+    BUSY_SYSCALL = "busy-syscall"            # in a syscall that is no wait (mmap, write, ...)
+    ISSUED_INSIDE = "issued-inside"          # a wait issued from forbidden non-libc text
+    RUNNING_UNJUDGED = "running-unjudged"
+    RUNNING_INSIDE = "running-inside"
+    RUNNING_UNPROVABLE = "running-unprovable"
+    RUNNING_CALLED_FROM = "running-called-from"
+    RUNNING_RETURN_ADDRESS = "running-return-address"
+    UNINTERRUPTIBLE = "uninterruptible"
+    EXITED = "exited"
+    STOPPED = "stopped"
+    OTHER_STATE = "other-state"
+    STACK_UNPROVEN = "stack-unproven"        # no provable stack mapping (stackbounds)
+    NOT_THREAD_STACK = "not-thread-stack"
+    NO_ROOM = "no-room"                      # a stack too small for the call
+    ALLOCATOR_FRAME = "allocator-frame"      # a walk found allocator code
+    ALLOCATOR_AHEAD = "allocator-ahead"      # ... before the stop (look-ahead walk)
+    WALK_UNPROVEN = "walk-unproven"          # a walk did not prove the wait safe
+    TRACED = "traced"
+    VANISHED = "vanished"
+    DID_NOT_STOP = "did-not-stop"
+    OWN_SIGNAL = "own-signal"
+    GROUP_STOP = "group-stop"
+    EINTR_NOT_RESTARTABLE = "eintr-not-restartable"
+    RESTART_UNSEEN = "restart-unseen"
+
+
+# The words for each code.  "{subject}" is what the thread was doing (the
+# wait's name); a template without it gets "subject: " in front when set.
+REASON_TEXT: Mapping[Reason, str] = {
+    Reason.BACKGROUND_THREAD: "{comm}: the allocator's own background thread",
+    Reason.WAIT_REFUSED: "{words}{where}",
+    Reason.BUSY_SYSCALL: "in {name}{note}{where}",
+    Reason.ISSUED_INSIDE: "{subject} issued from{inside} {where}",
+    Reason.RUNNING_UNJUDGED: "running user code (no forbidden ranges to judge it)",
+    Reason.RUNNING_INSIDE: "running inside {where}",
+    Reason.RUNNING_UNPROVABLE: "running: stack not provable ({error})",
+    Reason.RUNNING_CALLED_FROM: "running: called from {where}",
+    Reason.RUNNING_RETURN_ADDRESS: "running: return address into {where} at sp+{offset:#x}",
+    Reason.UNINTERRUPTIBLE: "uninterruptible sleep (disk or kernel wait)",
+    Reason.EXITED: "exited",
+    Reason.STOPPED: "stopped",
+    Reason.OTHER_STATE: "{name} (state {state})",
+    Reason.STACK_UNPROVEN: "{why}",
+    Reason.NOT_THREAD_STACK: ("its stack is the {kind} stack, not a thread stack glibc "
+                              "created (the Go runtime rule needs one)"),
+    Reason.NO_ROOM: ("has {room} of its stack free below the stack pointer; "
+                     "the call needs {need}"),
+    Reason.ALLOCATOR_FRAME: "inside {where}",
+    Reason.ALLOCATOR_AHEAD: "{subject} {frame}",
+    Reason.WALK_UNPROVEN: "{why}",
+    Reason.TRACED: "traced by pid {tracer}",
+    Reason.VANISHED: "vanished",
+    Reason.DID_NOT_STOP: "did not stop (uninterruptible)",
+    Reason.OWN_SIGNAL: "handling its own {signal}",
+    Reason.GROUP_STOP: "group-stop",
+    Reason.EINTR_NOT_RESTARTABLE: ("{subject}: returned EINTR at the stop and cannot be "
+                                   "restarted ({why}); released"),
+    Reason.RESTART_UNSEEN: "a wait resumed by restart_syscall that was not seen before the stop",
+}
+# Refusals of threads found busy (running, or in a syscall that is no wait):
+# when every thread is one, the process is busy inside allocator or libc.
+BUSY_REASONS = frozenset({
+    Reason.BUSY_SYSCALL, Reason.RUNNING_UNJUDGED, Reason.RUNNING_INSIDE,
+    Reason.RUNNING_UNPROVABLE, Reason.RUNNING_CALLED_FROM, Reason.RUNNING_RETURN_ADDRESS})
+RUNNING_SUBJECT = "running"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why one thread is not borrowed: a code, the facts its words need,
+    and what the thread was doing (SUBJECT)."""
+
+    code: Reason
+    args: Mapping[str, Any] = field(default_factory=dict)
+    subject: str | None = None
+
+    def about(self, subject: str) -> Refusal:
+        """The same refusal, said of a thread doing SUBJECT."""
+        return replace(self, subject=subject)
+
+    @property
+    def busy(self) -> bool:
+        """The thread was busy (running or in a non-wait syscall)."""
+        return self.code in BUSY_REASONS or self.subject == RUNNING_SUBJECT
+
+    @property
+    def text(self) -> str:
+        template = REASON_TEXT[self.code]
+        detail = template.format(subject=self.subject, **self.args)
+        if self.subject is not None and "{subject}" not in template:
+            return f"{self.subject}: {detail}"
+        return detail
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def refusal(code: Reason, subject: str | None = None, **args: Any) -> Refusal:
+    return Refusal(code, args, subject)
 
 # ---- syscalls (x86-64 numbers, arch/x86/entry/syscalls/syscall_64.tbl) -----
 # Waits that restart transparently after a ptrace stop (rax at the stop, on
 # Linux 6.18: -ERESTARTSYS for accept/accept4/recvfrom/recvmsg/wait4/waitid/
 # read; -ERESTARTNOHAND for pause/rt_sigsuspend/select/pselect6/ppoll;
 # -ERESTART_RESTARTBLOCK for nanosleep/clock_nanosleep/poll with a timeout).
-RESTARTABLE_WAITS = {
-    0: "read", 7: "poll", 23: "select", 34: "pause", 35: "nanosleep",
-    43: "accept", 45: "recvfrom", 47: "recvmsg", 61: "wait4", 130: "rt_sigsuspend",
-    230: "clock_nanosleep", 247: "waitid", 270: "pselect6", 271: "ppoll", 288: "accept4",
-}
+NR = arch_x86_64.NR
+RESTARTABLE_WAITS = {NR[n]: n for n in (
+    "read", "poll", "select", "pause", "nanosleep", "accept", "recvfrom", "recvmsg",
+    "wait4", "rt_sigsuspend", "clock_nanosleep", "waitid", "pselect6", "ppoll", "accept4")}
 # Waits that return a plain -EINTR after a ptrace stop (fs/eventpoll.c ep_poll,
 # kernel/signal.c do_sigtimedwait): restored with rax = -ERESTARTNOHAND.
-EPOLL_WAITS = {232: "epoll_wait", 281: "epoll_pwait", 441: "epoll_pwait2",
-               128: "rt_sigtimedwait"}
+EPOLL_WAITS = {NR[n]: n for n in (
+    "epoll_wait", "epoll_pwait", "epoll_pwait2", "rt_sigtimedwait")}
 # Epoll-family waits' relative timeouts (argument index), which a restart
 # would otherwise start again in full: milliseconds (int) in a register, or
 # a struct timespec pointer (include/linux/syscalls.h).
-TIMEOUT_MS_ARG = {232: 3, 281: 3}            # epoll_wait, epoll_pwait
-TIMESPEC_ARG = {441: 3, 128: 2}              # epoll_pwait2, rt_sigtimedwait
-NR_futex = 202
-NR_semop, NR_semtimedop = 65, 220
-NR_futex_waitv = 449
-NR_restart_syscall = 219
+TIMEOUT_MS_ARG = {NR["epoll_wait"]: 3, NR["epoll_pwait"]: 3}
+TIMESPEC_ARG = {NR["epoll_pwait2"]: 3, NR["rt_sigtimedwait"]: 2}
+NR_futex = NR["futex"]
+NR_semop, NR_semtimedop = NR["semop"], NR["semtimedop"]
+NR_futex_waitv = NR["futex_waitv"]
+NR_restart_syscall = NR["restart_syscall"]
 
 # Waits that may be given back with rax = -ERESTARTNOHAND when a stop left
 # -EINTR in rax: a -EINTR from them means "interrupted, nothing done".
@@ -74,17 +193,17 @@ FUTEX_CLOCK_REALTIME = 256
 FUTEX_CMD_MASK = ~(FUTEX_PRIVATE_FLAG | FUTEX_CLOCK_REALTIME)
 
 # errno values the kernel leaves in rax (include/linux/errno.h)
-EINTR = 4
-ERESTARTSYS = 512
-ERESTARTNOINTR = 513
-ERESTARTNOHAND = 514
-ERESTART_RESTARTBLOCK = 516
+EINTR = errno.EINTR
+ERESTARTSYS = abi.ERESTARTSYS
+ERESTARTNOINTR = abi.ERESTARTNOINTR
+ERESTARTNOHAND = abi.ERESTARTNOHAND
+ERESTART_RESTARTBLOCK = abi.ERESTART_RESTARTBLOCK
 ERESTART = {-ERESTARTSYS: "ERESTARTSYS", -ERESTARTNOINTR: "ERESTARTNOINTR",
             -ERESTARTNOHAND: "ERESTARTNOHAND",
             -ERESTART_RESTARTBLOCK: "ERESTART_RESTARTBLOCK"}
 
-SYSCALL_INSN = b"\x0f\x05"           # x86-64 `syscall`
-USER_CS_64 = 0x33                    # __USER_CS: 64-bit code (int 0x80 is i386 ABI)
+SYSCALL_INSN = arch_x86_64.SYSCALL_INSN   # x86-64 `syscall`
+USER_CS_64 = arch_x86_64.USER_CS_64       # 64-bit code (int 0x80 is the i386 ABI)
 
 RESTARTABLE, EPOLL, FUTEX, RUNNING = "restartable", "epoll", "futex", "running"
 GO_RUNTIME = "go-runtime"
@@ -117,16 +236,16 @@ GLIBC_MALLOC_FUNCTIONS = frozenset((
 LIBC_PREFIXES = ("libc.so", "libc-", "ld-linux", "ld-musl", "libc.musl", "libpthread")
 
 
-def is_libc_name(name):
+def is_libc_name(name: str) -> bool:
     return os.path.basename(name).startswith(LIBC_PREFIXES)
 
 
-def futex_cmd(op):
+def futex_cmd(op: int) -> int:
     """The FUTEX_* command of a futex op word (flags stripped)."""
     return op & FUTEX_CMD_MASK & 0x7F
 
 
-def classify_wait(nr, args):
+def classify_wait(nr: int, args: Sequence[int]) -> tuple[str | None, str | None]:
     """(category, words) for a thread blocked in syscall NR with ARGS, or
     (None, why refused).  Categories: RESTARTABLE, EPOLL, FUTEX."""
     if nr in RESTARTABLE_WAITS:
@@ -164,7 +283,7 @@ def classify_wait(nr, args):
 # for a timed condition wait (args op 0x89 = FUTEX_WAIT_BITSET|PRIVATE).
 
 
-def classify_restart(wchan, args):
+def classify_restart(wchan: bytes, args: Sequence[int]) -> tuple[str | None, str]:
     """(category, words) for a thread blocked in restart_syscall with wait
     channel WCHAN (bytes) and argument registers ARGS, or (None, why).  A
     resumed futex is judged like the futex it is (op from the argument
@@ -178,11 +297,17 @@ def classify_restart(wchan, args):
 
 # ---- the stack-walk proof for futex waits -----------------------------------------
 
+# (libc path, its wait functions, its malloc functions, every exported function)
+LibcFacts = tuple[str, Ranges, Ranges, Ranges]
+# ELF symbol types (include/uapi/linux/elf.h): STT_FUNC, STT_GNU_IFUNC
+STT_FUNC, STT_GNU_IFUNC = 2, 10
+STB_LOCAL = 0
+
 
 JMP_REL32 = 0xE9
 
 
-def _tail_call_targets(obj, opener, sym):
+def _tail_call_targets(obj: Any, opener: Any, sym: Any) -> list[tuple[int, int]]:
     """[(start, end)] (object addresses) of the functions SYM tail-calls.
 
     A tail call leaves no frame: glibc's sem_wait and sem_clockwait end with
@@ -218,14 +343,15 @@ class StackJudge:
     libc/ld.so entries are not, but glibc's malloc functions are (exact
     ``.dynsym`` ranges).  READ(addr, n) -> bytes or None."""
 
-    def __init__(self, pid, maps_text, forbidden, read, procfs="/proc"):
+    def __init__(self, pid: int, maps_text: str, forbidden: Sequence[tuple[int, int, str]],
+                 read: Callable[[int, int], bytes | None], procfs: str = "/proc") -> None:
         self.unwinder = unwind.Unwinder(pid, maps_text, read, procfs)
-        self.allocator = Ranges([r for r in forbidden if not is_libc_name(r[2])])
-        self._libc = None
+        self.allocator = new_ranges([r for r in forbidden if not is_libc_name(r[2])])
+        self._libc: LibcFacts | None = None
         self._libc_done = False
 
     # -- libc facts, from the libc mapping's .dynsym ----------------------------
-    def _libc_facts(self):
+    def _libc_facts(self) -> LibcFacts | None:
         if self._libc_done:
             return self._libc
         self._libc_done = True
@@ -235,12 +361,15 @@ class StackJudge:
                 continue
             try:
                 obj = elf.CACHE.get(m.opener)
-                bias = self.unwinder._bias(m)
+                bias_of: Callable[[Any], int] = self.unwinder._bias
+                bias = bias_of(m)
             except Exception:
                 return None
-            waits, malloc, named = [], [], {}
+            waits: list[tuple[int, int, str]] = []
+            malloc: list[tuple[int, int, str]] = []
+            named: dict[tuple[int, int], tuple[int, int, str]] = {}
             for s in obj.dynsym:
-                if not s.defined or not s.st_value or s.type not in (2, 10):
+                if not s.defined or not s.st_value or s.type not in (STT_FUNC, STT_GNU_IFUNC):
                     continue
                 rng = (bias + s.st_value, bias + s.st_value + max(s.st_size, 1), s.name)
                 # one name per range: the public one (nanosleep, not __nanosleep)
@@ -252,61 +381,66 @@ class StackJudge:
                                  for a, b in _tail_call_targets(obj, m.opener, s))
                 elif s.name in GLIBC_MALLOC_FUNCTIONS:
                     malloc.append(rng)
-            self._libc = (m.path, Ranges(waits), Ranges(malloc), Ranges(named.values()))
+            self._libc = (m.path, new_ranges(waits), new_ranges(malloc),
+                          new_ranges(named.values()))
             break
         return self._libc
 
-    def libc_function(self, frame):
+    def libc_function(self, frame: unwind.Frame) -> str | None:
         """The exported C-library function FRAME is in (exact .dynsym
         range), or None."""
         facts = self._libc_facts()
         if facts is None or frame.path != facts[0]:
             return None
-        return facts[3](frame.pc)
+        fn: str | None = facts[3](frame.pc)
+        return fn
 
-    def _is_libc(self, frame):
+    def _is_libc(self, frame: unwind.Frame) -> bool:
         return is_libc_name(frame.path)
 
-    def verdict(self, frames):
+    def verdict(self, frames: Sequence[unwind.Frame]) -> Refusal | None:
         """None when FRAMES (innermost first) prove a wait outside the
-        allocator, else the reason in user words."""
+        allocator, else the refusal."""
         facts = self._libc_facts()
         for f in frames:
             where = self.allocator(f.pc)
             if where:
-                return f"inside {where}"
+                return refusal(Reason.ALLOCATOR_FRAME, where=where)
             if facts is not None and f.path == facts[0]:
                 fn = facts[2](f.pc)
                 if fn:
-                    return f"inside glibc {fn}()"
+                    return refusal(Reason.ALLOCATOR_FRAME, where=f"glibc {fn}()")
         if not frames or not self._is_libc(frames[0]):
-            return "futex call not made by the C library's wait functions"
-        outer = None
+            return refusal(Reason.WALK_UNPROVEN,
+                           why="futex call not made by the C library's wait functions")
+        outer = frames[0]
         for f in frames:
             if not self._is_libc(f):
                 break
             outer = f
         if facts is None:
-            return "C library symbols unavailable"
+            return refusal(Reason.WALK_UNPROVEN, why="C library symbols unavailable")
         fn = facts[1](outer.pc) if outer.path == facts[0] else None
         if fn is None:
-            return (f"waiting in {os.path.basename(outer.path)}+{outer.vaddr:#x}, not in "
-                    "pthread_cond_wait/sem_wait/pthread_join")
+            return refusal(Reason.WALK_UNPROVEN, why=(
+                f"waiting in {os.path.basename(outer.path)}+{outer.vaddr:#x}, not in "
+                "pthread_cond_wait/sem_wait/pthread_join"))
         return None
 
-    def allocator_frame(self, frames):
-        """The first frame of FRAMES in allocator code, in user words, or None
-        (the running-thread rule: libc frames are fine, malloc's are not)."""
+    def allocator_frame(self, frames: Sequence[unwind.Frame]) -> str | None:
+        """Where the first frame of FRAMES in allocator code is (an
+        allocator object, or "glibc malloc()"), or None (the running-thread
+        rule: libc frames are fine, malloc's are not)."""
         facts = self._libc_facts()
         for f in frames:
-            where = self.allocator(f.pc)
+            where: str | None = self.allocator(f.pc)
             if where:
-                return f"inside {where}"
+                return where
             if facts is not None and f.path == facts[0] and facts[2](f.pc):
-                return f"inside glibc {facts[2](f.pc)}()"
+                return f"glibc {facts[2](f.pc)}()"
         return None
 
-    def load_tables(self):
+    def load_tables(self) -> None:
         """Load the CFI index of every mapped object (before a running thread
         is stopped: its objects cannot be known in advance).  Cheap with
         .eh_frame_hdr (libc 0.01 s); failures are left for the walk to meet."""
@@ -316,32 +450,31 @@ class StackJudge:
             except unwind.UnwindError:
                 pass
 
-    def prepare(self, pc, sp):
+    def prepare(self, pc: int, sp: int) -> Refusal | None:
         """Before any stop: parse the CFI a walk from (PC, SP) reaches, and
-        pre-judge.  Returns a refusal reason when the look-ahead already
-        shows allocator frames (no need to stop the thread), else None."""
+        pre-judge.  Returns a refusal when the look-ahead already shows
+        allocator frames (no need to stop the thread), else None."""
         frames = self.unwinder.prepare(pc, sp)
-        for f in frames:
-            where = self.allocator(f.pc)
-            if where:
-                return f"inside {where}"
-        facts = self._libc_facts()
-        if facts is not None:
-            for f in frames:
-                if f.path == facts[0] and facts[2](f.pc):
-                    return f"inside glibc {facts[2](f.pc)}()"
-        return None
+        where = self.allocator_frame(frames)
+        return refusal(Reason.ALLOCATOR_FRAME, where=where) if where else None
 
-    def judge(self, dwarf_regs):
-        """Walk from the stopped thread's registers with CFI parsed already
-        (never parses while a thread is stopped).  None = proven safe."""
+    def walk(self, dwarf_regs: dict[int, int]) -> tuple[list[unwind.Frame] | None,
+                                                          Refusal | None]:
+        """(frames, None), or (None, why not): a walk from the stopped
+        thread's registers with CFI parsed already (never parses while a
+        thread is stopped)."""
         try:
-            frames = self.unwinder.walk(dwarf_regs, parse=False)
+            return self.unwinder.walk(dwarf_regs, parse=False), None
         except unwind.NeedsParse as e:
-            return f"stack walk needs {os.path.basename(e.path)}'s CFI (parsed for the next try)"
+            return None, refusal(Reason.WALK_UNPROVEN, why=(
+                f"stack walk needs {os.path.basename(e.path)}'s CFI (parsed for the next try)"))
         except Exception as e:      # any failure: not proven
-            return f"stack walk failed ({e})"
-        return self.verdict(frames)
+            return None, refusal(Reason.WALK_UNPROVEN, why=f"stack walk failed ({e})")
+
+    def judge(self, dwarf_regs: dict[int, int]) -> Refusal | None:
+        """None = proven safe, else the refusal."""
+        frames, why = self.walk(dwarf_regs)
+        return why if frames is None else self.verdict(frames)
 
 
 # ---- the Go runtime's own parks (cgo binaries) ---------------------------------
@@ -376,7 +509,7 @@ class StackJudge:
 # restart_syscall against the original deadline); Go's futexsleep callers
 # loop over spurious wakeups anyway.
 
-NR_nanosleep = 35
+NR_nanosleep = NR["nanosleep"]
 # stub (Go symbol, .abi0 suffix optional) -> the syscall it makes
 GO_STUBS = {"runtime.futex": NR_futex, "runtime.usleep": NR_nanosleep}
 GO_NOTE_VALUE = 0                 # runtime/lock_futex.go: notes sleep on key 0
@@ -388,13 +521,14 @@ class GoRuntime:
     ranges), and the judgement of a thread parked in one.  ``why`` is set
     (and the rule refuses everything) when the ranges cannot be known."""
 
-    def __init__(self, path, stubs, why=None):
+    def __init__(self, path: str, stubs: Sequence[tuple[int, int, str]],
+                 why: str | None = None) -> None:
         self.path = path
-        self.stubs = Ranges(stubs)
+        self.stubs = new_ranges(stubs)
         self.why = why
 
     @classmethod
-    def of(cls, obj):
+    def of(cls, obj: Any) -> GoRuntime | None:
         """GoRuntime of the loaded executable OBJ (image.LoadedObject), or
         None when it is not a Go binary."""
         if obj is None or obj.elf is None or not obj.elf.is_go:
@@ -419,7 +553,8 @@ class GoRuntime:
             return cls(obj.path, [], f"{base} has no runtime.futex/runtime.usleep symbols")
         return cls(obj.path, stubs)
 
-    def judge(self, nr, args, pc, restart_nr):
+    def judge(self, nr: int, args: Sequence[int], pc: int | None, restart_nr: int
+              ) -> tuple[str | None, str | None]:
         """(GO_RUNTIME, words), or (None, why refused), or (None, None) when
         the rule does not apply (PC in no Go stub).  NR: the syscall number
         at the stop, RESTART_NR the arch's restart_syscall; ARGS the argument
@@ -454,7 +589,7 @@ JEMALLOC_PUBLIC = frozenset((
     "posix_memalign", "rallocx", "realloc", "sallocx", "sdallocx", "valloc", "xallocx"))
 
 
-def _is_anchor(kind, prefix, name):
+def _is_anchor(kind: str, prefix: str | None, name: str) -> bool:
     """Global functions that certainly belong to the allocator's code."""
     if kind == "jemalloc":
         return name.startswith("je_") or (name.startswith(prefix or "") and
@@ -466,7 +601,12 @@ def _is_anchor(kind, prefix, name):
     return False
 
 
-def static_allocator_ranges(obj, kind, prefix):
+# fewer anchors than this: the symbols do not delimit the allocator
+MIN_ANCHORS = 3
+
+
+def static_allocator_ranges(obj: Any, kind: str, prefix: str | None
+                            ) -> list[tuple[int, int, str]] | None:
     """Code ranges of an allocator linked into the executable OBJ.
 
     The linker lays each archive member's code out contiguously, but GCC
@@ -479,9 +619,9 @@ def static_allocator_ranges(obj, kind, prefix):
     allocator's.  None when .symtab is missing (stripped): the caller then
     forbids the whole text."""
     symtab = obj.elf.symtab(obj.opener.open) if obj.elf is not None else {}
-    funcs = sorted((s for s in symtab.values() if s.type in (2, 10) and s.st_value),
+    funcs = sorted((s for s in symtab.values() if s.type in (STT_FUNC, STT_GNU_IFUNC) and s.st_value),
                    key=lambda s: s.st_value)
-    if obj.bias is None or sum(1 for s in funcs if _is_anchor(kind, prefix, s.name)) < 3:
+    if obj.bias is None or sum(1 for s in funcs if _is_anchor(kind, prefix, s.name)) < MIN_ANCHORS:
         return None
     out = []
     start = end = None
@@ -490,7 +630,7 @@ def static_allocator_ranges(obj, kind, prefix):
             if start is None:
                 start = s.st_value
             end = max(end or 0, s.st_value + max(s.st_size, 1))
-        elif s.bind != 0 and start is not None:      # a foreign global ends the run
+        elif s.bind != STB_LOCAL and start is not None:      # a foreign global ends the run
             out.append((obj.bias + start, obj.bias + end, f"{kind} (static)"))
             start = end = None
     if start is not None:
@@ -498,7 +638,7 @@ def static_allocator_ranges(obj, kind, prefix):
     return out
 
 
-def forbidden_ranges(image, detection):
+def forbidden_ranges(image: Any, detection: Any) -> list[tuple[int, int, str]]:
     """Executable ranges a borrowed thread must not be inside (PC) nor have
     return addresses in (near its stack top): the C library and the loader
     (glibc's internal malloc code lies outside its exported symbols), and

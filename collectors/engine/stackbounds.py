@@ -28,30 +28,43 @@ never used either (a guard installed inside the mapping with
 MADV_GUARD_INSTALL would not show in the maps).
 """
 
-import bisect
-from collections import namedtuple
+from __future__ import annotations
 
-PAGE_SIZE = 4096
+import bisect
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from collectors.engine import abi
+from collectors.proc.maps import Mapping
+
+PAGE_SIZE = abi.PAGE_SIZE
 MARGIN = 4096                 # bytes kept free above the mapping's lowest page
 
-Bounds = namedtuple("Bounds", "start end floor kind")
-Bounds.__doc__ = ("A thread's stack mapping [start, end) and FLOOR, the lowest address "
-                  "anything may be written or used; KIND 'main' or 'thread'.")
+class Bounds(NamedTuple):
+    """A thread's stack mapping [start, end) and FLOOR, the lowest address
+    anything may be written or used; KIND 'main' or 'thread'."""
+
+    start: int
+    end: int
+    floor: int
+    kind: str
 
 
 class StackMaps:
     """The mappings of one process (collectors.proc.maps.parse_maps), for
     stack-bound lookups."""
 
-    def __init__(self, maps):
+    def __init__(self, maps: Sequence[Mapping]) -> None:
         self.maps = maps
         self._starts = [m.start for m in maps]
 
-    def index(self, addr):
+    def index(self, addr: int) -> int | None:
         i = bisect.bisect_right(self._starts, addr) - 1
         return i if i >= 0 and addr < self.maps[i].end else None
 
-    def bounds(self, sp, fs_base=None, others=()):
+    def bounds(self, sp: int, fs_base: int | None = None,
+               others: Sequence[tuple[int, int | None]] = ()
+               ) -> tuple[Bounds, None] | tuple[None, str]:
         """(Bounds, None) for the stack that holds SP, or (None, why not).
         FS_BASE: the thread's thread pointer (known once it is stopped);
         OTHERS: {tid: sp} of the process's other threads."""
@@ -79,6 +92,6 @@ class StackMaps:
         return Bounds(m.start, m.end, m.start + PAGE_SIZE + MARGIN, "thread"), None
 
 
-def room(bounds, sp, red_zone):
+def room(bounds: Bounds, sp: int, red_zone: int) -> int:
     """Bytes between the red zone below SP and the floor of BOUNDS."""
     return sp - red_zone - bounds.floor

@@ -1,0 +1,444 @@
+"""Building and running one call in a stopped thread, and giving the thread
+back: the registers and the call frame (below the red zone and scratch,
+inside the stack bounds of ``stackbounds``), the signal mask for the call,
+the return-to-0 trap, timeouts (quarantine), output buffers, re-delivery of
+held signals, and the exact restore at the release.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from collectors.engine import abi, memory, ptrace, safepoints
+from collectors.engine.arch import Arch, Regs
+from collectors.engine.choose import TIMESPEC, NS_PER_MS, NS_PER_S, kib
+from collectors.engine.tracee import (At, SigInfo, StopKind, Thread, Tracer, orphan,
+                                      quarantine, signame)
+from diag.model.errors import NoSuchProcess, RemoteCallError
+
+log = logging.getLogger("collectors.engine")
+
+# Small scratch on the borrowed stack, at most (names and out-values).
+MAX_SCRATCH = 3 * 1024
+CSTRING_CHUNK = 64 * 1024   # bytes per process_vm_readv in Call.cstring (page-aligned ends)
+PAGE_SIZE = abi.PAGE_SIZE
+# What the engine puts between the red zone and its scratch.
+SCRATCH_GAP = 64
+# A restart's deadline must never come early: the estimate of when an epoll
+# wait began is good to tens of microseconds (epoll_wait's ms are rounded up).
+DEADLINE_SLACK_NS = 1_000_000
+# Signals held and requeued one by one at the release, at most.
+MAX_REQUEUE = 64
+# How long a thread may take to reach a trap the engine set (re-delivery,
+# stopping it after a timeout).
+TRAP_WAIT_S = 2.0
+
+
+class Crash(Exception):
+    def __init__(self, si: SigInfo, regs: Regs) -> None:
+        super().__init__(si)
+        self.si = si
+        self.regs = regs
+
+
+@dataclass
+class Stats:
+    borrows: int = 0
+    calls: int = 0
+    rejected_stops: int = 0
+    boundary_stops: int = 0
+    pause_us_total: int = 0
+
+
+@dataclass
+class Record:
+    """What the releases of one borrow measured."""
+
+    pause_us: list[int] = field(default_factory=list)
+    held_signals: list[dict[str, object]] = field(default_factory=list)
+
+
+class Caller:
+    """Runs calls in, and releases, threads of one process."""
+
+    def __init__(self, tracer: Tracer, *, call_timeout_s: float, block_signals: bool,
+                 mapper: Sequence[int | None] | None, unsafe: frozenset[str],
+                 stats: Stats) -> None:
+        self.tracer = tracer
+        self.pid = tracer.pid
+        self.arch: Arch = tracer.arch
+        self.call_timeout_s = call_timeout_s
+        self.block_signals = block_signals
+        self.mapper = mapper
+        self.unsafe = unsafe
+        self.stats = stats
+        self.record = Record()
+
+    # ---- the signal mask during calls ---------------------------------------
+    def call_mask(self, th: Thread) -> int:
+        if "sigsegv_unblock" in self.unsafe:
+            return th.sigmask
+        if self.block_signals:
+            return abi.ALL_BLOCKABLE & ~abi.SYNC_BITS
+        return th.sigmask & ~abi.SYNC_BITS
+
+    def set_call_mask(self, th: Thread, mask: int) -> None:
+        ptrace.setsigmask(th.tid, self.pid, mask)
+        th.mask_changed = True
+
+    # ---- one call ------------------------------------------------------------------
+    def scratch_top(self, th: Thread) -> int:
+        sp = self.arch.sp(th.regs)
+        return (sp - self.arch.RED_ZONE - SCRATCH_GAP) & ~(self.arch.STACK_ALIGN - 1)
+
+    def resume_until_trap(self, th: Thread, deadline: float) -> Regs | None:
+        """CONT and handle stops until the return-to-0 trap.  Returns the
+        registers at the trap, or None at DEADLINE (thread still running)."""
+        ptrace.cont(th.tid, self.pid, 0)
+        th.at = None
+        while True:
+            stop = self.tracer.next_stop(th, deadline)
+            if stop.kind is StopKind.TIMEOUT:
+                return None
+            if stop.kind is StopKind.EXITED:
+                th.gone = True
+                raise self.tracer.gone_error(th, "during the call")
+            if stop.kind is StopKind.RETURN_TRAP:
+                th.at = At.DELIVERY
+                return stop.regs
+            if stop.kind is StopKind.FAULT and stop.si is not None:
+                th.at = At.DELIVERY
+                raise Crash(stop.si, stop.regs)
+            if stop.kind is StopKind.GROUP:
+                # SIGSTOP/SIGTSTP while calling: finish the call; after the
+                # detach the thread joins the group-stop.
+                th.group_stop_seen = True
+            ptrace.cont(th.tid, self.pid, 0)
+
+    def call(self, th: Thread, func: int, args: tuple[int, ...], timeout_s: float | None
+             ) -> int:
+        """FUNC(*ARGS) in TH; its integer return value."""
+        if th.gone or th.orphaned:
+            raise RemoteCallError(f"thread {th.tid} is no longer usable", pid=self.pid)
+        new, writes, lowest = self.arch.prepare_call(th.regs, func, args, th.frame.scratch_low)
+        self.check_frame(th, writes, lowest - th.frame.callee_need)
+        for addr, data in writes:
+            memory.write(self.pid, addr, data)
+        mask = self.call_mask(th)
+        if not th.mask_changed and mask != th.sigmask:
+            self.set_call_mask(th, mask)
+        self.arch.set_regs(th.tid, self.pid, new)
+        timeout = self.call_timeout_s if timeout_s is None else float(timeout_s)
+        t0 = time.monotonic()
+        debug = log.isEnabledFor(logging.DEBUG)    # once: this is inside the stop
+        if debug:
+            log.debug("pid %d tid %d call %#x%s", self.pid, th.tid, func, args)
+        try:
+            regs = self.resume_until_trap(th, t0 + timeout)
+        except Crash as c:
+            why = (f"the call to {func:#x} on thread {th.tid} crashed with "
+                   f"{signame(c.si.signo)} (code {c.si.code}, address {c.si.addr:#x}, "
+                   f"pc {self.arch.pc(c.regs):#x}); the thread was restored")
+            quarantine(self.pid, self.tracer.start, why)
+            raise RemoteCallError(why + "; process quarantined", pid=self.pid) from None
+        if regs is None:
+            self.timeout(th, func, timeout)
+        th.frame.calls += 1
+        self.stats.calls += 1
+        rv = self.arch.return_value(regs)
+        if debug:
+            log.debug("pid %d tid %d call %#x returned %#x after %d us", self.pid, th.tid,
+                      func, rv, int((time.monotonic() - t0) * 1e6))
+        return rv
+
+    def check_frame(self, th: Thread, writes: Sequence[tuple[int, bytes]], lowest_used: int
+                    ) -> None:
+        """Every frame byte, and the callee's stack use down to LOWEST_USED,
+        inside the thread's stack bounds and below its red zone; else no
+        call is made.  (Candidates were chosen with this room: a failure
+        here is a bug, refused before any write.)"""
+        top = self.arch.sp(th.regs) - self.arch.RED_ZONE
+        floor = th.frame.bounds.floor if th.frame.bounds is not None else None
+        for addr, data in writes:
+            if floor is None or addr < floor or addr + len(data) > top:
+                raise RemoteCallError(
+                    f"call frame at {addr:#x} outside thread {th.tid}'s stack bounds; "
+                    "no call made", pid=self.pid)
+        if floor is None or lowest_used < floor:
+            raise RemoteCallError(
+                f"thread {th.tid}: the call needs {kib(top - lowest_used)} of stack, "
+                f"only {kib(max(top - (floor or top), 0))} is free in its stack; no call made",
+                pid=self.pid)
+
+    def timeout(self, th: Thread, func: int, timeout: float) -> None:
+        """The call to FUNC did not return in TIMEOUT: quarantine the
+        process, stop and restore the thread if it can be, raise."""
+        why = (f"a call to {func:#x} on thread {th.tid} did not return within "
+               f"{timeout:g} s; its allocator may now hold a lock forever, so "
+               "allocdiag makes no further remote calls to this process in this run")
+        log.debug("pid %d tid %d call %#x timed out after %g s", self.pid, th.tid, func,
+                  timeout)
+        quarantine(self.pid, self.tracer.start, why)
+        ptrace.interrupt(th.tid, self.pid)
+        stop = self.tracer.next_stop(th, time.monotonic() + TRAP_WAIT_S)
+        if stop.kind is StopKind.TIMEOUT:
+            orphan(th)
+            raise RemoteCallError(why + " (the thread could not be stopped to "
+                                  "restore it; it will be restored when it stops)",
+                                  pid=self.pid)
+        if stop.kind is StopKind.EXITED:
+            th.gone = True
+            raise self.tracer.gone_error(th, "during the call")
+        if stop.kind in (StopKind.INTERRUPT, StopKind.GROUP):
+            th.at = At.GROUP if stop.kind is StopKind.GROUP else At.INTERRUPT
+            try:
+                regs = self.arch.get_regs(th.tid, self.pid)
+                nr, _ = self.arch.syscall_state(regs)
+                where = (f"in {self.arch.SYSCALL_NAMES.get(nr, nr)}" if nr >= 0
+                         else "running")
+                why += f" [it was {where} at pc {self.arch.pc(regs):#x}]"
+            except Exception:
+                pass
+        else:                       # return-trap (it returned after all) or fault
+            th.at = At.DELIVERY
+        raise RemoteCallError(why + " (thread restored and released)", pid=self.pid)
+
+    # ---- output buffers --------------------------------------------------------------
+    # Stack left free below an output buffer put on a roomy stack.
+    STACK_BUFFER_SPARE = 16 * 1024
+
+    def buffer(self, th: Thread, n: int) -> int:
+        """N bytes for an output buffer, starting with a NUL.  On the stack
+        when the thread's measured room holds it, the callee's need and
+        STACK_BUFFER_SPARE below it (saves the mmap/munmap round trips,
+        ~70-110 us a stop: bench/pause.py --scratch); else a mapping."""
+        fr = th.frame
+        low = (fr.scratch_low - int(n)) & ~(self.arch.STACK_ALIGN - 1)
+        if fr.bounds is not None and \
+                low - fr.callee_need - self.STACK_BUFFER_SPARE >= fr.bounds.floor:
+            fr.stack_buffers += fr.scratch_low - low
+            fr.scratch_low = low
+            memory.write(self.pid, low, b"\0")
+            return low
+        return self.map_buffer(th, n)
+
+    def map_buffer(self, th: Thread, n: int) -> int:
+        """N zeroed bytes in a private anonymous mapping the borrowed thread
+        makes with libc mmap (async-signal-safe, takes no allocator lock)."""
+        if not self.mapper or not all(self.mapper) or self.mapper[0] is None:
+            raise RemoteCallError("no buffer outside the stack: libc mmap/munmap not "
+                                  "resolved in the target", pid=self.pid)
+        size = -(-int(n) // abi.PAGE_SIZE) * abi.PAGE_SIZE
+        mem = self.call(th, self.mapper[0], (0, size, abi.PROT_READ | abi.PROT_WRITE,
+                                             abi.MAP_PRIVATE | abi.MAP_ANONYMOUS,
+                                             abi.NO_FD & abi.U64_MASK, 0), None)
+        if mem == 0 or mem >= abi.MAP_FAILED_MIN:
+            raise RemoteCallError(f"mmap of {size} bytes failed in the target "
+                                  f"(errno {(-mem) & abi.MAX_ERRNO if mem else '?'})",
+                                  pid=self.pid)
+        th.frame.buffers.append((mem, size))
+        return mem
+
+    def unmap_buffers(self, th: Thread) -> None:
+        """munmap every Call.buffer mapping, newest first, before the release."""
+        while th.frame.buffers and not (th.gone or th.orphaned) and self.mapper:
+            mem, size = th.frame.buffers.pop()
+            munmap = self.mapper[1]
+            assert munmap is not None
+            self.call(th, munmap, (mem, size), None)
+
+    # ---- giving the thread back --------------------------------------------------------
+    def retrap(self, th: Thread) -> None:
+        """Bring the thread to a signal-delivery-stop (needed to inject a
+        signal) by letting it 'call' address 0: it faults at once."""
+        new, writes, lowest = self.arch.prepare_call(th.regs, 0, (), th.frame.scratch_low)
+        self.check_frame(th, writes, lowest)
+        for addr, data in writes:
+            memory.write(self.pid, addr, data)
+        self.arch.set_regs(th.tid, self.pid, new)
+        if self.resume_until_trap(th, time.monotonic() + TRAP_WAIT_S) is None:
+            raise RemoteCallError("thread did not reach the re-delivery trap",
+                                  pid=self.pid)
+
+    def redeliver(self, th: Thread) -> SigInfo:
+        """Requeue all held signals but one (kernel queues them, siginfo
+        intact), return the one to inject at the detach."""
+        if not th.frame.scratch_low:
+            th.frame.scratch_low = th.frame.scratch_top = self.scratch_top(th)
+        segv = [h for h in th.held if h.signo == signal.SIGSEGV]
+        direct = segv[0] if segv else th.held[0]
+        done = {id(direct)}
+        for _ in range(MAX_REQUEUE):
+            todo = [h for h in th.held if id(h) not in done and h.signo != signal.SIGSEGV]
+            if not todo:
+                break
+            h = todo[0]
+            done.add(id(h))
+            if th.at is not At.DELIVERY:
+                self.retrap(th)
+            self.set_call_mask(th, (self.call_mask(th) | abi.sigbit(h.signo))
+                               & ~abi.sigbit(signal.SIGSEGV))
+            ptrace.setsiginfo(th.tid, self.pid, h.raw)
+            # blocked -> the kernel requeues it with this siginfo; the thread
+            # then faults at 0 again: a new signal-delivery-stop.
+            ptrace.cont(th.tid, self.pid, h.signo)
+            th.at = None
+            deadline = time.monotonic() + TRAP_WAIT_S
+            while th.at is not At.DELIVERY:
+                stop = self.tracer.next_stop(th, deadline)
+                if stop.kind is StopKind.TIMEOUT:
+                    raise RemoteCallError("thread did not return to the re-delivery "
+                                          "trap", pid=self.pid)
+                if stop.kind is StopKind.EXITED:
+                    th.gone = True
+                    raise self.tracer.gone_error(th)
+                if stop.kind is StopKind.RETURN_TRAP:
+                    th.at = At.DELIVERY
+                elif stop.kind is StopKind.FAULT and stop.si is not None:
+                    th.held.append(stop.si)
+                    ptrace.cont(th.tid, self.pid, 0)
+                else:
+                    ptrace.cont(th.tid, self.pid, 0)
+        if th.at is not At.DELIVERY:
+            self.retrap(th)
+        return direct
+
+    def keep_deadline(self, th: Thread, regs: Regs) -> Regs:
+        """REGS with the timeout of an epoll-family wait given back for a
+        restart (rax -ERESTARTNOHAND) cut to what is left of it.  The kernel
+        re-executes the syscall with its arguments as they are, and these
+        waits take a relative timeout: without this, each stop would restart
+        the full timeout again (measured: a 1 s epoll_wait took 3.2 s under
+        10 snapshots).  epoll_wait/epoll_pwait: milliseconds in the 4th
+        argument register; epoll_pwait2/rt_sigtimedwait: a timespec pointer,
+        pointed at a copy holding the remaining time, written at the top of
+        this borrow's scratch (inside the thread's stack bounds, below the
+        red zone; the kernel reads it as the syscall restarts)."""
+        v = th.verdict
+        if v.restart_rax is None or v.since is None or v.timeout_ns is None:
+            return regs
+        nr, _ = self.arch.syscall_state(regs)
+        left = max(0, v.timeout_ns - int((time.monotonic() - v.since) * NS_PER_S)) + \
+            DEADLINE_SLACK_NS
+        if nr in safepoints.TIMEOUT_MS_ARG:
+            regs = self.arch.copy_regs(regs)
+            self.arch.set_syscall_arg(regs, safepoints.TIMEOUT_MS_ARG[nr], -(-left // NS_PER_MS))
+            return regs
+        if th.frame.bounds is None:
+            # a stop refused before its stack was bounded: nowhere proven to
+            # put the timespec; the wait restarts its whole timeout (bounded
+            # by it), as the kernel's own restart would
+            return regs
+        regs = self.arch.copy_regs(regs)
+        at = ((th.frame.scratch_top or self.scratch_top(th)) - TIMESPEC.size) \
+            & ~(self.arch.STACK_ALIGN - 1)
+        ts = TIMESPEC.pack(left // NS_PER_S, left % NS_PER_S)
+        self.check_frame(th, [(at, ts)], at)
+        memory.write(self.pid, at, ts)
+        self.arch.set_syscall_arg(regs, safepoints.TIMESPEC_ARG[nr], at)
+        return regs
+
+    def release(self, th: Thread) -> None:
+        """Restore registers, vector state and mask exactly, re-deliver held
+        signals, detach.  Records the pause."""
+        if th.gone or th.orphaned:
+            return
+        try:
+            direct = self.redeliver(th) if th.held else None
+            self.tracer.detach(th, self.keep_deadline(th, th.final_regs()),
+                               "xstate" not in self.unsafe, direct)
+        except (NoSuchProcess, RemoteCallError):
+            if not ptrace.process_exists(self.pid, self.tracer.procfs):
+                raise NoSuchProcess(self.pid, "the process exited while stopped") from None
+            raise
+        finally:
+            if th.t_stop is not None:
+                us = int((time.monotonic() - th.t_stop) * 1e6)
+                self.record.pause_us.append(us)
+                self.stats.pause_us_total += us
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("pid %d tid %d released after %d us, %d calls", self.pid,
+                              th.tid, us, th.frame.calls)
+            self.record.held_signals.extend(h.as_dict() for h in th.held)
+
+
+class Call:
+    """A borrowed thread (yielded by remote.RemoteProcess.borrow)."""
+
+    def __init__(self, caller: Caller, th: Thread, max_scratch: int = MAX_SCRATCH) -> None:
+        self._caller = caller
+        self._th = th
+        self._pid = caller.pid
+        self._max_scratch = max_scratch
+        self.tid = th.tid
+        self.kind = th.verdict.kind
+        self.syscall = th.verdict.syscall
+        self.category = th.verdict.category  # safepoints.RESTARTABLE|EPOLL|FUTEX|GO_RUNTIME|RUNNING
+        self.max_args = caller.arch.MAX_ARGS
+
+    def call(self, func_addr: int, *args: int, timeout_s: float | None = None) -> int:
+        """Call FUNC_ADDR(*ARGS) (integer args) in the thread; returns rax."""
+        return self._caller.call(self._th, int(func_addr), tuple(args), timeout_s)
+
+    def read(self, addr: int, n: int) -> bytes:
+        return memory.read(self._pid, addr, n)
+
+    def write(self, addr: int, data: bytes) -> None:
+        """Write DATA at ADDR, which must lie in this borrow's scratch or
+        buffers (the only target memory allocdiag writes outside a call
+        frame: docs/target-writes.md)."""
+        fr, n = self._th.frame, len(data)
+        inside = fr.scratch_low <= addr and addr + n <= fr.scratch_top or any(
+            m <= addr and addr + n <= m + size for m, size in fr.buffers)
+        if not inside:
+            raise RemoteCallError(f"refusing to write {n} bytes at {addr:#x}: not in this "
+                                  "call's scratch or buffers", pid=self._pid)
+        memory.write(self._pid, addr, data)
+
+    def scratch(self, n: int) -> int:
+        """Address of N bytes (16-aligned) on the thread's stack below the red
+        zone; valid until the borrow ends; nothing to free.  For small things
+        (names, out-values): MAX_SCRATCH bytes in all; output buffers come
+        from ``buffer``."""
+        fr = self._th.frame
+        low = (fr.scratch_low - int(n)) & ~(self._caller.arch.STACK_ALIGN - 1)
+        if fr.scratch_top - low - fr.stack_buffers > self._max_scratch:
+            raise RemoteCallError(f"stack scratch limit {self._max_scratch} bytes "
+                                  "exceeded (use Call.buffer for output buffers)",
+                                  pid=self._pid)
+        fr.scratch_low = low
+        return low
+
+    def buffer(self, n: int) -> int:
+        """Address of N bytes for an output buffer, starting with a NUL:
+        a private anonymous mapping the thread makes (one mmap call),
+        unmapped (one munmap call) before the thread is released -- or,
+        when the thread's measured stack room holds the buffer with the
+        callee's need and STACK_BUFFER_SPARE to spare, below the scratch on
+        its stack.  Never a stack without that room."""
+        return self._caller.buffer(self._th, n)
+
+    def cstring(self, addr: int, limit: int = 1 << 20) -> bytes:
+        """The NUL-terminated string at ADDR, cut at LIMIT bytes.  Each read
+        (up to CSTRING_CHUNK) ends on a page boundary, so it can fault only on
+        a page past the string's end; such a read is retried up to its first
+        page boundary."""
+        out, total = [], 0
+        while total < limit:
+            n = min(CSTRING_CHUNK - addr % PAGE_SIZE, limit - total)
+            try:
+                data = memory.read(self._pid, addr, n)
+            except memory.MemoryFault:
+                data = memory.read(self._pid, addr, min(PAGE_SIZE - addr % PAGE_SIZE, n))
+            i = data.find(b"\0")
+            if i >= 0:
+                out.append(data[:i])
+                break
+            out.append(data)
+            total += len(data)
+            addr += len(data)
+        return b"".join(out)

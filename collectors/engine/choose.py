@@ -1,0 +1,607 @@
+"""Which thread of one process to borrow: the candidates read from /proc
+before any stop (ranked by safepoints.CATEGORY_ORDER, then stack room), and
+the verdict on a stopped one.  Every refusal is a ``safepoints.Refusal``
+(a reason code and its words); the policy itself (which waits, the stack
+walk proof, the Go runtime rule) is ``collectors.engine.safepoints``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from collectors.binary import unwind
+from collectors.engine import memory, ptrace, safepoints, stackbounds
+from collectors.engine.arch import Arch
+from collectors.engine.safepoints import Reason, Refusal, refusal
+from collectors.engine.tracee import At, Thread, Tracer, read_bytes
+from collectors.proc.maps import parse_maps
+from diag.model.errors import AccessDenied, AllocdiagError, NoSuchProcess, RemoteCallError
+
+log = logging.getLogger("collectors.engine")
+
+ERESTART = safepoints.ERESTART
+# What the engine itself puts on a borrowed stack, at most: the red zone it
+# skips (128), 64 bytes of gap, MAX_SCRATCH of small scratch, the call frame
+# (return address and stack arguments) and alignment.
+FRAME_BUDGET = 4 * 1024
+# /proc/PID/task/TID/syscall (fs/proc/base.c proc_pid_syscall): "nr a0..a5 sp pc",
+# or "-1 sp pc" in user code, or "running"
+SYSCALL_LINE_FIELDS = 9
+SYSCALL_ARGS = slice(1, 7)
+MS_PER_S = 1000.0
+STAT_PROCESSOR_FIELD = 36     # /proc/PID/stat field 39 (processor), after "comm)"
+NS_PER_MS = 1_000_000
+NS_PER_S = 1_000_000_000
+TIMESPEC = struct.Struct("<qq")   # struct __kernel_timespec (tv_sec, tv_nsec)
+# syscalls that change the address space, typically for the allocator
+ADDRESS_SPACE_SYSCALLS = frozenset(("brk", "mmap", "munmap", "mremap", "madvise", "mprotect"))
+
+
+def kib(n: int) -> str:
+    return f"{n / 1024:.0f} KiB" if n >= 1024 else f"{n} bytes"
+
+
+def signed32(v: int) -> int:
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v & (1 << 31) else v
+
+
+def exec_start(sched: bytes) -> float | None:
+    """se.exec_start (ms, the task's scheduler clock) from /proc/.../sched."""
+    for line in sched.splitlines():
+        if line.startswith(b"se.exec_start"):
+            return float(line.split(b":")[1]) / MS_PER_S
+    return None
+
+
+@dataclass
+class Facts:
+    """What /proc says of one thread without stopping it; nr -1 when it
+    runs user code."""
+
+    state: str
+    nr: int
+    args: tuple[int, ...]
+    sp: int | None
+    pc: int | None
+    comm: str
+    room: int | None = None
+    words: str = "waiting"
+    since: float | None = None
+
+
+@dataclass
+class Candidate:
+    tid: int
+    category: str
+    facts: Facts
+
+
+@dataclass
+class Round:
+    """The candidates of one round, best first, and why the others are not."""
+
+    candidates: list[Candidate] = field(default_factory=list)
+    refused: dict[int, Refusal] = field(default_factory=dict)
+
+
+class Chooser:
+    """Judges the threads of one process for a borrow."""
+
+    def __init__(self, tracer: Tracer, forbidden: Sequence[tuple[int, int, str]],
+                 stack_need: int, stack_window: int, go_runtime: safepoints.GoRuntime | None
+                 ) -> None:
+        self.tracer = tracer
+        self.pid = tracer.pid
+        self.procfs = tracer.procfs
+        self.arch: Arch = tracer.arch
+        self.forbidden = list(forbidden)
+        self.in_forbidden = safepoints.new_ranges(self.forbidden)   # addr -> the forbidden object's name, or None
+        self.stack_need = stack_need
+        self.stack_window = stack_window
+        self.go = go_runtime
+        self.stackmaps: stackbounds.StackMaps | None = None   # of the current round
+        self.round_sps: tuple[tuple[int, int | None], ...] = ()
+        self.parked = False       # no thread of the current round was running
+        self.room: dict[int, int] = {}   # tid -> room seen this borrow (refusal message)
+        self.restart_kinds: dict[int, tuple[str | None, str | Refusal]] = {}
+        self.judge_stack: safepoints.StackJudge | None = None   # built for a futex wait
+        self._judge_maps: bytes | None = None   # the maps it was built from
+
+    def new_borrow(self) -> None:
+        self.room = {}
+        self.restart_kinds = {}
+
+    def need(self) -> int:
+        """Bytes a call needs below the red zone: the engine's frame budget
+        and the callee's own measured stack use."""
+        return FRAME_BUDGET + self.stack_need
+
+    # ---- before the stop ------------------------------------------------------
+    def thread_facts(self, tid: int) -> Facts:
+        """Facts of TID from /proc, without stopping it.  Raises
+        RemoteCallError when the thread vanished."""
+        stat = read_bytes(self.tracer.task(tid, "stat"), self.pid, tid)
+        sc = read_bytes(self.tracer.task(tid, "syscall"), self.pid, tid).split()
+        comm = stat[stat.find(b"(") + 1:stat.rfind(b")")].decode("utf-8", "replace")
+        state = stat.rsplit(b")", 1)[1].split()[0].decode()
+        nr, sp, pc = -1, None, None
+        args: tuple[int, ...] = ()
+        if sc and sc[0] != b"running":
+            nr = int(sc[0])
+            if len(sc) >= SYSCALL_LINE_FIELDS:
+                args = tuple(int(x, 16) for x in sc[SYSCALL_ARGS])
+                sp, pc = int(sc[-2], 16), int(sc[-1], 16)
+            elif len(sc) >= 3:
+                sp, pc = int(sc[-2], 16), int(sc[-1], 16)
+        return Facts(state, nr, args, sp, pc, comm)
+
+    def classify(self, tid: int, nr: int, args: tuple[int, ...], stopped: bool = False,
+                 pc: int | None = None) -> tuple[str, str] | tuple[None, Refusal]:
+        """(category, words) of a thread blocked in syscall NR at PC, or
+        (None, refusal).  STOPPED: the thread is in our ptrace-stop, so its
+        wait channel no longer says what it waits for (it was checked before
+        the stop).  In a Go executable a wait the general rules refuse, or
+        that needs a walk Go code cannot give, is judged by the Go runtime
+        rule (safepoints.GoRuntime) when its PC is in one of the runtime's stubs."""
+        cat, words = self._classify_wait(tid, nr, args, stopped)
+        if self.go is not None and (cat in (None, safepoints.FUTEX)
+                                    or nr == self.arch.RESTART_SYSCALL):
+            go_cat, go_words = self.go.judge(nr, args, pc, self.arch.RESTART_SYSCALL)
+            if go_cat is not None and go_words is not None:
+                return go_cat, go_words
+            if go_words is not None and cat is None:
+                return None, refusal(Reason.WAIT_REFUSED, words=f"{words}: {go_words}",
+                                     where="")
+        if cat is None:
+            return None, words if isinstance(words, Refusal) else \
+                refusal(Reason.WAIT_REFUSED, words=words, where="")
+        assert isinstance(words, str)
+        return cat, words
+
+    def _classify_wait(self, tid: int, nr: int, args: tuple[int, ...], stopped: bool
+                       ) -> tuple[str | None, str | Refusal]:
+        if nr == self.arch.RESTART_SYSCALL:
+            # Judged like any other wait (safepoints.classify_restart); the
+            # wait channel is read before the stop (in our stop it says
+            # ptrace_stop) and the verdict kept for the stopped thread.
+            if not stopped:
+                try:
+                    wchan = read_bytes(self.tracer.task(tid, "wchan"), self.pid, tid)
+                except AllocdiagError:
+                    return None, refusal(Reason.VANISHED)
+                self.restart_kinds[tid] = safepoints.classify_restart(wchan, args)
+            return self.restart_kinds.get(tid, (None, refusal(Reason.RESTART_UNSEEN)))
+        cat, words = safepoints.classify_wait(nr, args)
+        if cat is None and words is None:
+            name = self.arch.SYSCALL_NAMES.get(nr, f"syscall {nr}")
+            note = ""
+            if nr in (safepoints.NR_semop, safepoints.NR_semtimedop):
+                note = " (a ptrace stop would make it return EINTR)"
+            elif name in ADDRESS_SPACE_SYSCALLS:
+                note = " (changing its address space, typically for the allocator)"
+            return None, refusal(Reason.BUSY_SYSCALL, name=name, note=note, where="")
+        return cat, words or ""
+
+    def candidates(self, only_tid: int | None) -> Round:
+        """Threads worth stopping, best first (safepoints.CATEGORY_ORDER),
+        and why the others are not."""
+        rnd = Round()
+        why = rnd.refused
+        task_dir = f"{self.procfs}/{self.pid}/task"
+        try:
+            tids = [int(t) for t in os.listdir(task_dir)]
+        except OSError as e:
+            raise ptrace.translate_errno(e.errno or 0, self.pid, "list threads") from None
+        if only_tid is not None:
+            if only_tid not in tids:
+                raise RemoteCallError(f"thread {only_tid} does not exist", pid=self.pid)
+            tids = [only_tid]
+        facts_of = {}
+        for tid in tids:
+            try:
+                facts_of[tid] = self.thread_facts(tid)
+            except (NoSuchProcess, AccessDenied):
+                raise
+            except RemoteCallError:
+                continue            # thread vanished
+        # Every thread's stack pointer (blocked threads show it without a
+        # stop), and the mappings: a candidate's room is known before it is
+        # stopped.  The other threads of the process are listed too (only_tid).
+        sps: dict[int, int | None] = {tid: f.sp for tid, f in facts_of.items()}
+        if only_tid is not None:
+            for t in os.listdir(task_dir):
+                if int(t) != only_tid:
+                    with contextlib.suppress(AllocdiagError):
+                        sps[int(t)] = self.thread_facts(int(t)).sp
+        self.round_sps = tuple(sps.items())
+        # True when no thread runs: every one blocked (in a wait or not)
+        self.parked = all(f.state not in ("R", "D") and f.nr != -1 for f in facts_of.values())
+        self.stackmaps = stackbounds.StackMaps(parse_maps(
+            read_bytes(f"{self.procfs}/{self.pid}/maps", self.pid)))
+        cands = []
+        for tid, f in facts_of.items():
+            if f.comm in safepoints.BACKGROUND_THREAD_COMMS:
+                why[tid] = refusal(Reason.BACKGROUND_THREAD, comm=f.comm)
+            elif f.state == "S" and f.nr >= 0:
+                cat, words = self.classify(tid, f.nr, f.args, pc=f.pc)
+                if cat is None:
+                    assert isinstance(words, Refusal)
+                    why[tid] = self._with_where(words, f.pc, f.sp)
+                    continue
+                assert isinstance(words, str)
+                where = self.in_forbidden(f.pc) if f.pc is not None else None
+                if where and not safepoints.is_libc_name(where):
+                    why[tid] = refusal(Reason.ISSUED_INSIDE, subject=words, inside=" inside",
+                                       where=where)
+                    continue
+                f.words = words
+                if cat == safepoints.EPOLL:
+                    f.since = self.last_ran(tid)
+                cands.append(Candidate(tid, cat, f))
+            elif f.state in ("R", "S") and f.nr == -1:
+                if not self.forbidden:
+                    why[tid] = refusal(Reason.RUNNING_UNJUDGED)
+                elif f.pc is not None and self.in_forbidden(f.pc):
+                    why[tid] = refusal(Reason.RUNNING_INSIDE, where=self.in_forbidden(f.pc))
+                else:
+                    cands.append(Candidate(tid, safepoints.RUNNING, f))
+            elif f.state == "D":
+                why[tid] = refusal(Reason.UNINTERRUPTIBLE)
+            elif f.state in ("Z", "X"):
+                why[tid] = refusal(Reason.EXITED)
+            elif f.state in ("T", "t"):
+                why[tid] = refusal(Reason.STOPPED)
+            else:
+                why[tid] = refusal(Reason.OTHER_STATE, state=f.state,
+                                   name=self.arch.SYSCALL_NAMES.get(f.nr, f"syscall {f.nr}"))
+        # A safe point whose stack has no room for the call is no candidate.
+        # (Running threads show no stack pointer: judged once stopped.)
+        for c in cands:
+            if c.facts.sp is not None and c.category != safepoints.RUNNING:
+                c.facts.room, why_not = self.room_at(
+                    c.tid, c.facts.sp, thread_only=c.category == safepoints.GO_RUNTIME)
+                if why_not:
+                    why[c.tid] = why_not.about(c.facts.words)
+                    continue
+            rnd.candidates.append(c)
+        # Best category first; within one, the most room below the stack
+        # pointer first (unknown room -- running threads -- last).
+        rnd.candidates.sort(key=lambda c: (
+            safepoints.CATEGORY_ORDER[c.category],
+            -(c.facts.room if c.facts.room is not None else -1)))
+        for tid, r in why.items():
+            log.debug("pid %d tid %d refused before any stop: %s (%s)", self.pid, tid,
+                      r.code.value, r.text)
+        return rnd
+
+    def room_at(self, tid: int, sp: int, fs_base: int | None = None,
+                thread_only: bool = False) -> tuple[int | None, Refusal | None]:
+        """(room in bytes, None) of thread TID with stack pointer SP, or
+        (None, why it is no candidate): outside a provable stack mapping, or
+        less room than the call needs.  THREAD_ONLY: only a thread stack
+        glibc created counts (the Go runtime rule)."""
+        assert self.stackmaps is not None
+        others = tuple((t, s) for t, s in self.round_sps if t != tid)
+        bounds, why = self.stackmaps.bounds(sp, fs_base, others)
+        if bounds is None:
+            return None, refusal(Reason.STACK_UNPROVEN, why=why)
+        if thread_only and bounds.kind != "thread":
+            return None, refusal(Reason.NOT_THREAD_STACK, kind=bounds.kind)
+        room = stackbounds.room(bounds, sp, self.arch.RED_ZONE)
+        self.room[tid] = room
+        if room < self.need():
+            return None, refusal(Reason.NO_ROOM, room=kib(max(room, 0)), need=kib(self.need()))
+        return room, None
+
+    def _with_where(self, why: Refusal, pc: int | None, sp: int | None) -> Refusal:
+        """WHY with ' inside X' when a walk with CFI parsed already (no
+        parsing, no stop) finds allocator frames."""
+        if self.judge_stack is None or pc is None or sp is None or \
+                why.code not in (Reason.WAIT_REFUSED, Reason.BUSY_SYSCALL):
+            return why
+        try:
+            frames = self.judge_stack.unwinder.walk({unwind.RA: pc, unwind.RSP: sp},
+                                                    parse=False, partial=True)
+        except Exception:
+            return why
+        found = self.judge_stack.verdict(frames)
+        if found is None or found.code is not Reason.ALLOCATOR_FRAME:
+            return why
+        return Refusal(why.code, {**why.args, "where": f" {found.text}"}, why.subject)
+
+    def stack_judge(self, refresh: bool = False) -> safepoints.StackJudge:
+        """The StackJudge of this process (built on first use: only when a
+        futex-waiting thread is the next candidate).  REFRESH: rebuild it if
+        the mappings changed since (dlopen; parsed tables stay cached)."""
+        if self.judge_stack is None or refresh:
+            maps = read_bytes(f"{self.procfs}/{self.pid}/maps", self.pid)
+            if self.judge_stack is None or maps != self._judge_maps:
+                self.judge_stack = safepoints.StackJudge(
+                    self.pid, maps.decode("utf-8", "replace"), self.forbidden,
+                    self.try_read, self.procfs)
+                self._judge_maps = maps
+        return self.judge_stack
+
+    def try_read(self, addr: int, n: int) -> bytes | None:
+        return memory.try_read(self.pid, addr, n)
+
+    def prepare(self, c: Candidate, fresh_maps: bool) -> tuple[bool, Refusal | None]:
+        """Work done before C is stopped (not time spent waiting for a safe
+        point): parse the CFI a futex or resumed wait's walk needs, or load
+        every object's CFI index for a running thread's walk.  Returns (whether
+        it read the mappings, a refusal the look-ahead found)."""
+        if c.category == safepoints.GO_RUNTIME:
+            return False, None      # proven by its stub's range: no walk
+        if c.category == safepoints.FUTEX or c.facts.nr == self.arch.RESTART_SYSCALL:
+            judge = self.stack_judge(refresh=not fresh_maps)
+            pre = judge.prepare(c.facts.pc, c.facts.sp) \
+                if c.facts.pc is not None and c.facts.sp is not None else None
+            if pre is not None:
+                return True, refusal(Reason.ALLOCATOR_AHEAD, subject=c.facts.words,
+                                     frame=pre.text)
+            return True, None
+        if c.category == safepoints.RUNNING and self.forbidden:
+            judge = self.stack_judge(refresh=not fresh_maps)
+            if not fresh_maps:
+                judge.load_tables()
+            return True, None
+        return False, None
+
+    def last_ran(self, tid: int) -> float | None:
+        """CLOCK_MONOTONIC seconds at which TID last ran (it went to sleep
+        then), or None: se.exec_start of /proc/PID/task/TID/sched, the
+        scheduler's task clock of the CPU it slept on, moved onto
+        CLOCK_MONOTONIC by that CPU's offset (clock_offset)."""
+        try:
+            sched = read_bytes(self.tracer.task(tid, "sched"), self.pid, tid)
+            stat = read_bytes(self.tracer.task(tid, "stat"), self.pid, tid)
+            cpu = int(stat.rsplit(b")", 1)[1].split()[STAT_PROCESSOR_FIELD])
+        except (AllocdiagError, ValueError, IndexError):
+            return None
+        theirs = exec_start(sched)
+        offset = clock_offset(cpu)
+        return None if theirs is None or offset is None else theirs + offset
+
+    # ---- the stopped thread -------------------------------------------------------
+    def judge(self, th: Thread) -> Refusal | None:
+        """None when TH is at a safe point (its verdict filled in), else the
+        refusal."""
+        v = th.verdict
+        if th.at is At.GROUP:
+            return refusal(Reason.GROUP_STOP)
+        nr, ret = self.arch.syscall_state(th.regs)
+        eintr_fix = None
+        if nr >= 0 and ret == -safepoints.EINTR and nr in safepoints.EINTR_RESTARTABLE:
+            # The stop made this wait return EINTR: whether borrowed or not,
+            # give it back as -ERESTARTNOHAND, so the kernel restarts it (or
+            # returns EINTR if a signal with a handler is delivered on the
+            # way out, as it would have without us).
+            eintr_fix = self.eintr_restartable(th)
+            if eintr_fix is None:
+                v.restart_rax = -safepoints.ERESTARTNOHAND
+                v.timeout_ns = self.timeout_arg(th.regs)
+        if nr >= 0:
+            cat, name = self.classify(th.tid, nr, self.arch.syscall_args(th.regs),
+                                      stopped=True, pc=self.arch.pc(th.regs))
+            if cat is None:
+                assert isinstance(name, Refusal)
+                return name
+            assert isinstance(name, str)
+            # The wait must not have been issued by the allocator itself (e.g.
+            # a spin-lock back-off sleep): PC may be in libc's syscall wrapper,
+            # but no forbidden non-libc text.
+            pc_where = self.in_forbidden(self.arch.pc(th.regs))
+            if pc_where and not safepoints.is_libc_name(pc_where):
+                return refusal(Reason.ISSUED_INSIDE, subject=name, inside="", where=pc_where)
+            if ret == -safepoints.EINTR and v.restart_rax is None:
+                return refusal(Reason.EINTR_NOT_RESTARTABLE, subject=name,
+                               why=eintr_fix or "not a wait")
+            if cat == safepoints.FUTEX:
+                why = self.stack_judge().judge(unwind.regs_from_user(th.regs))
+                if why:
+                    return why.about(name)
+            elif nr == self.arch.RESTART_SYSCALL and cat != safepoints.GO_RUNTIME:
+                why = self.walk_resumed(th)
+                if why:
+                    return why.about(name)
+                name = v.syscall or name
+            tight = self.fit(th, thread_only=cat == safepoints.GO_RUNTIME)
+            if tight:
+                return tight.about(name)
+            v.syscall = name
+            v.category = cat
+            v.boundary = ret not in ERESTART and v.restart_rax is None
+            v.kind = "idle"
+            return None
+        # in user code
+        if not self.forbidden:
+            return refusal(Reason.RUNNING_UNJUDGED)
+        where = self.in_forbidden(self.arch.pc(th.regs))
+        if where:
+            return refusal(Reason.RUNNING_INSIDE, where=where)
+        # Two checks, both must pass: a CFI walk finds allocator frames at
+        # any depth (and refuses signal frames: a handler may have
+        # interrupted malloc), and the scan of the stack top refuses any
+        # return-address-looking word into libc or the allocator (it also
+        # covers JIT or unmapped code, where no walk is possible).
+        walked = self.walk_running(th)
+        if walked:
+            return walked
+        sp = self.arch.sp(th.regs)
+        for addr, word in self.stack_words(sp, self.stack_window):
+            where = self.in_forbidden(word)
+            if where:
+                return refusal(Reason.RUNNING_RETURN_ADDRESS, where=where, offset=addr - sp)
+        tight = self.fit(th)
+        if tight:
+            return tight.about(safepoints.RUNNING_SUBJECT)
+        v.kind = "running"
+        v.category = safepoints.RUNNING
+        return None
+
+    def fit(self, th: Thread, thread_only: bool = False) -> Refusal | None:
+        """None when the stopped thread's own stack mapping has room for
+        the call (its fs_base now known), with its frame bounds set; else
+        why not."""
+        assert self.stackmaps is not None
+        sp = self.arch.sp(th.regs)
+        _, why = self.room_at(th.tid, sp, self.arch.thread_pointer(th.regs), thread_only)
+        if why:
+            return why
+        th.frame.bounds, _ = self.stackmaps.bounds(sp, self.arch.thread_pointer(th.regs))
+        th.frame.callee_need = self.stack_need
+        return None
+
+    def walk_running(self, th: Thread) -> Refusal | None:
+        """CFI walk of a running thread: None when every frame lies outside
+        allocator code or no walk is possible, a refusal when one does not
+        or when the walk meets a CFA given as an expression (a signal frame
+        or PLT stub: a handler may have interrupted malloc)."""
+        judge = self.judge_stack
+        if judge is None:
+            return None
+        try:
+            frames = judge.unwinder.walk(unwind.regs_from_user(th.regs), parse=False)
+        except unwind.NeedsParse:
+            return None
+        except unwind.CFAExpression as e:
+            return refusal(Reason.RUNNING_UNPROVABLE, error=str(e))
+        except Exception:
+            return None
+        where = judge.allocator_frame(frames)
+        return refusal(Reason.RUNNING_CALLED_FROM, where=f"inside {where}") if where else None
+
+    def walk_resumed(self, th: Thread) -> Refusal | None:
+        """A sleep or poll resumed by restart_syscall: None when an
+        .eh_frame walk from the stopped registers (CFI parsed before the
+        stop) reaches the program's own frames with none in allocator code
+        (gperftools' spin lock sleeps in nanosleep), else why not."""
+        judge = self.stack_judge()
+        frames, why = judge.walk(unwind.regs_from_user(th.regs))
+        if frames is None:
+            return why
+        where = judge.allocator_frame(frames)
+        if where:
+            return refusal(Reason.ALLOCATOR_FRAME, where=where)
+        if len(frames) < 2:
+            return refusal(Reason.WALK_UNPROVEN, why="stack walk found no caller")
+        fn = judge.libc_function(frames[0])
+        if fn:
+            th.verdict.syscall = f"{fn} (resumed by restart_syscall)"
+        return None
+
+    def timeout_arg(self, regs: Any) -> int | None:
+        """The finite relative timeout (ns) an epoll-family wait was called
+        with, read at the stop (before any call reuses the stack), or None
+        (infinite, non-blocking, unreadable, or not such a wait)."""
+        nr, _ = self.arch.syscall_state(regs)
+        args = self.arch.syscall_args(regs)
+        if nr in safepoints.TIMEOUT_MS_ARG:
+            ms = signed32(args[safepoints.TIMEOUT_MS_ARG[nr]])
+            return ms * NS_PER_MS if ms > 0 else None
+        if nr in safepoints.TIMESPEC_ARG:
+            ptr = args[safepoints.TIMESPEC_ARG[nr]]
+            ts = memory.try_read(self.pid, ptr, TIMESPEC.size) if ptr else None
+            if ts is None:
+                return None
+            sec, nsec = TIMESPEC.unpack(ts)
+            return sec * NS_PER_S + nsec if sec >= 0 and 0 <= nsec < NS_PER_S else None
+        return None
+
+    def eintr_restartable(self, th: Thread) -> str | None:
+        """None when a wait that holds -EINTR at the stop may be restored
+        with -ERESTARTNOHAND: a 64-bit `syscall` instruction just before rip
+        (int 0x80 is also 2 bytes but uses i386 numbers) and orig_rax >= 0
+        (else the kernel would not restart and -514 would reach the program)."""
+        regs = th.regs
+        if self.arch.code_segment(regs) != safepoints.USER_CS_64:
+            return "not 64-bit code"
+        nr, _ = self.arch.syscall_state(regs)
+        if nr < 0:
+            return "no syscall to restart"
+        insn = self.try_read(self.arch.pc(regs) - len(safepoints.SYSCALL_INSN),
+                             len(safepoints.SYSCALL_INSN))
+        if insn != safepoints.SYSCALL_INSN:
+            return "no syscall instruction before the pc"
+        return None
+
+    def stack_words(self, sp: int, window: int) -> list[tuple[int, int]]:
+        out = []
+        addr, end = sp, sp + window
+        w = self.arch.WORD
+        while addr < end:
+            chunk = min(end - addr, stackbounds.PAGE_SIZE - (addr % stackbounds.PAGE_SIZE))
+            data = memory.try_read(self.pid, addr, chunk)
+            if data is None:
+                break
+            for i in range(0, len(data) - w + 1, w):
+                out.append((addr + i, int.from_bytes(data[i:i + w], "little")))
+            addr += chunk
+        return out
+
+    # ---- the message when no thread was borrowed ------------------------------------
+    def refusal_message(self, why: dict[int, Refusal], only_tid: int | None,
+                        deadline_s: float) -> str:
+        """Per thread, what it was doing and why it was not borrowed, and
+        what the user can do."""
+        detail = "; ".join(f"tid {t} {r.text}" for t, r in sorted(why.items())[:12])
+        if len(why) > 12:
+            detail += f"; ... ({len(why) - 12} more threads)"
+        secs = f"{deadline_s:g}"
+        if any(r.code is Reason.NO_ROOM for r in why.values()):
+            # Safe points existed but their stacks were too small: say so
+            # first (the per-thread detail follows).
+            head = (f"no thread has room for the call: largest room "
+                    f"{kib(max(0, max(self.room.values(), default=0)))}, the call needs "
+                    f"{kib(self.need())}")
+            return f"{head}: {detail}"
+        if only_tid is not None:
+            head = f"thread {only_tid} was never at a safe point for {secs} s"
+            return f"{head}: {detail}" if detail else head
+        if why and self.forbidden and all(r.busy for r in why.values()):
+            head = (f"every thread was busy inside the allocator or libc for {secs} s "
+                    "(none parked in a wait, none interrupted outside allocator/libc text)")
+        else:
+            head = f"no thread could be borrowed safely within {secs} s"
+        hint = ("; what to do: try again (threads move between waits), give it more "
+                "time, or read what needs no call into the process (--no-attach)")
+        return (f"{head}: {detail}" if detail else head) + hint
+
+
+def clock_offset(cpu: int) -> float | None:
+    """CLOCK_MONOTONIC minus CPU's scheduler task clock, in seconds.
+    The task clock leaves out IRQ and steal time, so it drifts from
+    CLOCK_MONOTONIC differently on each CPU: measured on that CPU, by
+    this thread waking there from a short sleep (the scheduler sets
+    exec_start as it picks the thread) and reading its own exec_start
+    at once; the smallest of three (the least delay after the pick)."""
+    try:
+        old = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {cpu})
+    except OSError:
+        return None
+    try:
+        best = None
+        for _ in range(3):
+            time.sleep(0.00002)
+            with open("/proc/thread-self/sched", "rb") as f:
+                ours = exec_start(f.read())
+            now = time.monotonic()
+            if ours is not None and (best is None or now - ours < best):
+                best = now - ours
+        return best
+    except OSError:
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, old)
+
+

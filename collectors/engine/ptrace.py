@@ -1,0 +1,166 @@
+"""Thin ctypes layer over the Linux syscalls the remote-call engine needs.
+
+ptrace (SEIZE, INTERRUPT, CONT, DETACH, GETREGS/SETREGS, GETREGSET/SETREGSET,
+GETSIGINFO/SETSIGINFO, GETSIGMASK/SETSIGMASK), waitpid with ``__WALL``,
+tgkill and prctl.  Numbers come from ``collectors.engine.abi``.
+
+Nothing here knows about registers' meaning or call frames (the ``arch_*``
+module), about stops (``tracee``) or about when it is safe to stop a thread
+(``safepoints``).  Process memory is ``collectors.engine.memory``.
+
+errno is translated by ``collectors.proc.oserror.translate`` (traced=True):
+
+- ESRCH  -> NoSuchProcess when the process is gone, otherwise RemoteCallError
+            (thread gone, or not in a ptrace-stop);
+- EPERM/EACCES -> AccessDenied (with the ptrace remediation text);
+- anything else -> RemoteCallError naming the operation and the errno.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+
+from collectors.engine import abi
+from collectors.proc import oserror
+from diag.model.errors import AllocdiagError
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def set_timerslack_ns(ns: int) -> None:
+    """Timer slack of the calling thread (prctl PR_SET_TIMERSLACK): the
+    tracer's short sleeps while it waits for a tracee should not be rounded
+    up by the default 50 us.  Best effort."""
+    _libc.prctl(abi.PR_SET_TIMERSLACK, ctypes.c_ulong(ns), 0, 0, 0)
+
+
+class iovec(ctypes.Structure):
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+
+_ptrace = _libc.ptrace
+_ptrace.restype = ctypes.c_long
+_ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+_SYS_tgkill = abi.SYS_TGKILL.get(os.uname().machine)
+
+
+# --------------------------------------------------------------------------
+# errno translation: collectors.proc.oserror is the one place
+
+process_exists = oserror.process_exists
+
+
+def translate_errno(err: int, pid: int, what: str, tid: int | None = None
+                    ) -> AllocdiagError | OSError:
+    """The allocdiag exception for errno ERR of ptrace/tgkill operation WHAT."""
+    return oserror.translate(err, pid, what, tid=tid, traced=True)
+
+
+def _check(ret: int, pid: int, what: str, tid: int | None = None) -> int:
+    if ret == -1:
+        raise translate_errno(ctypes.get_errno(), pid, what, tid)
+    return ret
+
+
+def _pt(req: int, tid: int, addr: int | None, data: int | None, pid: int, what: str) -> int:
+    ctypes.set_errno(0)
+    ret: int = _ptrace(req, tid, addr, data)
+    return _check(ret, pid, what, tid)
+
+
+# --------------------------------------------------------------------------
+# ptrace requests.  ``pid`` is the thread-group id, used for error messages and
+# to tell "process gone" from "thread gone"; ``tid`` is the tracee.
+
+def seize(tid: int, pid: int, options: int = 0) -> None:
+    """PTRACE_SEIZE without stopping.  Never pass PTRACE_O_EXITKILL."""
+    _pt(abi.PTRACE_SEIZE, tid, None, options, pid, "PTRACE_SEIZE")
+
+
+def interrupt(tid: int, pid: int) -> None:
+    _pt(abi.PTRACE_INTERRUPT, tid, None, None, pid, "PTRACE_INTERRUPT")
+
+
+def cont(tid: int, pid: int, sig: int = 0) -> None:
+    _pt(abi.PTRACE_CONT, tid, None, sig, pid, "PTRACE_CONT")
+
+
+def detach(tid: int, pid: int, sig: int = 0) -> None:
+    _pt(abi.PTRACE_DETACH, tid, None, sig, pid, "PTRACE_DETACH")
+
+
+def getregs(tid: int, pid: int, regs: ctypes.Structure) -> None:
+    """PTRACE_GETREGS into the ctypes structure REGS (x86)."""
+    _pt(abi.PTRACE_GETREGS, tid, None, ctypes.addressof(regs), pid, "PTRACE_GETREGS")
+
+
+def setregs(tid: int, pid: int, regs: ctypes.Structure) -> None:
+    _pt(abi.PTRACE_SETREGS, tid, None, ctypes.addressof(regs), pid, "PTRACE_SETREGS")
+
+
+def getregset(tid: int, pid: int, nt: int, buf: ctypes.Array[ctypes.c_char]) -> bytes:
+    """PTRACE_GETREGSET into the ctypes buffer BUF; returns the bytes the
+    kernel filled (it shrinks iov_len to the regset's real size)."""
+    iov = iovec(ctypes.addressof(buf), ctypes.sizeof(buf))
+    _pt(abi.PTRACE_GETREGSET, tid, nt, ctypes.addressof(iov), pid,
+        f"PTRACE_GETREGSET({nt:#x})")
+    return ctypes.string_at(ctypes.addressof(buf), iov.iov_len)
+
+
+def setregset(tid: int, pid: int, nt: int, data: bytes) -> None:
+    buf = ctypes.create_string_buffer(bytes(data), len(data))
+    iov = iovec(ctypes.addressof(buf), len(data))
+    _pt(abi.PTRACE_SETREGSET, tid, nt, ctypes.addressof(iov), pid,
+        f"PTRACE_SETREGSET({nt:#x})")
+
+
+def getsiginfo(tid: int, pid: int) -> bytes:
+    buf = ctypes.create_string_buffer(abi.SIGINFO_SIZE)
+    _pt(abi.PTRACE_GETSIGINFO, tid, None, ctypes.addressof(buf), pid, "PTRACE_GETSIGINFO")
+    return buf.raw
+
+
+def setsiginfo(tid: int, pid: int, raw: bytes) -> None:
+    buf = ctypes.create_string_buffer(bytes(raw), abi.SIGINFO_SIZE)
+    _pt(abi.PTRACE_SETSIGINFO, tid, None, ctypes.addressof(buf), pid, "PTRACE_SETSIGINFO")
+
+
+def getsigmask(tid: int, pid: int) -> int:
+    v = ctypes.c_uint64()
+    _pt(abi.PTRACE_GETSIGMASK, tid, abi.SIGSET_SIZE, ctypes.addressof(v), pid,
+        "PTRACE_GETSIGMASK")
+    return v.value
+
+
+def setsigmask(tid: int, pid: int, mask: int) -> None:
+    v = ctypes.c_uint64(mask)
+    _pt(abi.PTRACE_SETSIGMASK, tid, abi.SIGSET_SIZE, ctypes.addressof(v), pid,
+        "PTRACE_SETSIGMASK")
+
+
+# --------------------------------------------------------------------------
+# waitpid
+
+def waitpid_nohang(tid: int, pid: int) -> int | None:
+    """waitpid(tid, WNOHANG|__WALL).  Returns the raw status, or None when
+    nothing is reportable yet.  ECHILD is translated (tracee gone/untraced)."""
+    try:
+        got, status = os.waitpid(tid, abi.WNOHANG | abi.WALL)
+    except ChildProcessError:
+        raise translate_errno(errno.ECHILD, pid, "waitpid", tid) from None
+    except OSError as e:
+        raise translate_errno(e.errno or 0, pid, "waitpid", tid) from None
+    if got == 0:
+        return None
+    return status
+
+
+def tgkill(pid: int, tid: int, sig: int) -> None:
+    ctypes.set_errno(0)
+    ret: int = _syscall(_SYS_tgkill, pid, tid, sig)
+    _check(ret, pid, "tgkill", tid)
