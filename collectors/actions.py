@@ -15,7 +15,6 @@ import logging
 
 from collectors import livestats
 from collectors.allocators import common, registry
-from collectors.allocators.glibc.knobs import MALLOPT  # noqa: F401  (collectors.actions.MALLOPT)
 from diag.model.errors import Unsupported
 
 log = logging.getLogger("collectors.allocators")

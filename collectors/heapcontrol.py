@@ -41,7 +41,6 @@ import stat
 
 from collectors import livestats
 
-from collectors.engine import remote
 from collectors.allocators import common
 from collectors.allocators.registry import for_kind
 from collectors.detect import detect

@@ -9,9 +9,7 @@ its own INFO memory allocator_* with the load quiesced.
 """
 
 import json
-import os
 import subprocess
-import sys
 import threading
 import time
 

@@ -93,3 +93,19 @@ def start_options(options, env, option):
             env[key] = value
         else:
             option(key, value, env)
+
+
+class KnobsBase:
+    """What most allocators' ``Knobs`` (interface.Knobs) share: no
+    configuration strings read out of the process, no refusal hint.  A
+    subclass names its runtime knobs and binds its module's ``read`` and
+    ``start_env``."""
+
+    runtime: tuple[str, ...] = ()
+    conf_strings: bool = False
+
+    def conf_sources(self, image: Any, obj: Any, prefix: str | None) -> dict[str, Any]:
+        return {}
+
+    def refusal_hint(self, name: str) -> str | None:
+        return None

@@ -49,7 +49,7 @@ import struct
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import IO, Protocol
+from typing import Protocol
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile

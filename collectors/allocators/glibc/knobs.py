@@ -43,34 +43,6 @@ def read(native: dict[str, Any]) -> dict[str, Knob]:
     return out
 
 
-class Knobs:
-    runtime: tuple[str, ...] = tuple(MALLOPT)
-    conf_strings: bool = False
-
-    def conf_sources(self, image: Any, obj: Any, prefix: str | None) -> dict[str, Any]:
-        return {}
-
-    def read(self, native: dict[str, Any]) -> dict[str, Knob]:
-        return read(native)
-
-    def start_env(self, options: list[tuple[str, str]], env: dict[str, str]) -> None:
-        start_env(options, env)
-
-    def refusal_hint(self, name: str) -> str | None:
-        return None
-
-    def set(self, rp: Any, resolve: Callable[[str], int], prefix: str | None,
-            name: str, value: str) -> tuple[str | None, str, str]:
-        fn = resolve("mallopt")
-        v = int_value(value, name)
-        with rp.borrow() as c:
-            ok = c.call(fn, MALLOPT[name] & common.U64, v & common.U64) & common.INT_RETURN
-        if ok != 1:
-            raise Unsupported(f"mallopt({name}, {v}) refused by glibc (returned {ok})")
-        return None, str(v), "glibc has no getter for mallopt parameters: the old value is unknown; " \
-                             "setting it disables glibc's dynamic mmap/trim thresholds"
-
-
 def start_env(options: list[tuple[str, str]], env: dict[str, str]) -> None:
     """GLIBC_TUNABLES=glibc.malloc.k=v:... (``glibc.*`` names as they are)."""
     tunables: list[str] = []
@@ -96,3 +68,20 @@ def glibc_tunables(env: dict[str, str]) -> dict[str, tuple[str, str]]:
         if sep and k.startswith("glibc.malloc."):
             out[k[len("glibc.malloc."):]] = (v, "env GLIBC_TUNABLES")
     return out
+
+
+class Knobs(common.KnobsBase):
+    runtime: tuple[str, ...] = tuple(MALLOPT)
+    read = staticmethod(read)
+    start_env = staticmethod(start_env)
+
+    def set(self, rp: Any, resolve: Callable[[str], int], prefix: str | None,
+            name: str, value: str) -> tuple[str | None, str, str]:
+        fn = resolve("mallopt")
+        v = int_value(value, name)
+        with rp.borrow() as c:
+            ok = c.call(fn, MALLOPT[name] & common.U64, v & common.U64) & common.INT_RETURN
+        if ok != 1:
+            raise Unsupported(f"mallopt({name}, {v}) refused by glibc (returned {ok})")
+        return None, str(v), "glibc has no getter for mallopt parameters: the old value is unknown; " \
+                             "setting it disables glibc's dynamic mmap/trim thresholds"

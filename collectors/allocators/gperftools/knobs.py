@@ -46,18 +46,19 @@ def read(native: dict[str, Any]) -> dict[str, Knob]:
     return out
 
 
-class Knobs:
+def start_env(options: list[tuple[str, str]], env: dict[str, str]) -> None:
+    """TCMALLOC_K=v for gperftools' option names."""
+    common.start_options(options, env, _option)
+
+
+def _option(key: str, value: str, env: dict[str, str]) -> None:
+    env[f"TCMALLOC_{key.upper()}"] = value
+
+
+class Knobs(common.KnobsBase):
     runtime: tuple[str, ...] = ("max_total_thread_cache_bytes",)
-    conf_strings: bool = False
-
-    def conf_sources(self, image: Any, obj: Any, prefix: str | None) -> dict[str, Any]:
-        return {}
-
-    def read(self, native: dict[str, Any]) -> dict[str, Knob]:
-        return read(native)
-
-    def start_env(self, options: list[tuple[str, str]], env: dict[str, str]) -> None:
-        start_env(options, env)
+    read = staticmethod(read)
+    start_env = staticmethod(start_env)
 
     def refusal_hint(self, name: str) -> str | None:
         if name.upper().startswith("TCMALLOC_RELEASE_RATE"):
@@ -83,12 +84,3 @@ class Knobs:
         if not ok:
             raise Unsupported(f"tcmalloc refused {prop}={v}")
         return str(old), str(new), f"MallocExtension_SetNumericProperty({prop})"
-
-
-def start_env(options: list[tuple[str, str]], env: dict[str, str]) -> None:
-    """TCMALLOC_K=v for gperftools' option names."""
-    common.start_options(options, env, _option)
-
-
-def _option(key: str, value: str, env: dict[str, str]) -> None:
-    env[f"TCMALLOC_{key.upper()}"] = value

@@ -110,28 +110,6 @@ def _fmt_conf(v: str) -> str:
     return {"1": "true", "0": "false"}.get(v, v).lower() if v in ("true", "false", "1", "0") else v
 
 
-class Knobs:
-    runtime: tuple[str, ...] = ("dirty_decay_ms", "muzzy_decay_ms", "background_thread")
-    conf_strings: bool = True
-
-    def conf_sources(self, image: Any, obj: Any, prefix: str | None) -> dict[str, Any]:
-        from collectors.allocators.jemalloc.config import jemalloc_sources
-        return {"jemalloc": jemalloc_sources(image, obj, prefix), "prefix": prefix or ""}
-
-    def read(self, native: dict[str, Any]) -> dict[str, Knob]:
-        return read(native)
-
-    def refusal_hint(self, name: str) -> str | None:
-        return None
-
-    def set(self, session: Any, resolve: Callable[[str], int], prefix: str | None,
-            name: str, value: str) -> tuple[str | None, str, str]:
-        return _set(session, resolve((prefix or "") + "mallctl"), name, value)
-
-    def start_env(self, options: list[tuple[str, str]], env: dict[str, str]) -> None:
-        start_env(options, env)
-
-
 def _set(rp: Any, mallctl: int, name: str, value: Any) -> tuple[str | None, str, str]:
     if name == "background_thread":
         flag = str(value).lower()
@@ -173,3 +151,19 @@ def start_env(options: list[tuple[str, str]], env: dict[str, str]) -> None:
     common.start_options(options, env, lambda k, v, e: conf.append(f"{k}:{v}"))
     if conf:
         env["MALLOC_CONF"] = ",".join(conf)
+
+
+class Knobs(common.KnobsBase):
+    runtime: tuple[str, ...] = ("dirty_decay_ms", "muzzy_decay_ms", "background_thread")
+    conf_strings: bool = True
+
+    def conf_sources(self, image: Any, obj: Any, prefix: str | None) -> dict[str, Any]:
+        from collectors.allocators.jemalloc.config import jemalloc_sources
+        return {"jemalloc": jemalloc_sources(image, obj, prefix), "prefix": prefix or ""}
+
+    read = staticmethod(read)
+    start_env = staticmethod(start_env)
+
+    def set(self, session: Any, resolve: Callable[[str], int], prefix: str | None,
+            name: str, value: str) -> tuple[str | None, str, str]:
+        return _set(session, resolve((prefix or "") + "mallctl"), name, value)

@@ -32,34 +32,6 @@ def read(native: dict[str, Any]) -> dict[str, Knob]:
     return out
 
 
-class Knobs:
-    runtime: tuple[str, ...] = tuple(n for n in mimalloc.OPTIONS_2_0 if not n.startswith("deprecated_"))
-    conf_strings: bool = False
-
-    def conf_sources(self, image: Any, obj: Any, prefix: str | None) -> dict[str, Any]:
-        return {}
-
-    def read(self, native: dict[str, Any]) -> dict[str, Knob]:
-        return read(native)
-
-    def start_env(self, options: list[tuple[str, str]], env: dict[str, str]) -> None:
-        start_env(options, env)
-
-    def refusal_hint(self, name: str) -> str | None:
-        return None
-
-    def set(self, rp: Any, resolve: Callable[[str], int], prefix: str | None,
-            name: str, value: str) -> tuple[str | None, str, str]:
-        idx = mimalloc.OPTIONS_2_0.index(name)
-        get, put = resolve("mi_option_get"), resolve("mi_option_set")
-        v = int_value(value, name)
-        with rp.borrow() as c:
-            old = common.signed(c.call(get, idx))
-            c.call(put, idx, v & common.U64)
-            new = common.signed(c.call(get, idx))
-        return str(old), str(new), f"mi_option_set({name})"
-
-
 def start_env(options: list[tuple[str, str]], env: dict[str, str]) -> None:
     """MIMALLOC_K=v; ``purge_delay`` (the 2.1 name) also sets
     MIMALLOC_DECOMMIT_DELAY, its 2.0 name, and vice versa."""
@@ -82,3 +54,20 @@ def prefixed_env(env: dict[str, str], prefix: str) -> dict[str, tuple[str, str]]
         if k.upper().startswith(prefix):
             out[k[len(prefix):].lower()] = (v, f"env {k}")
     return out
+
+
+class Knobs(common.KnobsBase):
+    runtime: tuple[str, ...] = tuple(n for n in mimalloc.OPTIONS_2_0 if not n.startswith("deprecated_"))
+    read = staticmethod(read)
+    start_env = staticmethod(start_env)
+
+    def set(self, rp: Any, resolve: Callable[[str], int], prefix: str | None,
+            name: str, value: str) -> tuple[str | None, str, str]:
+        idx = mimalloc.OPTIONS_2_0.index(name)
+        get, put = resolve("mi_option_get"), resolve("mi_option_set")
+        v = int_value(value, name)
+        with rp.borrow() as c:
+            old = common.signed(c.call(get, idx))
+            c.call(put, idx, v & common.U64)
+            new = common.signed(c.call(get, idx))
+        return str(old), str(new), f"mi_option_set({name})"
