@@ -431,10 +431,10 @@ def test_source_close_detaches_held_threads(monkeypatch):
     remote engine still holds (orphans that did not stop in time); other
     processes' orphans stay for their own source.  Before the fix close()
     looked for a diag.actions.detach that does not exist and did nothing."""
-    from collectors.engine import remote
+    from collectors.engine import tracee
     from diag import source as source_mod
     held = {101: types.SimpleNamespace(pid=4242), 202: types.SimpleNamespace(pid=999)}
-    monkeypatch.setattr(remote, "_orphans", held)
+    monkeypatch.setattr(tracee.REGISTRY, "orphans", held)
     stopped = []
 
     def reap():                     # each held thread has stopped by now
@@ -442,7 +442,7 @@ def test_source_close_detaches_held_threads(monkeypatch):
             stopped.append(tid)
             held.pop(tid)
         held[202] = types.SimpleNamespace(pid=999)   # not ours: still running
-    monkeypatch.setattr(remote, "_reap_orphans", reap)
+    monkeypatch.setattr(tracee, "reap_orphans", reap)
     assert source_mod.ProcessSource(4242).close() == []
     assert 101 in stopped and 101 not in held
     assert source_mod.ProcessSource(4242, no_attach=True).close() == []

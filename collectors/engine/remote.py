@@ -103,7 +103,6 @@ TIMERSLACK_NS = 1000        # the tracer's sleeps while it waits (ptrace.set_tim
 # names kept for callers and tests
 _load_arch = arch.load
 _quarantine = REGISTRY.quarantine
-_reap_orphans = reap_orphans
 __all__ += ["Registry", "REGISTRY", "SigInfo", "Stop", "FRAME_BUDGET", "Reason", "Refusal",
             "MemoryReader"]
 
