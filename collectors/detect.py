@@ -163,6 +163,11 @@ def requested_preloads(image):
 
 # -- detection ----------------------------------------------------------------
 
+# Detection.how, in the words of the -v line
+HOW_WORDS = {"got": "read from a malloc GOT slot", "lookup-order": "by symbol lookup order",
+             "static": "a static executable", "go": "a Go binary"}
+
+
 class Detection:
     """The result: ``allocator`` (model), plus what the preload verdict needs."""
 
@@ -270,6 +275,8 @@ def _detect(image, mem, evidence, all_bindings):
         allocator = Allocator(**{f: getattr(serving_ref, f) for f in
                                  ("kind", "version", "linkage", "path", "prefix", "variant", "evidence")},
                               others=tuple(others))
+    log.info("pid %s: malloc served by %s (%s), %s", image.pid, allocator.kind,
+             allocator.linkage or "-", HOW_WORDS.get(how, "no object defines malloc"))
     return Detection(allocator, serving, bindings, order, how)
 
 

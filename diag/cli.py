@@ -25,8 +25,9 @@ def build_parser():
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"allocdiag {__version__}")
     p.add_argument("-v", "--verbose", action="store_true",
-                   help="log what allocdiag decides (which thread, which allocator, which "
-                        "fallback) on stderr, one line each")
+                   help="log what allocdiag decides on stderr, one line each: which "
+                        "allocator serves malloc, which thread was borrowed and how long "
+                        "it stopped, a reader's fallback")
     p.add_argument("--debug", action="store_true",
                    help="log everything, with each logger's name, and show tracebacks of "
                         "internal errors")

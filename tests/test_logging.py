@@ -48,8 +48,14 @@ def test_debug_shows_the_engine_and_the_allocator_decisions():
         assert f" {name}: " in r.stderr, f"no {name} line in:\n{r.stderr[-3000:]}"
 
 
-def test_verbose_is_info_only():
+def test_verbose_says_the_decisions_in_one_line_each():
+    """-v: which allocator serves malloc and how that was found, which thread
+    was borrowed and for how long; no debug lines."""
     with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
-        quiet = allocdiag("-v", "inspect", "--json", str(t.pid))
-    assert quiet.returncode == 0
-    assert all(line.startswith("allocdiag: ") for line in quiet.stderr.splitlines() if line)
+        r = allocdiag("-v", "inspect", "--json", str(t.pid))
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line]
+    assert all(line.startswith("allocdiag: ") for line in lines), lines
+    assert any(f"pid {t.pid}: malloc served by jemalloc (preload)" in line for line in lines), lines
+    assert any("borrowed: stopped" in line and " us for " in line for line in lines), lines
+    assert not any(" collectors.engine: " in line for line in lines)

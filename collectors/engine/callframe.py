@@ -180,7 +180,7 @@ class Caller:
         why = (f"a call to {func:#x} on thread {th.tid} did not return within "
                f"{timeout:g} s; its allocator may now hold a lock forever, so "
                "allocdiag makes no further remote calls to this process in this run")
-        log.debug("pid %d tid %d call %#x timed out after %g s", self.pid, th.tid, func,
+        log.info("pid %d tid %d call %#x timed out after %g s", self.pid, th.tid, func,
                   timeout)
         quarantine(self.pid, self.tracer.start, why)
         ptrace.interrupt(th.tid, self.pid)
@@ -360,9 +360,10 @@ class Caller:
                 us = int((time.monotonic() - th.t_stop) * 1e6)
                 self.record.pause_us.append(us)
                 self.stats.pause_us_total += us
-                if log.isEnabledFor(logging.DEBUG):
-                    log.debug("pid %d tid %d released after %d us, %d calls", self.pid,
-                              th.tid, us, th.frame.calls)
+                if log.isEnabledFor(logging.INFO):
+                    log.info("pid %d tid %d (%s %s) borrowed: stopped %d us for %d calls",
+                             self.pid, th.tid, th.verdict.category, th.verdict.syscall, us,
+                             th.frame.calls)
             self.record.held_signals.extend(h.as_dict() for h in th.held)
 
 

@@ -273,7 +273,7 @@ def is_quarantined(pid: int, procfs: str = "/proc") -> bool:
 
 
 def quarantine(pid: int, starttime: int | None, reason: str) -> None:
-    log.debug("pid %d quarantined: %s", pid, reason)
+    log.info("pid %d quarantined: %s", pid, reason)
     with REGISTRY.lock:
         REGISTRY.quarantine.setdefault((pid, starttime), reason)
 

@@ -427,7 +427,7 @@ class Session:
                 t.end_ns = now
                 self._close_thread(t)
         self.t1_ns = now
-        log.debug("pid %d: window ended after %.3f s: %d samples, %d switch samples, "
+        log.info("pid %d: window ended after %.3f s: %d samples, %d switch samples, "
                   "%d records lost, %d threads (%d exited)", self.pid,
                   (now - (self.t0_ns or now)) / 1e9, self.samples, self.switch_samples,
                   self.lost, len(self.threads), self.exited)

@@ -153,7 +153,7 @@ def plan(res: Any, obj: Any, alloc: Any, opts: dict[str, Any]) -> dict[str, Any]
         a["bound"] = output_bound(count_arenas(res.maps()))
         log.debug("glibc: malloc_info into fmemopen, bound %d bytes", a["bound"])
     else:
-        log.debug("glibc: mallinfo2 (malloc_info %s, stdio %s)",
+        log.info("glibc: mallinfo2 (malloc_info %s, stdio %s)",
                   "off" if not opts.get("glibc_xml", True) else "found" if a["malloc_info"] else "missing",
                   "complete" if all(stdio.values()) else "missing")
         a["malloc_info"] = None

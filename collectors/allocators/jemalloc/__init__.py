@@ -354,7 +354,7 @@ def parse(raw: Any, alloc: Any) -> Any:
             # process one mallctl at a time from now on.
             if raw.get("process_key"):
                 _print_broken[raw["process_key"]] = exc.msg
-            log.debug("jemalloc: stats JSON unusable (%s): falling back to mallctl", exc.msg)
+            log.info("jemalloc: stats JSON unusable (%s): falling back to mallctl", exc.msg)
             raise common.Retry(f"malloc_stats_print JSON unusable ({exc.msg}); reading "
                                "mallctls one by one", {"jemalloc_per_call": True}) from None
         if "general" in raw:
