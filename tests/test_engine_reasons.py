@@ -189,6 +189,6 @@ def test_debug_lines_name_the_decisions(sp, caplog):  # noqa: F811
     assert f"tid {main} seized" in text
     assert f"tid {main} chosen: restartable read" in text
     assert f"tid {main} call {getpid:#x}" in text and "returned" in text
-    assert f"tid {main} released after" in text
+    assert f"tid {main} (restartable read) borrowed: stopped " in text
     assert f"tid {main} detached" in text
     assert_released(t.pid)
