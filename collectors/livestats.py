@@ -156,9 +156,8 @@ def _own_ifunc(name):
     return out
 
 
-# Safe-point policy lives in collectors.engine.safepoints; re-exported for callers.
-from collectors.engine.safepoints import (JEMALLOC_PUBLIC, GoRuntime,  # noqa: E402,F401
-                                   forbidden_ranges, static_allocator_ranges)
+from collectors.allocators.code import forbidden_ranges  # noqa: E402
+from collectors.engine.safepoints import GoRuntime  # noqa: E402,F401  (re-exported for callers)
 
 
 def open_remote(image, detection, *, stack_need=None, procfs=None, **kw):

@@ -22,8 +22,6 @@ ALLOWED = {
         "compare's variant names, a CLI vocabulary (tcmalloc_minimal is a variant, not a kind)",
     ("collectors/binary/elf.py", "VERSION_PATTERNS"):
         "version banner regexes by banner name (helper parts' file; each home names its banner)",
-    ("collectors/engine/safepoints.py", "_is_anchor"):
-        "helper engine's file: the static-link anchor names, to move home once the engine may ask",
 }
 
 

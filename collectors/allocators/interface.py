@@ -129,6 +129,12 @@ class Allocator(Protocol):
         very process's malloc, at PATH) is this allocator (collectors.selfstats)."""
         ...
 
+    def anchor(self, prefix: str | None, name: str) -> bool:
+        """NAME, a global function of an executable this allocator is linked
+        into (symbol PREFIX), certainly belongs to the allocator's code: the
+        anchors that delimit its span (collectors.allocators.code)."""
+        ...
+
     def self_version(self, lib: Any) -> str | None:
         """Its version, asked in-process through LIB."""
         ...
@@ -184,6 +190,9 @@ class Base:
 
     def in_process(self, lib: Any, path: str) -> Signature | None:
         return None
+
+    def anchor(self, prefix: str | None, name: str) -> bool:
+        return False
 
     def self_version(self, lib: Any) -> str | None:
         return None

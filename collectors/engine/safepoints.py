@@ -24,9 +24,9 @@ preference (``CATEGORY_ORDER``):
   proof).
 - ``running``: interrupted in user code outside every forbidden range.
 
-Also here: ``forbidden_ranges`` (what a running thread must not be in) and
-``static_allocator_ranges`` (an allocator linked into the executable), used
-by ``collectors.livestats``.
+What a running thread must not be inside (the C library, the loader, the
+allocator's code) is computed by the caller (``collectors.allocators.code``)
+and given to the engine as ranges.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from collectors.binary import unwind
+from collectors.binary.elf import STT_FUNC, STT_GNU_IFUNC
 from collectors.binary.ranges import Ranges
 from collectors.engine import abi, arch_x86_64
 
@@ -299,9 +300,6 @@ def classify_restart(wchan: bytes, args: Sequence[int]) -> tuple[str | None, str
 
 # (libc path, its wait functions, its malloc functions, every exported function)
 LibcFacts = tuple[str, Ranges, Ranges, Ranges]
-# ELF symbol types (include/uapi/linux/elf.h): STT_FUNC, STT_GNU_IFUNC
-STT_FUNC, STT_GNU_IFUNC = 2, 10
-STB_LOCAL = 0
 
 
 JMP_REL32 = 0xE9
@@ -579,90 +577,3 @@ class GoRuntime:
             return None, (f"Go runtime lock wait in {stub} (value {args[2]:#x}: runtime "
                           "mutex contention, not a note)")
         return GO_RUNTIME, f"Go runtime note sleep in {stub}{resumed}"
-
-
-# ---- forbidden ranges for running threads (used by livestats) ------------------
-
-JEMALLOC_PUBLIC = frozenset((
-    "aligned_alloc", "calloc", "dallocx", "free", "mallctl", "mallctlbymib", "mallctlnametomib",
-    "malloc", "malloc_stats_print", "malloc_usable_size", "mallocx", "memalign", "nallocx",
-    "posix_memalign", "rallocx", "realloc", "sallocx", "sdallocx", "valloc", "xallocx"))
-
-
-def _is_anchor(kind: str, prefix: str | None, name: str) -> bool:
-    """Global functions that certainly belong to the allocator's code."""
-    if kind == "jemalloc":
-        return name.startswith("je_") or (name.startswith(prefix or "") and
-                                          name[len(prefix or ""):] in JEMALLOC_PUBLIC)
-    if kind == "mimalloc":
-        return name.startswith(("mi_", "_mi_"))
-    if kind in ("tcmalloc", "tcmalloc-google"):
-        return name.startswith(("tc_", "MallocExtension", "TCMalloc")) or "tcmalloc" in name
-    return False
-
-
-# fewer anchors than this: the symbols do not delimit the allocator
-MIN_ANCHORS = 3
-
-
-def static_allocator_ranges(obj: Any, kind: str, prefix: str | None
-                            ) -> list[tuple[int, int, str]] | None:
-    """Code ranges of an allocator linked into the executable OBJ.
-
-    The linker lays each archive member's code out contiguously, but GCC
-    splits it between .text, .text.unlikely (cold blocks) and .text.startup,
-    so the allocator's code forms a few clusters.  Walking the functions in
-    address order, a cluster is a maximal run that starts and ends with an
-    anchor (a global function certainly the allocator's: its public API
-    and, for jemalloc, the je_ private namespace) and contains no foreign
-    global function (such as main); static functions inside a run are the
-    allocator's.  None when .symtab is missing (stripped): the caller then
-    forbids the whole text."""
-    symtab = obj.elf.symtab(obj.opener.open) if obj.elf is not None else {}
-    funcs = sorted((s for s in symtab.values() if s.type in (STT_FUNC, STT_GNU_IFUNC) and s.st_value),
-                   key=lambda s: s.st_value)
-    if obj.bias is None or sum(1 for s in funcs if _is_anchor(kind, prefix, s.name)) < MIN_ANCHORS:
-        return None
-    out = []
-    start = end = None
-    for s in funcs:
-        if _is_anchor(kind, prefix, s.name):
-            if start is None:
-                start = s.st_value
-            end = max(end or 0, s.st_value + max(s.st_size, 1))
-        elif s.bind != STB_LOCAL and start is not None:      # a foreign global ends the run
-            out.append((obj.bias + start, obj.bias + end, f"{kind} (static)"))
-            start = end = None
-    if start is not None:
-        out.append((obj.bias + start, obj.bias + end, f"{kind} (static)"))
-    return out
-
-
-def forbidden_ranges(image: Any, detection: Any) -> list[tuple[int, int, str]]:
-    """Executable ranges a borrowed thread must not be inside (PC) nor have
-    return addresses in (near its stack top): the C library and the loader
-    (glibc's internal malloc code lies outside its exported symbols), and
-    the allocator's code.  For an allocator linked into the executable that
-    is its own span (static_allocator_ranges), else the executable's whole
-    text (then only threads parked in an idle wait from outside the
-    executable qualify: conservative).  The non-libc entries are what the
-    futex stack walk treats as allocator code."""
-    names = ("libc.so", "libc.musl", "ld-linux", "ld-musl", "libpthread")
-    serving = detection.serving
-    out = []
-    for obj in image.objects:
-        base = os.path.basename(obj.path)
-        whole = any(n in base for n in names)
-        if obj is serving:
-            if obj is image.exe:
-                alloc = detection.allocator
-                spans = static_allocator_ranges(obj, alloc.kind, alloc.prefix)
-                if spans is not None:
-                    out.extend(spans)
-                    continue
-            whole = True
-        if whole:
-            for m in image.maps:
-                if m.path == obj.path and "x" in m.perms:
-                    out.append((m.start, m.end, base))
-    return out

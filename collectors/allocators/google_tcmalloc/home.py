@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from collectors.allocators.interface import Base, has_symbol, Release, Signature, Vocabulary
-from collectors.allocators.gperftools.home import getstats_counters
+from collectors.allocators.gperftools.home import getstats_counters, tcmalloc_anchor
 
 SIZE_MAX = (1 << 64) - 1    # ReleaseMemoryToSystem(SIZE_MAX): everything it can (tcmalloc/malloc_extension.h)
 
@@ -16,6 +16,9 @@ def _release(c: Any, fn: int) -> int:
 
 
 class GoogleTcmalloc(Base):
+    def anchor(self, prefix: str | None, name: str) -> bool:
+        return tcmalloc_anchor(prefix, name)
+
     def signature(self, elf: Any, names: set[str], base: str, path: str,
                   where: str) -> Signature | None:
         if "TCMalloc_Internal_GetStats" not in names and \

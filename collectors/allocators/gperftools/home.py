@@ -30,7 +30,17 @@ def getstats_counters(native: dict[str, Any], out: dict[str, tuple[Any, str, str
             out[f"tcmalloc.{k}"] = (v, "count", "delta", f"GetNumericProperty {k}")
 
 
+def tcmalloc_anchor(prefix: str | None, name: str) -> bool:
+    """tcmalloc's own global functions, both implementations: gperftools'
+    tc_* (src/gperftools/tcmalloc.h.in) and MallocExtension*, google's
+    TCMalloc_* and MallocExtension_Internal_*, anything named tcmalloc."""
+    return name.startswith(("tc_", "MallocExtension", "TCMalloc")) or "tcmalloc" in name
+
+
 class Gperftools(Base):
+    def anchor(self, prefix: str | None, name: str) -> bool:
+        return tcmalloc_anchor(prefix, name)
+
     def signature(self, elf: Any, names: set[str], base: str, path: str,
                   where: str) -> Signature | None:
         if "MallocExtension_GetNumericProperty" not in names and "tc_malloc" not in names:

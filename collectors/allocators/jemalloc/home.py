@@ -34,7 +34,21 @@ def _purge(c: Any, mallctl: int) -> int:
     return rv
 
 
+# jemalloc's public API (include/jemalloc/jemalloc_macros.h.in, jemalloc.h's
+# JEMALLOC_ALIASES); the internals are in the je_ namespace (private_namespace.h)
+PUBLIC = frozenset((
+    "aligned_alloc", "calloc", "dallocx", "free", "mallctl", "mallctlbymib", "mallctlnametomib",
+    "malloc", "malloc_stats_print", "malloc_usable_size", "mallocx", "memalign", "nallocx",
+    "posix_memalign", "rallocx", "realloc", "sallocx", "sdallocx", "valloc", "xallocx"))
+PRIVATE_NAMESPACE = "je_"
+
+
 class Jemalloc(Base):
+    def anchor(self, prefix: str | None, name: str) -> bool:
+        prefix = prefix or ""
+        return name.startswith(PRIVATE_NAMESPACE) or (
+            name.startswith(prefix) and name[len(prefix):] in PUBLIC)
+
     def signature(self, elf: Any, names: set[str], base: str, path: str,
                   where: str) -> Signature | None:
         prefix = prefix_of(names)

@@ -70,6 +70,10 @@ def _flatten(out: dict[str, tuple[Any, str, str, str]], prefix: str, node: Any, 
 
 
 class Mimalloc(Base):
+    def anchor(self, prefix: str | None, name: str) -> bool:
+        # include/mimalloc.h (mi_*) and include/mimalloc/internal.h (_mi_*)
+        return name.startswith(("mi_", "_mi_"))
+
     def signature(self, elf: Any, names: set[str], base: str, path: str,
                   where: str) -> Signature | None:
         if "mi_version" not in names and "mi_malloc" not in names:
