@@ -48,9 +48,15 @@ def kib(n: int) -> str:
     return f"{n / 1024:.0f} KiB" if n >= 1024 else f"{n} bytes"
 
 
+U32_MASK = (1 << 32) - 1
+U32_SIGN = 1 << 31
+
+
 def signed32(v: int) -> int:
-    v &= 0xFFFFFFFF
-    return v - (1 << 32) if v & (1 << 31) else v
+    """The low 32 bits of V as a C int (a syscall argument register holds
+    an int in its low half)."""
+    v &= U32_MASK
+    return v - (1 << 32) if v & U32_SIGN else v
 
 
 def exec_start(sched: bytes) -> float | None:
@@ -552,9 +558,9 @@ class Chooser:
                         deadline_s: float) -> str:
         """Per thread, what it was doing and why it was not borrowed, and
         what the user can do."""
-        detail = "; ".join(f"tid {t} {r.text}" for t, r in sorted(why.items())[:12])
-        if len(why) > 12:
-            detail += f"; ... ({len(why) - 12} more threads)"
+        detail = "; ".join(f"tid {t} {r.text}" for t, r in sorted(why.items())[:MESSAGE_THREADS])
+        if len(why) > MESSAGE_THREADS:
+            detail += f"; ... ({len(why) - MESSAGE_THREADS} more threads)"
         secs = f"{deadline_s:g}"
         if any(r.code is Reason.NO_ROOM for r in why.values()):
             # Safe points existed but their stacks were too small: say so
@@ -576,6 +582,14 @@ class Chooser:
         return (f"{head}: {detail}" if detail else head) + hint
 
 
+# The refusal message names this many threads, then counts the rest.
+MESSAGE_THREADS = 12
+# clock_offset: samples taken, and the sleep each wakes from (short: the
+# scheduler picks the thread at once, which sets its exec_start)
+CLOCK_OFFSET_TRIES = 3
+CLOCK_OFFSET_SLEEP_S = 20e-6
+
+
 def clock_offset(cpu: int) -> float | None:
     """CLOCK_MONOTONIC minus CPU's scheduler task clock, in seconds.
     The task clock leaves out IRQ and steal time, so it drifts from
@@ -590,8 +604,8 @@ def clock_offset(cpu: int) -> float | None:
         return None
     try:
         best = None
-        for _ in range(3):
-            time.sleep(0.00002)
+        for _ in range(CLOCK_OFFSET_TRIES):
+            time.sleep(CLOCK_OFFSET_SLEEP_S)
             with open("/proc/thread-self/sched", "rb") as f:
                 ours = exec_start(f.read())
             now = time.monotonic()
