@@ -257,7 +257,7 @@ def heap_context_snapshot():
     return snapshot_from_json(heap_session()["tcmalloc"]["dump_a"]["snapshot"])
 
 
-# -- fake sources: the interfaces of tui/source.py (HostSource, ProcessSource,
+# -- fake sources: the interfaces of diag/source.py (HostSource, ProcessSource,
 # ReplaySource) -------------------------------------------------------------------
 
 class FakeHost:
