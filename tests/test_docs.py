@@ -11,7 +11,7 @@ from diag.commands import MODULES
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ("README.md", "docs/guide.md", "docs/heap-profiles.md", "docs/exporter.md",
         "docs/report.md", "docs/target-writes.md", "docs/wall.md", "examples/deploy/README.md",
-        "bench/README.md", "docs/contributing.md")
+        "bench/README.md", "docs/contributing.md", "docs/architecture.md")
 
 
 def text(rel):
