@@ -34,8 +34,7 @@ from collectors.allocators.registry import for_kind
 
 
 from collectors.engine import remote
-import collectors.allocators.common  # noqa: F401  (allocators.common.Retry)
-from collectors.allocators.glibc import LARGE_TEXT  # noqa: F401  (tests/test_safety.py)
+from collectors.allocators import common
 from diag.model.errors import Unsupported
 from collectors.proc.stat import start_time
 from collectors.engine.remote import RemoteProcess
@@ -168,7 +167,7 @@ def open_remote(image, detection, *, stack_need=None, procfs=None, **kw):
     return RemoteProcess(image.pid, forbidden_ranges=forbidden_ranges(image, detection),
                          procfs=(procfs or image.procfs.root),
                          stack_need=stack_need or remote.DEFAULT_STACK_NEED,
-                         mapper=allocators.common.mapper(Resolver(image)),
+                         mapper=common.mapper(Resolver(image)),
                          go_runtime=GoRuntime.of(image.exe), **kw)
 
 
@@ -209,7 +208,7 @@ def collect(image, detection, *, deadline_s=2.0, call_timeout_s=CALL_TIMEOUT_S, 
         try:
             native = mod.parse(raw, detection.allocator)
             break
-        except allocators.common.Retry as retry:
+        except common.Retry as retry:
             # The fast way's output was unusable (see the module); the
             # fallback it names costs one more stop, this once.
             if attempt:

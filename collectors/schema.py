@@ -23,8 +23,7 @@ from key names.
 
 
 # NativeField and the units live in a leaf module the readers import
-from collectors.allocators.native import (BYTES, COUNT, FLAG, MS, PAGES, RATIO,  # noqa: F401
-                                          TEXT, UNITS, NativeField)
+from collectors.allocators.native import COUNT, RATIO, TEXT, UNITS, NativeField
 
 
 

@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 
 from collectors.allocators import registry
 from diag.model.errors import AllocdiagError, NoSuchProcess
-from collectors.proc.procfs import ProcFS, cgroup_memory
+from collectors.proc.cgroup import cgroup_memory
+from collectors.proc.procfs import ProcFS
 from diag.model.exitcodes import ExitCode
 from diag.fields import CGROUP_FIELDS, PROCESS_FIELDS, STATS_FIELDS
 

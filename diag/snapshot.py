@@ -19,7 +19,8 @@ from collectors import preload as preload_mod
 from collectors.detect import detect
 from diag.model.errors import AccessDenied, AllocdiagError, NoSuchProcess, Unsupported
 from collectors.binary.image import ProcessImage
-from collectors.proc.procfs import ProcFS, cgroup_memory
+from collectors.proc.cgroup import cgroup_memory
+from collectors.proc.procfs import ProcFS
 from diag.model import (Allocator, CgroupMemory, CollectorStatus, Preload, ProcessMemory,
                         Snapshot, Value)
 from collectors.allocators.registry import for_kind

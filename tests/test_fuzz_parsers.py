@@ -357,7 +357,8 @@ CGROUP_SEEDS = {"memory.current": b"123731968\n", "memory.max": b"max\n",
 
 @BUDGET
 def test_captured_proc_tree(budget):
-    from collectors.proc.procfs import ProcFS, cgroup_memory
+    from collectors.proc.cgroup import cgroup_memory
+    from collectors.proc.procfs import ProcFS
     pid = 4242
     with open("/sys/fs/cgroup/memory.stat", "rb") if os.path.exists(
             "/sys/fs/cgroup/memory.stat") else io.BytesIO(b"anon 1\ninactive_file 4096\n") as f:
@@ -509,7 +510,8 @@ def test_found_crashes_stay_fixed(tmp_path):
     from collectors.allocators import tcmalloc_stats
     from collectors.binary.elf import ElfObject
     from diag.model.errors import MalformedData
-    from collectors.proc.procfs import ProcFS, parse_maps
+    from collectors.proc.maps import parse_maps
+    from collectors.proc.procfs import ProcFS
     from collectors.binary.unwind import CfiTable, UnwindError
     mi_text = fixture("mimalloc-2.0.9-stats.txt")
     cases = [

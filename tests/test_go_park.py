@@ -16,7 +16,7 @@ from collectors.engine import remote
 from collectors.engine import safepoints
 from collectors.engine import stackbounds
 from diag.model.errors import RemoteCallError
-from collectors.proc.procfs import parse_maps
+from collectors.proc.maps import parse_maps
 from diag import snapshot
 from targets import BUILD_DIR, build_go, start
 

@@ -5,7 +5,6 @@ layers from real ``allocdiag inspect --json`` sidecars at the same moments,
 in the three situations the verdict names."""
 import json
 import re
-import shutil
 import subprocess
 import time
 from pathlib import Path

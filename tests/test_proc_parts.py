@@ -18,7 +18,7 @@ from collectors.proc.maps import executable_files, parse_maps
 from collectors.proc.pagemap import Pagemap
 from collectors.proc.procfs import ProcFS
 from collectors.proc.stat import fields_after_comm, parse_start_time, parse_state, start_time
-from diag.model.errors import AccessDenied, MalformedData, NoSuchProcess, RemoteCallError
+from diag.model.errors import MalformedData, NoSuchProcess, RemoteCallError
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 COMM = "a) (b c"        # tests/targets/capture_proc.py NAME

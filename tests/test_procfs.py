@@ -1,14 +1,16 @@
 """procfs and cgroup parsing: captured trees, a live process, odd inputs."""
 
 import os
-import subprocess
 
 import pytest
 
 import unpriv
 
-from diag.model.errors import AccessDenied, NoSuchProcess
-from collectors.proc.procfs import ProcFS, cgroup_memory, is_allocator_var, parse_maps
+from diag.model.errors import NoSuchProcess
+from collectors.proc.cgroup import cgroup_memory
+from collectors.proc.environ import is_allocator_var
+from collectors.proc.maps import parse_maps
+from collectors.proc.procfs import ProcFS
 
 ROLLUP = b"""55d5c0e2a000-7ffd1a9f1000 ---p 00000000 00:00 0                          [rollup]
 Rss:              409600 kB

@@ -7,7 +7,6 @@ import os
 import pytest
 
 from diag.model.errors import MalformedData, NoSuchProcess
-from diag.model import Snapshot
 from diag.recording import Recorder, read_recording, record, snapshot_from_json
 from fakes import SNAPSHOTS, jemalloc_snapshot, staircase
 

@@ -17,10 +17,10 @@ import time
 
 import pytest
 
-from targets import build_c, start, PRELOADS
+from targets import build_c, start
 
 from collectors.engine import tracee as ptrace
-from diag.model.errors import (AccessDenied, NoSuchProcess, Quarantined,
+from diag.model.errors import (NoSuchProcess, Quarantined,
                                RemoteCallError)
 from collectors.engine.remote import RemoteProcess, is_quarantined, text_ranges
 

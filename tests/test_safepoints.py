@@ -350,7 +350,6 @@ def test_borrowing_order_prefers_restartable_then_epoll(sp):
 def test_order_epoll_before_proven_futex(sp):
     """Main thread in a condvar wait (borrowable after a walk), worker in
     epoll_wait: the epoll thread is taken, and no CFI is even loaded."""
-    from collectors.binary import unwind
     t, a = sp("epoll_wait", env={"SP_MAIN": "condwait"})
     rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))
     for _ in range(5):

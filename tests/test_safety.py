@@ -11,13 +11,12 @@ path (detection, symbol resolution, forbidden ranges, every stats call and
 its scratch/mmap buffers) runs under load.
 """
 
-import os
 import time
 
 import pytest
 
 from collectors.engine import tracee as ptrace
-from collectors.livestats import LARGE_TEXT
+from collectors.allocators.glibc import LARGE_TEXT
 from diag import snapshot
 from servers import traced_tasks, untraced
 from targets import build_c, start

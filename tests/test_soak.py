@@ -12,7 +12,6 @@ executable anonymous mapping).
 snapshots; ``test_soak_bounded`` runs ~300 in CI (< 60 s).
 """
 
-import contextlib
 import time
 
 import pytest

@@ -39,7 +39,7 @@ from collectors.allocators import glibc as glibc_mod, gperftools, jemalloc, mima
 from diag.model.errors import RemoteCallError
 from collectors.detect import detect
 from collectors.binary.image import ProcessImage
-from collectors.proc.procfs import parse_maps
+from collectors.proc.maps import parse_maps
 from diag import snapshot
 from servers import untraced
 from targets import build_c, start

@@ -522,21 +522,22 @@ def test_ground_truth_mimalloc():
 
 def test_schema_units_where_views_need_them():
     from collectors import schema
-    assert schema.lookup("jemalloc", ("mallctl", "stats.arenas.4096.pactive")).unit == schema.PAGES
-    assert schema.lookup("jemalloc", ("mallctl", "stats.allocated")).unit == schema.BYTES
-    assert schema.lookup("jemalloc", ("mallctl", "opt.dirty_decay_ms")).unit == schema.MS
-    assert schema.lookup("glibc", ("mallinfo2", "keepcost")).unit == schema.BYTES
-    assert schema.lookup("glibc", ("mallinfo2", "hblkhd")).unit == schema.BYTES
-    assert schema.lookup("glibc", ("mallinfo2", "ordblks")).unit == schema.COUNT
+    from collectors.allocators import native
+    assert schema.lookup("jemalloc", ("mallctl", "stats.arenas.4096.pactive")).unit == native.PAGES
+    assert schema.lookup("jemalloc", ("mallctl", "stats.allocated")).unit == native.BYTES
+    assert schema.lookup("jemalloc", ("mallctl", "opt.dirty_decay_ms")).unit == native.MS
+    assert schema.lookup("glibc", ("mallinfo2", "keepcost")).unit == native.BYTES
+    assert schema.lookup("glibc", ("mallinfo2", "hblkhd")).unit == native.BYTES
+    assert schema.lookup("glibc", ("mallinfo2", "ordblks")).unit == native.COUNT
     assert schema.lookup("glibc", ("malloc_info", "arenas", "*", "sizes", "*", "count")).unit == \
-        schema.COUNT
-    assert schema.lookup("tcmalloc", ("getstats", "summary", "spans_in_use")).unit == schema.COUNT
+        native.COUNT
+    assert schema.lookup("tcmalloc", ("getstats", "summary", "spans_in_use")).unit == native.COUNT
     assert schema.lookup("tcmalloc", ("getstats", "summary", "bytes_in_use_by_app")).unit == \
-        schema.BYTES
+        native.BYTES
     assert schema.lookup("mimalloc", ("stats", "rows", "committed", "peak", "value")).unit == \
-        schema.BYTES
+        native.BYTES
     assert schema.lookup("mimalloc", ("stats", "rows", "threads", "peak", "value")).unit == \
-        schema.COUNT
+        native.COUNT
     assert schema.lookup("jemalloc", ("no", "such")) is None
     assert schema.lookup("go", ("anything",)) is None
     assert schema.page_size("jemalloc", {"mallctl": {"arenas.page": 4096}}) == 4096
@@ -545,7 +546,7 @@ def test_schema_units_where_views_need_them():
     for kind in schema.KINDS:
         names = [f.name for f in schema.fields(kind)]
         assert len(names) == len(set(names)), kind          # each field declared once
-        assert all(f.unit in schema.UNITS for f in schema.fields(kind))
+        assert all(f.unit in native.UNITS for f in schema.fields(kind))
 
 
 @pytest.mark.parametrize("name,kind", [

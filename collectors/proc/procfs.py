@@ -20,12 +20,10 @@ import os
 
 from diag.model.errors import AccessDenied, NoSuchProcess, Unsupported
 from collectors.proc import oserror
-# Re-exported: callers import these from here (one place each, the modules below).
-from collectors.proc.auxv import AT_BASE, AT_SECURE, parse_auxv  # noqa: F401
-from collectors.proc.cgroup import cgroup_memory, parse_cgroup  # noqa: F401
-from collectors.proc.environ import (ALLOCATOR_ENV_EXACT, ALLOCATOR_ENV_PREFIXES,  # noqa: F401
-                                     is_allocator_var, parse_allocator_environ)
-from collectors.proc.maps import Mapping, parse_maps  # noqa: F401  (the one maps parser)
+from collectors.proc.auxv import parse_auxv
+from collectors.proc.cgroup import parse_cgroup
+from collectors.proc.environ import parse_allocator_environ
+from collectors.proc.maps import Mapping, parse_maps
 from collectors.proc.smaps import sum_kb_lines, sum_present
 from collectors.proc.stat import STAT_FLAGS_AFTER_COMM, ZOMBIE_STATES, fields_after_comm
 from collectors.proc.status import kb_field, parse_status, status_int
