@@ -168,7 +168,6 @@ def print_explain(snap, out=None):
 
 
 def stack_rows(snap):
-    hb = render.human_bytes
     p = snap.process
     rows = [("RSS", p.rss), ("anon", p.rss_anon), ("LazyFree", p.lazyfree)]
     for name in ("allocated", "active", "resident", "committed", "mapped", "dirty", "muzzy",

@@ -118,7 +118,7 @@ def add_parser(sub):
                       metavar="HOST:PORT",
                       help=f"serve /metrics here (default {DEFAULT_LISTEN}, loopback only)")
     mode.add_argument("--textfile", metavar="DIR",
-                      help=f"write DIR/allocdiag.prom (atomic rename) instead of serving HTTP")
+                      help="write DIR/allocdiag.prom (atomic rename) instead of serving HTTP")
     mode.add_argument("--interval", type=positive(float), metavar="SECONDS",
                       help="with --textfile: rewrite every SECONDS (default: once, then exit)")
     mode.add_argument("--once", action="store_true",
