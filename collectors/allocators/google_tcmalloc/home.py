@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectors.allocators.interface import Base, has_symbol, Release, Signature, Vocabulary
-from collectors.allocators.gperftools.home import getstats_counters, tcmalloc_anchor
+from collectors.allocators.interface import has_symbol, Release, Signature, Vocabulary
+from collectors.allocators.gperftools.home import Tcmalloc
 
 SIZE_MAX = (1 << 64) - 1    # ReleaseMemoryToSystem(SIZE_MAX): everything it can (tcmalloc/malloc_extension.h)
 
@@ -15,10 +15,7 @@ def _release(c: Any, fn: int) -> int:
     return rv
 
 
-class GoogleTcmalloc(Base):
-    def anchor(self, prefix: str | None, name: str) -> bool:
-        return tcmalloc_anchor(prefix, name)
-
+class GoogleTcmalloc(Tcmalloc):
     def signature(self, elf: Any, names: set[str], base: str, path: str,
                   where: str) -> Signature | None:
         if "TCMalloc_Internal_GetStats" not in names and \
@@ -27,12 +24,6 @@ class GoogleTcmalloc(Base):
         return Signature("tcmalloc-google", evidence=[
             f"{base} defines TCMalloc_Internal_GetStats/MallocExtension_Internal_GetNumericProperty ({where})"],
             defines_malloc="malloc" in names)
-
-    def counters(self, reader: Any) -> dict[str, tuple[Any, str, str, str]]:
-        out: dict[str, tuple[Any, str, str, str]] = {}
-        getstats_counters(reader.native(), out)
-        return out
-
 
     def in_process(self, lib: Any, path: str) -> Signature | None:
         if has_symbol(lib, "MallocExtension_Internal_GetNumericProperty"):

@@ -16,31 +16,33 @@ def _release(c: Any, fn: int) -> int:
     return rv
 
 
-def getstats_counters(native: dict[str, Any], out: dict[str, tuple[Any, str, str, str]]) -> None:
-    """GetStats' layers (page heap, central, transfer, thread caches, spans,
-    thread heaps) -- levels: tcmalloc has no lock or traffic counter -- and
-    the *_count properties."""
-    summary = ((native.get("getstats") or {}).get("summary")) or {}
-    for k, v in summary.items():
-        if isinstance(v, int) and not isinstance(v, bool):
-            unit = "count" if k in ("spans_in_use", "thread_heaps_in_use") else "bytes"
-            out[f"tcmalloc.{k}"] = (v, unit, "gauge", f"MallocExtension::GetStats {k}")
-    for k, v in (native.get("properties") or {}).items():
-        if isinstance(v, int) and k.endswith("_count"):
-            out[f"tcmalloc.{k}"] = (v, "count", "delta", f"GetNumericProperty {k}")
+class Tcmalloc(Base):
+    """What both tcmallocs share: their own global functions as anchors, and
+    GetStats' figures as contention counters."""
 
-
-def tcmalloc_anchor(prefix: str | None, name: str) -> bool:
-    """tcmalloc's own global functions, both implementations: gperftools'
-    tc_* (src/gperftools/tcmalloc.h.in) and MallocExtension*, google's
-    TCMalloc_* and MallocExtension_Internal_*, anything named tcmalloc."""
-    return name.startswith(("tc_", "MallocExtension", "TCMalloc")) or "tcmalloc" in name
-
-
-class Gperftools(Base):
     def anchor(self, prefix: str | None, name: str) -> bool:
-        return tcmalloc_anchor(prefix, name)
+        # gperftools' tc_* (src/gperftools/tcmalloc.h.in) and MallocExtension*,
+        # google's TCMalloc_* and MallocExtension_Internal_*, anything named tcmalloc
+        return name.startswith(("tc_", "MallocExtension", "TCMalloc")) or "tcmalloc" in name
 
+    def counters(self, reader: Any) -> dict[str, tuple[Any, str, str, str]]:
+        """GetStats' layers (page heap, central, transfer, thread caches, spans,
+        thread heaps) -- levels: tcmalloc has no lock or traffic counter -- and
+        the *_count properties."""
+        native = reader.native()
+        out: dict[str, tuple[Any, str, str, str]] = {}
+        summary = ((native.get("getstats") or {}).get("summary")) or {}
+        for k, v in summary.items():
+            if isinstance(v, int) and not isinstance(v, bool):
+                unit = "count" if k in ("spans_in_use", "thread_heaps_in_use") else "bytes"
+                out[f"tcmalloc.{k}"] = (v, unit, "gauge", f"MallocExtension::GetStats {k}")
+        for k, v in (native.get("properties") or {}).items():
+            if isinstance(v, int) and k.endswith("_count"):
+                out[f"tcmalloc.{k}"] = (v, "count", "delta", f"GetNumericProperty {k}")
+        return out
+
+
+class Gperftools(Tcmalloc):
     def signature(self, elf: Any, names: set[str], base: str, path: str,
                   where: str) -> Signature | None:
         if "MallocExtension_GetNumericProperty" not in names and "tc_malloc" not in names:
@@ -52,12 +54,6 @@ class Gperftools(Base):
             f"{base} defines MallocExtension_GetNumericProperty ({where}); "
             f"{'HeapProfilerStart present: full' if variant.startswith('full') else 'no HeapProfilerStart: minimal'} library"],
             defines_malloc="malloc" in names)
-
-    def counters(self, reader: Any) -> dict[str, tuple[Any, str, str, str]]:
-        out: dict[str, tuple[Any, str, str, str]] = {}
-        getstats_counters(reader.native(), out)
-        return out
-
 
     def in_process(self, lib: Any, path: str) -> Signature | None:
         if not has_symbol(lib, "MallocExtension_GetNumericProperty"):
