@@ -102,17 +102,21 @@ class _CurrentStderr(logging.StreamHandler):
         pass
 
 
+# The handler setup_logging put on LOGGERS, replaced by its next call (main()
+# runs more than once in one process: tests, `compare` variants).
+_handler = None
+
+
 def setup_logging(args):
     """-v (or --log-file alone): INFO lines; --debug: every line with its
     logger's name; --log-file FILE: to FILE, not stderr.  Without any of them
     nothing is logged, not even warnings: what a user must see the commands
     print themselves."""
+    global _handler
     level = logging.DEBUG if args.debug else logging.INFO if args.verbose or args.log_file else None
     if level is None:
-        for name in LOGGERS:
-            logging.getLogger(name).addHandler(logging.NullHandler())
-        return
-    if args.log_file:
+        handler = logging.NullHandler()
+    elif args.log_file:
         try:
             handler = logging.FileHandler(args.log_file)
         except OSError as exc:
@@ -123,8 +127,13 @@ def setup_logging(args):
         "%(asctime)s %(name)s: %(message)s" if args.debug else "allocdiag: %(message)s"))
     for name in LOGGERS:
         logger = logging.getLogger(name)
-        logger.setLevel(level)
+        if _handler is not None:
+            logger.removeHandler(_handler)
+        logger.setLevel(level if level is not None else logging.NOTSET)
         logger.addHandler(handler)
+    if _handler is not None:
+        _handler.close()
+    _handler = handler
 
 
 def _internal_error():

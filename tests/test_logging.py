@@ -59,3 +59,21 @@ def test_verbose_says_the_decisions_in_one_line_each():
     assert any(f"pid {t.pid}: malloc served by jemalloc (preload)" in line for line in lines), lines
     assert any("borrowed: stopped" in line and " us for " in line for line in lines), lines
     assert not any(" collectors.engine: " in line for line in lines)
+
+
+def test_setup_twice_in_one_process_logs_each_line_once(capsys):
+    """main() runs more than once in one process (in-process tests): each
+    setup replaces the handler the last one installed, and a run without
+    flags is silent again."""
+    import logging
+    import types
+    from diag import cli
+    flags = dict(debug=False, log_file=None)
+    cli.setup_logging(types.SimpleNamespace(verbose=True, **flags))
+    cli.setup_logging(types.SimpleNamespace(verbose=True, **flags))
+    logging.getLogger("diag").info("one line")
+    assert capsys.readouterr().err.count("allocdiag: one line") == 1
+    cli.setup_logging(types.SimpleNamespace(verbose=False, **flags))
+    logging.getLogger("diag").info("silent")
+    assert "silent" not in capsys.readouterr().err
+    assert len(logging.getLogger("collectors").handlers) == 1
