@@ -48,7 +48,6 @@ cont = ptrace.cont
 detach = ptrace.detach
 waitpid_nohang = ptrace.waitpid_nohang
 tgkill = ptrace.tgkill
-process_exists = ptrace.process_exists
 translate_errno = ptrace.translate_errno
 read_memory = memory.read
 write_memory = memory.write
