@@ -38,8 +38,8 @@ class ProcessImage:
         self.comm = self.status.get(b"Name", b"").decode(errors="replace") or None
         self.maps = self.procfs.maps(pid)
         self.exe_path = self.procfs.exe(pid)
-        if self.exe_path and self.exe_path.endswith(DELETED_TEXT):
-            self.exe_path = self.exe_path[:-len(DELETED_TEXT)]
+        if self.exe_path:
+            self.exe_path = self.exe_path.removesuffix(DELETED_TEXT)
         self.environ: dict[str, str] | None
         try:
             self.environ = self.procfs.environ(pid)

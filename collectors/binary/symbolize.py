@@ -365,7 +365,7 @@ class Symbolizer:
             return self._tables[path]
         table = None
         if path.startswith("/"):
-            clean = path[:-len(DELETED_SUFFIX)] if path.endswith(DELETED_SUFFIX) else path
+            clean = path.removesuffix(DELETED_SUFFIX)
             by_path = _rooted(clean, self.root)
             exact = self._map_file(m)
             table = load_table(by_path, clean, self.debug_root, self.root) \

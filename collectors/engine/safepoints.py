@@ -544,7 +544,7 @@ class GoRuntime:
                 "syscall stubs lie is not provable"))
         stubs = []
         for name, s in symtab.items():
-            stub = name[:-len(GO_ABI0)] if name.endswith(GO_ABI0) else name
+            stub = name.removesuffix(GO_ABI0)
             if stub in GO_STUBS and s.st_size:
                 stubs.append((obj.bias + s.st_value, obj.bias + s.st_value + s.st_size, stub))
         if not stubs:

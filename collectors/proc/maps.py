@@ -72,8 +72,7 @@ def parse_maps(data: bytes, *, strict: bool = True) -> list[Mapping]:
         start, _, end = addr.partition(b"-")
         path = parts[PATH_FIELD].strip() if len(parts) == MAPS_FIELDS else b""
         deleted = path.endswith(DELETED_SUFFIX)
-        if deleted:
-            path = path[:-len(DELETED_SUFFIX)]
+        path = path.removesuffix(DELETED_SUFFIX)
         try:
             m = Mapping(int(start, 16), int(end, 16), perms.decode(), int(offset, 16),
                         dev.decode(), int(inode),

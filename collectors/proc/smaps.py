@@ -17,7 +17,7 @@ def sum_kb_lines(data: bytes) -> dict[bytes, int]:
         if not sep:
             continue
         try:
-            value = int(rest[:-len(KB_SUFFIX)]) * KB
+            value = int(rest.removesuffix(KB_SUFFIX)) * KB
         except ValueError:
             continue
         out[key] = out.get(key, 0) + value

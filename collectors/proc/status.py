@@ -24,7 +24,7 @@ def kb_field(status: dict[bytes, bytes], key: bytes) -> int | None:
     v = status.get(key)
     if not v or not v.endswith(KB_SUFFIX):
         return None
-    return status_int(key, v[:-len(KB_SUFFIX)]) * KB
+    return status_int(key, v.removesuffix(KB_SUFFIX)) * KB
 
 
 def status_int(key: bytes, text: bytes) -> int:

@@ -22,8 +22,9 @@ PURGE = f"arena.{MALLCTL_ARENAS_ALL}.purge"     # jemalloc src/ctl.c arena_i_pur
 def prefix_of(names: set[str]) -> str | None:
     """The prefix P for which both P+mallctl and P+malloc_stats_print exist."""
     for name in names:
-        if name.endswith("mallctl") and (name[:-len("mallctl")] + "malloc_stats_print") in names:
-            return name[:-len("mallctl")]
+        prefix = name.removesuffix("mallctl")
+        if prefix != name and prefix + "malloc_stats_print" in names:
+            return prefix
     return None
 
 
