@@ -331,7 +331,7 @@ class Chooser:
             maps = read_bytes(f"{self.procfs}/{self.pid}/maps", self.pid)
             if self.judge_stack is None or maps != self._judge_maps:
                 self.judge_stack = safepoints.StackJudge(
-                    self.pid, maps.decode("utf-8", "replace"), self.forbidden,
+                    self.pid, maps, self.forbidden,
                     self.try_read, self.procfs)
                 self._judge_maps = maps
         return self.judge_stack

@@ -341,9 +341,9 @@ class StackJudge:
     libc/ld.so entries are not, but glibc's malloc functions are (exact
     ``.dynsym`` ranges).  READ(addr, n) -> bytes or None."""
 
-    def __init__(self, pid: int, maps_text: str, forbidden: Sequence[tuple[int, int, str]],
+    def __init__(self, pid: int, maps: bytes, forbidden: Sequence[tuple[int, int, str]],
                  read: Callable[[int, int], bytes | None], procfs: str = "/proc") -> None:
-        self.unwinder = unwind.Unwinder(pid, maps_text, read, procfs)
+        self.unwinder = unwind.Unwinder(pid, maps, read, procfs)
         self.allocator = new_ranges([r for r in forbidden if not is_libc_name(r[2])])
         self._libc: LibcFacts | None = None
         self._libc_done = False
