@@ -53,8 +53,7 @@ def module_files(root=ROOT):
                 if f.endswith(".py"):
                     rel = os.path.relpath(os.path.join(dirpath, f), root)[:-3]
                     name = rel.replace(os.sep, ".")
-                    out[name[: -len(".__init__")] if name.endswith(".__init__") else name] = \
-                        os.path.join(dirpath, f)
+                    out[name.removesuffix(".__init__")] = os.path.join(dirpath, f)
     return out
 
 
