@@ -23,6 +23,7 @@ from diag.model.errors import AccessDenied, AllocdiagError, MissingExtra
 from diag.model.exitcodes import ExitCode
 from diag import hostlive, hostscan, metrics as M, walllive
 from diag.model.wall import SYSCALLS
+from diag.exporter_options import MAX_TARGETS_DEFAULT
 
 try:        # an optional extra: the command names the install line when it is missing
     import prometheus_client
@@ -32,10 +33,7 @@ except ImportError:
     prometheus_client = None  # type: ignore[assignment]  # the command says how to install it
 
 
-GROUP_BY = ("comm", "exe", "user")
 TEXTFILE_NAME = "allocdiag.prom"
-# The pid label of allocdiag_target_info makes one series per target: cap them.
-MAX_TARGETS_DEFAULT = 16
 UNKNOWN = "unknown"
 
 

@@ -41,12 +41,13 @@ def _threads(pid):
     return out
 
 
-def _wait_for_thread(pid, pred, timeout=5.0):
-    """The first tid whose (nr, args, sp, pc) satisfies PRED, within TIMEOUT."""
+def _wait_for_thread(pid, pred, timeout=5.0, only=None):
+    """The first tid (ONLY, if given) whose (nr, args, sp, pc) satisfies
+    PRED, within TIMEOUT."""
     t_end = time.monotonic() + timeout
     while time.monotonic() < t_end:
         for tid, facts in sorted(_threads(pid).items()):
-            if pred(facts):
+            if only in (None, tid) and pred(facts):
                 return tid
         time.sleep(0.05)
     raise AssertionError(f"no such thread in {pid}: {_threads(pid)}")
@@ -120,7 +121,9 @@ def test_timed_note_sleep_resumed_by_restart_syscall_is_borrowed_again():
             rp = _go_rp(t.pid)
             with rp.borrow(sysmon) as c:
                 seen.append((c.category, c.syscall))
-        nr = _threads(t.pid)[sysmon][0]
+        # right after the release the thread may still be on its way back
+        # into the kernel ("running" in its syscall file): wait for it
+        nr = _threads(t.pid)[_wait_for_thread(t.pid, lambda f: True, only=sysmon)][0]
         assert _echo(t, "x") == "ECHO x"
     assert all(cat == safepoints.GO_RUNTIME for cat, _ in seen), seen
     assert seen[0][1] == "Go runtime note sleep in runtime.futex"

@@ -1,6 +1,5 @@
 """``allocdiag explain``: where the RSS goes, and what to do about it."""
 
-from diag import render_text
 from diag.commands.common import add_command, dump_json, pid_arg, take
 from diag.model.exitcodes import ExitCode
 
@@ -26,6 +25,7 @@ def add_parser(sub):
 
 
 def run(args):
+    from diag import render_text     # imported by the command that prints, not at start-up
     snap, col = take(args, attach=not args.no_attach)
     if args.json:
         from diag import breakdown

@@ -102,7 +102,7 @@ def positive(kind):
 
 
 def add_parser(sub):
-    from diag.exporter import GROUP_BY, MAX_TARGETS_DEFAULT
+    from diag.exporter_options import GROUP_BY, MAX_TARGETS_DEFAULT
     p = add_command(
         sub, NAME, help="Prometheus metrics: HTTP, node_exporter textfile, or once",
         description=DESCRIPTION,

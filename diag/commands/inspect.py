@@ -1,6 +1,5 @@
 """``allocdiag inspect``: one snapshot of a process (or of a saved file)."""
 
-from diag import render_text
 from diag.commands.common import UsageError, add_command, dump_json, pid_arg, print_error, take
 from diag.model.exitcodes import ExitCode
 
@@ -38,6 +37,7 @@ def add_parser(sub):
 
 
 def run(args):
+    from diag import render_text     # imported by the command that prints, not at start-up
     if args.from_file:
         from diag import filemode
         snap = filemode.snapshot_from_file(args.from_file)

@@ -1,6 +1,5 @@
 """``allocdiag preload``: did LD_PRELOAD take effect, and if not, why."""
 
-from diag import render_text
 from diag.commands.common import add_command, dump_json, pid_arg, print_error, take
 from diag.model.exitcodes import ExitCode
 
@@ -25,6 +24,7 @@ def add_parser(sub):
 
 
 def run(args):
+    from diag import render_text     # imported by the command that prints, not at start-up
     snap, col = take(args, expect=args.expect)
     if args.json:
         dump_json({"pid": snap.pid, "comm": snap.comm, "exe": snap.exe,

@@ -4,7 +4,6 @@ with before/after figures so the gain is measured."""
 import sys
 
 from diag.model.errors import Unsupported
-from diag import render, render_text
 from diag.commands.common import add_command, confirm, dump_json, pid_arg
 from diag.model.exitcodes import ExitCode
 
@@ -32,7 +31,7 @@ def add_parser(sub):
 
 
 def run(args):
-    from diag import actions
+    from diag import actions, render, render_text   # the command's own, not start-up's
     kind, call = actions.describe_release(args.pid)
     if call is None:
         raise Unsupported(f"{kind}: allocdiag knows no release call for this allocator", pid=args.pid)
