@@ -82,7 +82,8 @@ from collectors.engine.safepoints import Reason, Refusal
 from collectors.engine.tracee import (REGISTRY, STOPPED_MSG, Registry, SigInfo, Skip, Stop,
                                       Thread, Tracer, boost, detach_orphans,
                                       is_quarantined, quarantine_reason, read_bytes,
-                                      reap_orphans, unboost)
+                                      reap_orphans, unboost_thread,
+                                      unboost_tracer)
 from collectors.proc.maps import parse_maps
 from collectors.proc.stat import start_time
 from diag.model.errors import NoSuchProcess, RemoteCallError
@@ -329,8 +330,11 @@ class RemoteProcess:
                 try:
                     self._caller.unmap_buffers(th)
                 finally:
-                    unboost(th.tid, boosted)
-                    self._caller.release(th)
+                    unboost_thread(th.tid, boosted)
+                    try:
+                        self._caller.release(th)
+                    finally:
+                        unboost_tracer(boosted)
             finally:
                 v = th.verdict
                 self.last = {"tid": th.tid, "kind": v.kind, "syscall": v.syscall,

@@ -332,6 +332,34 @@ def _tail_call_targets(obj: Any, opener: Any, sym: Any) -> list[tuple[int, int]]
     return out
 
 
+# A libc's facts at one load address, kept for the judges of later borrows
+# (every snapshot builds a judge; the facts cost ~2 ms of CPU to build: a
+# sort of libc's ~3,000 functions and a scan of its wait functions' code).
+# Keyed by the parsed object (cached per file identity) and the bias.
+_LIBC_FACTS: dict[tuple[Any, int, str], LibcFacts] = {}
+LIBC_FACTS_KEPT = 32
+
+
+def _libc_facts_of(obj: Any, bias: int, m: Any) -> LibcFacts:
+    waits: list[tuple[int, int, str]] = []
+    malloc: list[tuple[int, int, str]] = []
+    named: dict[tuple[int, int], tuple[int, int, str]] = {}
+    for s in obj.dynsym:
+        if not s.defined or not s.st_value or s.type not in (STT_FUNC, STT_GNU_IFUNC):
+            continue
+        rng = (bias + s.st_value, bias + s.st_value + max(s.st_size, 1), s.name)
+        # one name per range: the public one (nanosleep, not __nanosleep)
+        if rng[:2] not in named or named[rng[:2]][2].startswith("_"):
+            named[rng[:2]] = rng
+        if s.name in LIBC_WAIT_FUNCTIONS:
+            waits.append(rng)
+            waits.extend((bias + a, bias + b, f"{s.name} (tail call)")
+                         for a, b in _tail_call_targets(obj, m.opener, s))
+        elif s.name in GLIBC_MALLOC_FUNCTIONS:
+            malloc.append(rng)
+    return (m.path, new_ranges(waits), new_ranges(malloc), new_ranges(named.values()))
+
+
 class StackJudge:
     """Judges futex-waiting threads of one process by walking their stacks.
 
@@ -363,24 +391,12 @@ class StackJudge:
                 bias = bias_of(m)
             except Exception:
                 return None
-            waits: list[tuple[int, int, str]] = []
-            malloc: list[tuple[int, int, str]] = []
-            named: dict[tuple[int, int], tuple[int, int, str]] = {}
-            for s in obj.dynsym:
-                if not s.defined or not s.st_value or s.type not in (STT_FUNC, STT_GNU_IFUNC):
-                    continue
-                rng = (bias + s.st_value, bias + s.st_value + max(s.st_size, 1), s.name)
-                # one name per range: the public one (nanosleep, not __nanosleep)
-                if rng[:2] not in named or named[rng[:2]][2].startswith("_"):
-                    named[rng[:2]] = rng
-                if s.name in LIBC_WAIT_FUNCTIONS:
-                    waits.append(rng)
-                    waits.extend((bias + a, bias + b, f"{s.name} (tail call)")
-                                 for a, b in _tail_call_targets(obj, m.opener, s))
-                elif s.name in GLIBC_MALLOC_FUNCTIONS:
-                    malloc.append(rng)
-            self._libc = (m.path, new_ranges(waits), new_ranges(malloc),
-                          new_ranges(named.values()))
+            key = (obj, bias, m.path)
+            self._libc = _LIBC_FACTS.get(key)
+            if self._libc is None:
+                self._libc = _LIBC_FACTS[key] = _libc_facts_of(obj, bias, m)
+                while len(_LIBC_FACTS) > LIBC_FACTS_KEPT:
+                    del _LIBC_FACTS[next(iter(_LIBC_FACTS))]
             break
         return self._libc
 
