@@ -22,7 +22,8 @@ work done in-process (measured in the same run).
       repeat   the same with the per-process caches an allocdiag process
                keeps between snapshots (TUI, record): jemalloc prints the
                general section only every 10 s ("Jgdablxeh" between),
-               gperftools reads its two knob properties every 10 s
+               gperftools reads its two knob properties and mimalloc its
+               options every 10 s
       percall  the per-call path: glibc mallinfo2 + malloc_info (two heap
                walks); jemalloc epoch + one mallctl per name; gperftools
                every property + GetStats
@@ -70,6 +71,7 @@ from diag import snapshot
 from collectors import allocators, livestats
 from collectors.allocators import jemalloc as je_module
 from collectors.allocators import gperftools as tc_module
+from collectors.allocators import mimalloc as mi_module
 from collectors.detect import detect  # noqa: E402
 from collectors.binary.image import ProcessImage  # noqa: E402
 
@@ -193,6 +195,7 @@ class Stopper:
             je_module._ifunc_cache.clear()
             je_module.forget_general()
             tc_module.forget_knobs()
+            mi_module.forget_options()
         with self.rp.borrow() as c:
             raws = [self.mod.gather(c, a, self.opts) for a in self.plans]
         for raw in raws:

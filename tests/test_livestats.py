@@ -422,3 +422,34 @@ def test_jemalloc_per_call_fallback_gives_the_same_document():
         assert fast.native["mallctl"][key] == slow.native["mallctl"][key], key
     assert slow.native["mallctl"]["stats.allocated"] == m["stats.allocated"]
     assert slow.native["side_effects"] == []
+
+
+def test_mimalloc_options_are_read_again_only_after_their_refresh_or_a_set():
+    # 26 mi_option_get calls a snapshot on 2.0: a TUI, record or exporter
+    # reads them once per OPTIONS_REFRESH_S, and allocdiag's own set forgets
+    # them so the next snapshot shows the new value.
+    from collectors import allocators
+    from diag import cli
+    mi = allocators.module("mimalloc")
+    mi.forget_options()
+    exe = build_c("capture_mimalloc.c", "-lmimalloc", "-lpthread")
+    with start([exe, "--serve"], allocator="mimalloc") as t:
+        image = ProcessImage(t.pid)
+        det = detect(image)
+        rp = livestats.open_remote(image, det, stack_need=mi.STACK_NEED)
+
+        def gather():
+            a = mi.plan(livestats.Resolver(image), det.serving, det.allocator, {})
+            with rp.borrow() as c:
+                raw = mi.gather(c, a, {})
+            return mi.parse(raw, det.allocator)["options"], rp.last["calls"]
+
+        first, calls_first = gather()
+        again, calls_again = gather()
+        assert again == first
+        assert calls_first - calls_again == len(mi.OPTIONS_2_0)
+        assert cli.main(["set", "--yes", str(t.pid), f"decommit_delay={first['decommit_delay'] + 7}"]) == 0
+        after, calls_after = gather()
+        assert calls_after == calls_first
+        assert after["decommit_delay"] == first["decommit_delay"] + 7
+        assert t.alive()

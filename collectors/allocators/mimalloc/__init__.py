@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from diag.model import Value
 
 import struct
+import time
 
 from collectors.allocators.mimalloc import stats as mimalloc_stats
 from collectors.allocators import common
@@ -173,6 +174,33 @@ OPTIONS_2_0 = (
 STACK_NEED = 6 * 1024
 
 
+# Within one allocdiag process (TUI, record, exporter) the options, one
+# mi_option_get call each (26 on 2.0), are read again only every
+# OPTIONS_REFRESH_S, as gperftools' knob properties are; allocdiag's own
+# `set` forgets them.  A program's own mi_option_set shows within that time.
+OPTIONS_REFRESH_S = 10.0
+OPTIONS_KEPT = 256                   # processes remembered (an exporter's lifetime)
+_options_cache: dict[Any, tuple[float, list[int]]] = {}   # process key -> (monotonic, values)
+
+
+def forget_options() -> None:
+    _options_cache.clear()
+
+
+def _options(c: Any, a: Any) -> list[int]:
+    key = a.get("process_key")
+    cached = _options_cache.get(key) if key is not None else None
+    if cached and time.monotonic() - cached[0] < OPTIONS_REFRESH_S:
+        return cached[1]
+    values = [c.call(a["mi_option_get"], i) for i in range(len(a["options"]))]
+    if key is not None:
+        _options_cache.pop(key, None)
+        _options_cache[key] = (time.monotonic(), values)
+        while len(_options_cache) > OPTIONS_KEPT:
+            del _options_cache[next(iter(_options_cache))]
+    return values
+
+
 def option_names(version: Any) -> Any:
     return OPTIONS_2_0 if (version or "").startswith("2.0") else ()
 
@@ -185,6 +213,7 @@ def plan(res: Any, obj: Any, alloc: Any, opts: dict[str, Any]) -> dict[str, Any]
     if a["mi_stats_print_out"]:
         a.update(common.libc_stdio(res))
     a["options"] = option_names(getattr(alloc, "version", None))
+    a["process_key"] = res.process_key(obj)
     log.debug("mimalloc: stats as %s, %d options",
               "JSON (mi_stats_get_json)" if a["mi_stats_get_json"] else "text (mi_stats_print_out)",
               len(a["options"] or ()))
@@ -200,7 +229,7 @@ def gather(c: Any, a: Any, opts: Any) -> Any:
         c.call(a["mi_process_info"], *outs)
         raw["process_info"] = [struct.unpack("<Q", c.read(o, 8))[0] for o in outs]
     if a["mi_option_get"] and a["options"]:
-        raw["options"] = [c.call(a["mi_option_get"], i) for i in range(len(a["options"]))]
+        raw["options"] = _options(c, a)
     if a["mi_stats_get_json"]:
         ptr = c.call(a["mi_stats_get_json"], 0, 0)
         if ptr:

@@ -70,4 +70,5 @@ class Knobs(common.KnobsBase):
             old = common.signed(c.call(get, idx))
             c.call(put, idx, v & common.U64)
             new = common.signed(c.call(get, idx))
+        mimalloc.forget_options()       # cached option values are stale now
         return str(old), str(new), f"mi_option_set({name})"
