@@ -315,13 +315,13 @@ def main():
         busy_threads = 4 * (os.cpu_count() or 2)
         pauses, busy_in = saturated(allocator, busy_threads, args.reps)
         print(f"== {allocator}: {args.threads} serving threads churning malloc/free")
-        print(f"  (a) longest serving-thread gap, median of windows:")
+        print("  (a) longest serving-thread gap, median of windows:")
         print(f"      no snapshot        {med(quiet):9.0f} us")
         print(f"      allocdiag snapshot {med(ours):9.0f} us")
         if theirs:
             print(f"      gdb -batch call    {med(theirs):9.0f} us   "
                   f"gdb/allocdiag = {med(theirs) / max(med(ours), 1):.0f}x")
-        print(f"  (b) borrowed thread stop per snapshot (pause_us), median:")
+        print("  (b) borrowed thread stop per snapshot (pause_us), median:")
         print(f"      idle target        {med(idle):9.0f} us   in-process same calls {idle_in:7.0f} us")
         print(f"      saturated target   {med(pauses):9.0f} us   in-process same calls {busy_in:7.0f} us   "
               f"ratio {med(pauses) / max(busy_in, 1):.1f}x   ({busy_threads} churning threads)")
