@@ -33,6 +33,13 @@ work done in-process (measured in the same run).
     "in-process" is the target timing the work back to back (hot caches);
     "cold" one run after 0.2 s of idling, as a remote stop finds it.
 
+(e) --snapshots: the borrowed thread's stop of a whole snapshot on an idle
+    target, from a new allocdiag process each time (`allocdiag inspect
+    --json`: nothing cached but what the disk cache holds) and from one
+    allocdiag process (the TUI, record, the exporter), taken in turn, next
+    to the in-process cost of the same calls.  Goal (issue 23): median
+    <= 0.3 ms for jemalloc, gperftools tcmalloc and mimalloc.
+
 (d) --scratch: the stop of a snapshot whose output buffer is an anonymous
     mapping the borrowed thread makes and removes (Call.buffer on a thread
     without the stack room: one mmap and one munmap call more, and the
@@ -44,6 +51,7 @@ work done in-process (measured in the same run).
     python bench/pause.py [--allocators glibc,jemalloc,tcmalloc] [--threads 4] [--reps 15]
     python bench/pause.py --stops [--frag-mib 256] [--reps 30]
     python bench/pause.py --scratch [--allocators glibc,jemalloc,tcmalloc,mimalloc] [--reps 200]
+    python bench/pause.py --snapshots [--allocators glibc,jemalloc,tcmalloc,mimalloc] [--reps 31]
 Goals: (a) serving threads not stopped (>= 10x below gdb); (b) borrowed stop
 <= 2 ms median idle and <= 2x in-process on a saturated target (issue 3);
 (c) issue 9 item 8: glibc stop <= 1.3 x in-process malloc_info + 0.3 ms;
@@ -51,6 +59,7 @@ jemalloc and gperftools idle stop <= 0.5 ms median.
 """
 
 import argparse
+import json
 import mmap
 import os
 import shutil
@@ -290,6 +299,51 @@ def print_stops(allocator, frag_mib, reps):
                   f"({'met' if rows['now'][0] <= 500 else 'NOT met'})")
 
 
+STOP_GOAL_US = 300          # issue 23: idle stop median, jemalloc, tcmalloc, mimalloc
+
+
+def fresh_stop_us(pid):
+    """The borrowed thread's stop of one `allocdiag inspect --json` run
+    (a new allocdiag process, as a user's command line has it)."""
+    r = subprocess.run([sys.executable, "-m", "diag", "inspect", "--json", str(pid)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    doc = json.loads(r.stdout)
+    return doc["collectors"]["remote"]["pause_us"]
+
+
+def snapshot_table(allocator, reps):
+    """(e): idle target; stops of whole snapshots from new allocdiag
+    processes (the CLI) and from one allocdiag process (TUI, record,
+    exporter), taken in turn, and the in-process cost of the same calls."""
+    exe = build_c(os.path.join(HERE, "pause_target.c"), "-lpthread", "-ldl", name="pause_target")
+    with tempfile.NamedTemporaryFile(prefix="allocdiag-gaps-") as gf:
+        gf.write(b"\0" * 4096)
+        gf.flush()
+        with start([exe, "0", gf.name], allocator=allocator, stderr=subprocess.DEVNULL,
+                   timeout=120) as t:
+            snapshot.take(t.pid)
+            fresh, repeat = [], []
+            for _ in range(reps):
+                fresh.append(fresh_stop_us(t.pid))
+                repeat.append(snapshot.take(t.pid)[0].collectors["remote"].pause_us)
+            inproc = {mode: inproc_ns(t, 50, mode) / 1000.0 for mode in ("now", "repeat")}
+    return fresh, repeat, inproc
+
+
+def print_snapshots(allocators_, reps):
+    print(f"== (e) borrowed-thread stop of a whole snapshot, idle target, {reps} each, in turn")
+    for allocator in allocators_:
+        fresh, repeat, inproc = snapshot_table(allocator, reps)
+        print(f"  {allocator:9} new allocdiag process (inspect): median {med(fresh):5.0f} us "
+              f"p95 {p95(fresh):5.0f} us   in-process same calls {inproc['now']:5.0f} us")
+        print(f"  {'':9} one allocdiag process (repeat):  median {med(repeat):5.0f} us "
+              f"p95 {p95(repeat):5.0f} us   in-process same calls {inproc['repeat']:5.0f} us")
+        if allocator != "glibc":
+            print(f"  {'':9} goal: median <= {STOP_GOAL_US} us: "
+                  f"{'met' if med(repeat) <= STOP_GOAL_US else 'NOT met'} (one process), "
+                  f"{'met' if med(fresh) <= STOP_GOAL_US else 'NOT met'} (new process)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--allocators", default="glibc,jemalloc,tcmalloc")
@@ -298,11 +352,16 @@ def main():
     ap.add_argument("--no-gdb", action="store_true")
     ap.add_argument("--stops", action="store_true", help="only (c): stops per gather path")
     ap.add_argument("--frag-mib", type=int, default=256)
+    ap.add_argument("--snapshots", action="store_true",
+                    help="only (e): whole-snapshot stops, new allocdiag process vs one")
     ap.add_argument("--scratch", action="store_true",
                     help="only (d): output buffer mapped vs on the stack")
     args = ap.parse_args()
     if args.scratch:
         print_scratch(args.allocators.split(","), args.reps)
+        return
+    if args.snapshots:
+        print_snapshots(args.allocators.split(","), args.reps)
         return
     if args.stops:
         for allocator in args.allocators.split(","):
