@@ -177,6 +177,45 @@ def test_jemalloc_one_arena_lock_wait_and_narenas_knob(exe):
     assert many.off_cpu.allocator_lock_share < one.off_cpu.allocator_lock_share / 2
 
 
+def test_jemalloc_counters_read_wait_times_only_of_mutexes_waited_on(exe):
+    # jemalloc 5.3.0's JSON loses each mutex's wait times: they are read by
+    # mallctl, two per mutex, but only for mutexes that were waited on (a
+    # wait time grows only with num_wait: src/mutex.c), not for all ~20.
+    from collectors import livestats
+    from collectors.allocators import jemalloc as je
+    from collectors.allocators.jemalloc import counters
+    from collectors.binary.image import ProcessImage
+    from collectors.detect import detect
+    with targets.start([exe, "lock", "8"], allocator="jemalloc",
+                       env={"MALLOC_CONF": "narenas:1"}) as t:
+        Lines(t)
+        time.sleep(0.3)
+        image = ProcessImage(t.pid)
+        det = detect(image)
+        a = je.plan(livestats.Resolver(image), det.serving, det.allocator, {})
+        rp = livestats.open_remote(image, det, stack_need=je.STACK_NEED)
+        with rp.borrow() as c:
+            raw = counters.gather(c, a)
+        calls = rp.last["calls"]
+    if not raw["version"].startswith(counters.SHIFTED_VERSIONS):
+        pytest.skip(f"jemalloc {raw['version']}: its JSON keeps the wait times")
+    waits = {f"{prefix}.{m}": n for prefix, ws in counters._mutex_waits(raw["json"])
+             for m, n in ws.items()}
+    waited = [m for m, n in waits.items() if n != 0]
+    assert len(waits) >= 10 and waited, waits             # the lock was contended
+    # the print, arenas.narenas, (strcat's IFUNC resolver once), 2 per waited mutex
+    assert calls == 2 + 2 * len(waited) + (1 if a.get("strcat_ifunc") else 0), (calls, waited)
+    got = counters.parse(raw)
+    for name, n in waits.items():
+        prefix = "jemalloc.arenas.mutexes" if name.startswith("stats.arenas") else \
+            "jemalloc.mutexes"
+        total = got[f"{prefix}.{name.rsplit('.', 1)[1]}.total_wait_time"][0]
+        if n == 0:
+            assert total == 0 and got[f"{prefix}.{name.rsplit('.', 1)[1]}.max_wait_time"][0] == 0
+    assert any(got[f"jemalloc.arenas.mutexes.{name.rsplit('.', 1)[1]}.total_wait_time"][0] > 0
+               for name in waited if name.startswith("stats.arenas")), waited
+
+
 def _perf_stat(pid, seconds, events):
     perf = deps.need("perf")
     return subprocess.Popen([perf, "stat", "-x,", "-e", ",".join(events), "-p", str(pid),

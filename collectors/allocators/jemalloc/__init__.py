@@ -242,8 +242,9 @@ def print_stats(c: Any, a: Any, print_opts: Any, size: Any, first: Any = None) -
 def plan(res: Any, obj: Any, alloc: Any, opts: dict[str, Any]) -> dict[str, Any]:
     prefix = getattr(alloc, "prefix", None) or ""
     mallctl = common.need(res.address(obj, prefix + "mallctl"), prefix + "mallctl", "jemalloc")
-    a = {"mallctl": mallctl, "process_key": res.process_key(obj), "print": None}
     version = getattr(alloc, "version", None) or ""
+    a = {"mallctl": mallctl, "process_key": res.process_key(obj), "print": None,
+         "version": version or None}
     if not opts.get("jemalloc_per_call") and version.startswith(STATS_VERSIONS) and \
             a["process_key"] not in _print_broken:
         a["print"] = res.address(obj, prefix + "malloc_stats_print")

@@ -26,7 +26,14 @@ num_spin_acq, num_spin_acq_ps, max_num_thds.  Measured: "num_wait" equal to
 "num_ops" for a process up less than a second (rate_per_second returns the
 value then).  For SHIFTED_VERSIONS the real fields are taken from their
 shifted keys and the wait times, which the JSON lost, are read with one
-mallctl per mutex (``...mutexes.<m>.total_wait_time`` and ``max_wait_time``).
+mallctl per mutex (``...mutexes.<m>.total_wait_time`` and ``max_wait_time``)
+for the mutexes that were ever waited on: src/mutex.c
+malloc_mutex_lock_slow adds to tot_wait_time and raises max_wait_time only
+on the path that also counts n_wait_times, and malloc_mutex_prof_merge sums
+and maxes them the same way, so a mutex whose num_wait is 0 has both at 0
+(its two mallctls would return 0).  Usually a few mutexes of ~20 were waited
+on: 2 calls each instead of 40 in the stop.  The version comes from
+detection (the .rodata banner); mallctl("version") only without it.
 """
 
 from __future__ import annotations
@@ -67,15 +74,18 @@ def gather(c: Any, a: Any) -> Any:
     text = print_stats(c, a, PRINT_OPTS, BUF)
     scratch = mallctl_scratch(c)
     narenas = mallctl_read(c, a["mallctl"], "arenas.narenas", "unsigned", scratch)
-    version = mallctl_read(c, a["mallctl"], "version", "const char*", scratch)
+    version = a.get("version") or \
+        mallctl_read(c, a["mallctl"], "version", "const char*", scratch)
     version = version.decode(errors="replace") if isinstance(version, bytes) else version
     raw = {"json": text, "narenas": narenas, "version": version, "mallctl": {}}
     if (version or "").startswith(SHIFTED_VERSIONS):
-        for prefix, names in _mutex_names(text):
-            for m in names:
+        for prefix, waits in _mutex_waits(text):
+            for m, num_wait in waits.items():
                 for f in _LOST_IN_JSON:
                     name = f"{prefix}.{m}.{f}"
-                    raw["mallctl"][name] = mallctl_read(c, a["mallctl"], name, "uint64", scratch)
+                    # never waited on: its wait times are 0 (see above)
+                    raw["mallctl"][name] = mallctl_read(
+                        c, a["mallctl"], name, "uint64", scratch) if num_wait != 0 else 0
     return raw
 
 
@@ -86,15 +96,24 @@ _SHIFT = {"num_ops": "num_ops", "num_spin_acq": "num_wait", "total_wait_time": "
 _LOST_IN_JSON = ("total_wait_time", "max_wait_time")
 
 
-def _mutex_names(text):
-    """[(mallctl prefix, [mutex names])] of the printed JSON."""
+_NUM_WAIT_KEY = next(key for key, real in _SHIFT.items() if real == "num_wait")
+
+
+def _mutex_waits(text):
+    """[(mallctl prefix, {mutex name: its real num_wait, None if unreadable})]
+    of the printed (shifted) JSON."""
     try:
         doc = json.loads(text)["jemalloc"]
     except (ValueError, KeyError, TypeError):
         return []
     merged = (doc.get("stats.arenas") or {}).get("merged") or {}
-    return [("stats.mutexes", list((doc.get("stats") or {}).get("mutexes") or {})),
-            ("stats.arenas.4096.mutexes", list(merged.get("mutexes") or {}))]
+
+    def waits(mutexes):
+        return {m: (f.get(_NUM_WAIT_KEY) if isinstance(f, dict) and
+                    isinstance(f.get(_NUM_WAIT_KEY), int) else None)
+                for m, f in (mutexes or {}).items()}
+    return [("stats.mutexes", waits((doc.get("stats") or {}).get("mutexes"))),
+            ("stats.arenas.4096.mutexes", waits(merged.get("mutexes")))]
 
 
 def parse(raw: Any) -> Any:
