@@ -6,6 +6,7 @@ import ctypes
 import errno
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -17,7 +18,8 @@ from collectors.proc import oserror
 from collectors.proc.maps import executable_files, parse_maps
 from collectors.proc.pagemap import Pagemap
 from collectors.proc.procfs import ProcFS
-from collectors.proc.stat import fields_after_comm, parse_start_time, parse_state, start_time
+from collectors.proc.stat import (boot_time, fields_after_comm, parse_start_time, parse_stat_line,
+                                  parse_state, start_time)
 from diag.model.errors import MalformedData, NoSuchProcess, RemoteCallError
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
@@ -91,6 +93,32 @@ def test_captured_stat_with_parens_in_comm():
     assert int(STAT.split()[21]) != 2310259
     assert fields_after_comm(STAT)[0] == b"S"
     assert parse_start_time(b"no comm here") is None and parse_state(b"") is None
+
+
+def test_stat_line_of_the_host_scan():
+    line = parse_stat_line(STAT)
+    assert line.state == b"S" and line.start_ticks == 2310259 and not line.kernel_thread
+    assert line.cpu_ticks == 0 and len(line.activity) == 9
+    assert parse_stat_line(b"1 (x) S") is None and parse_stat_line(b"") is None
+
+
+def test_stat_line_cpu_ticks_move_for_a_busy_process():
+    p = subprocess.Popen(["sh", "-c", "while :; do :; done"])
+    read = lambda: parse_stat_line(ProcFS().read(p.pid, "stat"))
+    try:
+        first = read()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            later = read()
+            if later.cpu_ticks > first.cpu_ticks:
+                break
+            time.sleep(0.05)
+    finally:
+        p.kill()
+        p.wait()
+    assert later.cpu_ticks > first.cpu_ticks and later.activity != first.activity
+    assert later.start_ticks == first.start_ticks
+    assert boot_time() < time.time()
 
 
 def test_start_time_of_a_live_process_named_with_parens(tmp_path):

@@ -112,6 +112,17 @@ def test_environ_keeps_only_allocator_variables(tmp_path):
     assert not is_allocator_var("MALLOCATOR_TOKEN")
 
 
+def test_environ_prefilter_keeps_each_allocator_variable_alone():
+    # a block is dropped whole when no allocator name can be in it: each
+    # variable the full parse keeps must survive that search on its own
+    from collectors.proc.environ import parse_allocator_environ
+    kept = parse_allocator_environ(ENVIRON)
+    for name, value in kept.items():
+        block = b"HOME=/root\0" + f"{name}={value}".encode() + b"\0PATH=/bin\0"
+        assert parse_allocator_environ(block) == {name: value}
+    assert parse_allocator_environ(b"HOME=/root\0PATH=/bin\0") == {}
+
+
 def test_maps_parsing(tmp_path):
     procfs, pid = make_proc(tmp_path)
     maps = procfs.maps(pid)
