@@ -302,12 +302,49 @@ def scan(procfs_root: str = HOST_PROC, pids: Iterable[int] | None = None, worker
     return scanner.scan(pids)
 
 
+# A first scan's cost, in relative units (measured on 420 processes, 76
+# objects: ~0.3 ms a process once its objects are parsed, ~3 ms an ELF object)
+PROCESS_COST, OBJECT_COST = 1, 10
+
+
+def _shares(scanner: HostScanner, pids: list[int], workers: int) -> list[list[int]]:
+    """PIDS in WORKERS shares of about one cost.  Processes that map the
+    same files go to one share, and a share that already parses a file is
+    preferred for the next process mapping it: each ELF object (the bulk of
+    a first scan's cost) is then parsed in one worker, not in all of them.
+    The maps read here are the ones the workers use."""
+    groups: dict[frozenset[str], list[int]] = {}
+    for pid in pids:
+        try:
+            maps = scanner.procfs.read_ahead_maps(pid)
+        except (AllocdiagError, OSError):
+            maps = []           # the worker meets the error again and counts it
+        files = frozenset(m.path for m in maps if m.inode and m.path and "x" in m.perms)
+        groups.setdefault(files, []).append(pid)
+    # a group too large for one share is cut (a host of 1,000 copies of one
+    # program must still split): its objects are then parsed in two workers
+    most = max(1, len(pids) // (2 * workers))
+    pieces = [(files, group[i:i + most]) for files, group in groups.items()
+              for i in range(0, len(group), most)]
+    shares: list[list[int]] = [[] for _ in range(workers)]
+    load = [0] * workers
+    parsed: list[set[str]] = [set() for _ in range(workers)]
+    for files, group in sorted(pieces, key=lambda g: -len(g[0]) * len(g[1])):
+        costs = [load[w] + len(group) * PROCESS_COST + len(files - parsed[w]) * OBJECT_COST
+                 for w in range(workers)]
+        w = costs.index(min(costs))
+        shares[w].extend(group)
+        load[w] = costs[w]
+        parsed[w] |= files
+    return shares
+
+
 def _scan_parallel(scanner: HostScanner, pids: list[int], workers: int) -> ScanResult:
     """Split PIDS over WORKERS: the caller scans one share, forked children
     the others, each sending its ScanResult back pickled through a pipe (a
     child that failed has its share scanned here)."""
     import pickle
-    chunks = [pids[i::workers] for i in range(workers)]
+    chunks = _shares(scanner, pids, workers)
     children = []
     for chunk in chunks[1:]:
         r, w = os.pipe()

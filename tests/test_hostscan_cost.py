@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from collectors.proc.stat import ACTIVITY_FIELDS, STAT_STARTTIME_AFTER_COMM
+from collectors.proc.stat import ACTIVITY_FIELDS, STAT_STARTTIME_AFTER_COMM, parse_stat_line
 from diag import hostscan
 from diag.source import HostSource
 from targets import build_c, python_argv, start
@@ -21,10 +21,30 @@ IMAGE_FILES = {"maps", "environ", "auxv", "exe"}
 BUSY = "print('READY', flush=True)\nwhile True: pass"
 
 
+SETTLE_S, SETTLE_TIMEOUT_S = 0.05, 10
+
+
+def settled(target):
+    """TARGET once its stat stopped moving: after READY it still runs to its
+    blocking read, and that last step must not count as activity."""
+    def activity():
+        with open(f"/proc/{target.pid}/stat", "rb") as f:
+            return parse_stat_line(f.read()).activity
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    last = activity()
+    while time.monotonic() < deadline:
+        time.sleep(SETTLE_S)
+        now = activity()
+        if now == last:
+            return target
+        last = now
+    raise AssertionError(f"pid {target.pid} never went idle")
+
+
 @pytest.fixture
 def idle():
     with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
-        yield t
+        yield settled(t)
 
 
 def scan_counts(columns, pid):
@@ -96,6 +116,7 @@ def test_incremental_rereads_only_processes_whose_stat_changed(idle):
         assert kept == {r["pid"]: r for r in first.rows}[idle.pid]
         # a new process appears (read), the idle one is kept again
         with start([build_c("idle.c"), "1"]) as new:
+            settled(new)
             time.sleep(0.3)
             third = scanner.scan([idle.pid, busy.pid, new.pid])
             assert {r["pid"] for r in third.rows} == {idle.pid, busy.pid, new.pid}
