@@ -221,7 +221,7 @@ class ProcFS:
         permission)."""
         self.reads["exe"] += 1
         try:
-            return os.readlink(self.path(pid, "exe"))
+            return os.readlink(f"{self.root}/{pid}/exe")
         except OSError as exc:
             if oserror.process_exists(pid, self.root):
                 return None
