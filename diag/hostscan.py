@@ -12,7 +12,8 @@ executable's malloc GOT slot).
 (``incremental=True``, the TUI host view): a process whose /proc/PID/stat
 activity fields (collectors.proc.stat.ACTIVITY_FIELDS: state, CPU time,
 faults, size, RSS, threads, start time) did not change since the last scan
-keeps its row unread; vanished processes are dropped.
+keeps its row unread, for at most ``MAX_KEEP_S``; vanished processes are
+dropped.
 """
 
 from __future__ import annotations
@@ -110,10 +111,17 @@ def _real_uid(status: dict[bytes, bytes]) -> int | None:
 
 class _Kept(NamedTuple):
     """What an incremental scan remembers of one pid: the stat activity it
-    was read at, and its outcome (a row, or None: a kernel thread)."""
+    was read at, when (monotonic), and its outcome (a row, or None)."""
 
     activity: tuple[bytes, ...]
+    read_at: float
     row: dict[str, Any] | None
+
+
+# A row is kept at most this long: a process can change what a column shows
+# without moving its stat (a short madvise(MADV_FREE) between two clock ticks
+# changes LazyFree, not utime or RSS), so every row is read again this often.
+MAX_KEEP_S = 60.0
 
 
 class HostScanner:
@@ -125,7 +133,7 @@ class HostScanner:
     """
 
     def __init__(self, procfs_root: str = HOST_PROC, columns: Iterable[str] = PS_COLUMNS,
-                 incremental: bool = False) -> None:
+                 incremental: bool = False, max_keep_s: float = MAX_KEEP_S) -> None:
         self.columns = tuple(columns)
         unknown = set(self.columns) - set(NEEDS)
         if unknown:
@@ -136,6 +144,7 @@ class HostScanner:
         # or clock of its own to read them against
         self.host = procfs_root == HOST_PROC
         self.incremental = incremental
+        self.max_keep_s = max_keep_s
         self.meter = CpuMeter()
         self._boot: float | None = None
         self._kept: dict[int, _Kept] = {}
@@ -189,9 +198,11 @@ class HostScanner:
         stat = self._stat(pid)
         if stat is not None and stat.kernel_thread:
             return None                 # no user memory, nothing more to read
+        now = time.monotonic()
         if self.incremental and stat is not None:
             prev = self._kept.get(pid)
-            if prev is not None and prev.activity == stat.activity:
+            if prev is not None and prev.activity == stat.activity \
+                    and now - prev.read_at < self.max_keep_s:
                 kept[pid] = prev
                 self.rows_kept += 1
                 if prev.row is None:
@@ -201,7 +212,7 @@ class HostScanner:
         row = self.read_row(pid, stat)
         self.rows_read += 1
         if self.incremental and stat is not None:
-            kept[pid] = _Kept(stat.activity, row)
+            kept[pid] = _Kept(stat.activity, now, row)
             if row is not None:
                 row = dict(row)
         return row

@@ -165,6 +165,15 @@ def test_recycled_pid_is_read_afresh(idle):
     assert scanner.rows_read == 2 and scanner.rows_kept == 0
 
 
+def test_kept_rows_expire(idle):
+    # a row is kept at most max_keep_s, even when stat never moves
+    scanner = hostscan.HostScanner(columns=("comm", "lazyfree"), incremental=True,
+                                   max_keep_s=0.0)
+    for _ in range(3):
+        scanner.scan([idle.pid])
+    assert scanner.rows_read == 3 and scanner.rows_kept == 0
+
+
 def test_host_source_refreshes_incrementally(idle):
     source = HostSource(pids=[idle.pid])
     rows = [source.scan().rows for _ in range(3)]
