@@ -67,8 +67,8 @@ def start_targets(n, n_python):
 
 
 def run_child(argv, env):
-    """(wall seconds, stdout bytes, ru_maxrss in KiB) of one run of ARGV; the
-    rusage is the child's and its waited descendants' (the forked worker)."""
+    """(wall seconds, stdout bytes, rusage) of one run of ARGV; the rusage is
+    the child's and its waited descendants' (the forked worker)."""
     r, w = os.pipe()
     t0 = time.perf_counter()
     pid = os.fork()
@@ -87,7 +87,7 @@ def run_child(argv, env):
     wall = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{' '.join(argv)} failed with status {status}")
-    return wall, b"".join(chunks), usage.ru_maxrss
+    return wall, b"".join(chunks), usage
 
 
 def read_floor():
@@ -165,11 +165,12 @@ def main():
     os.chdir(tree)          # `python -m` and `-c` import from the current directory first
     ps = [sys.executable, "-m", "diag", "ps", "--json"]
     try:
-        walls, rss = [], []
+        walls, cpus, rss = [], [], []
         for _ in range(args.runs):
-            wall, out, maxrss = run_child(ps, env)
+            wall, out, usage = run_child(ps, env)
             walls.append(wall)
-            rss.append(maxrss)
+            cpus.append(usage.ru_utime + usage.ru_stime)
+            rss.append(usage.ru_maxrss)
         doc = json.loads(out)
         floor = median_of(args.runs, read_floor)
         startup = median_of(args.runs, lambda: run_child(
@@ -195,7 +196,8 @@ def main():
     print(f"processes                {doc['total']} rows ({doc['unreadable']} unreadable), "
           f"{len(os.listdir('/proc'))} /proc entries; {args.n} started")
     print(f"allocdiag ps --json      {ms(wall)} (median of {args.runs}; "
-          f"{wall / doc['total'] * 1e6:.0f} us a row)")
+          f"{wall / doc['total'] * 1e6:.0f} us a row); CPU {ms(statistics.median(cpus))} "
+          f"(user + sys, its worker's too)")
     print(f"floor: read the files    {ms(floor)} ({', '.join(FLOOR_FILES)}, exe link)")
     print(f"ratio                    {(wall - FIXED_MS / 1000) / floor:.1f}x the floor after "
           f"{FIXED_MS} ms; goal <= {ms(goal)} ({GOAL_FACTOR}x floor + {FIXED_MS} ms): "
