@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from diag.model.errors import AccessDenied, AllocdiagError, NoSuchProcess
+from collectors.proc.maps import code_files
 from collectors.proc.procfs import ProcFS
 from collectors.proc.stat import CLOCK_TICKS, StatLine, boot_time, parse_stat_line
 
@@ -324,13 +325,12 @@ def _shares(scanner: HostScanner, pids: list[int], workers: int) -> list[list[in
     preferred for the next process mapping it: each ELF object (the bulk of
     a first scan's cost) is then parsed in one worker, not in all of them.
     The maps read here are the ones the workers use."""
-    groups: dict[frozenset[str], list[int]] = {}
+    groups: dict[frozenset[bytes], list[int]] = {}
     for pid in pids:
         try:
-            maps = scanner.procfs.read_ahead_maps(pid)
+            files = code_files(scanner.procfs.read_ahead_maps(pid))
         except (AllocdiagError, OSError):
-            maps = []           # the worker meets the error again and counts it
-        files = frozenset(m.path for m in maps if m.inode and m.path and "x" in m.perms)
+            files = frozenset()     # the worker meets the error again and counts it
         groups.setdefault(files, []).append(pid)
     # a group too large for one share is cut (a host of 1,000 copies of one
     # program must still split): its objects are then parsed in two workers
@@ -339,7 +339,7 @@ def _shares(scanner: HostScanner, pids: list[int], workers: int) -> list[list[in
               for i in range(0, len(group), most)]
     shares: list[list[int]] = [[] for _ in range(workers)]
     load = [0] * workers
-    parsed: list[set[str]] = [set() for _ in range(workers)]
+    parsed: list[set[bytes]] = [set() for _ in range(workers)]
     for files, group in sorted(pieces, key=lambda g: -len(g[0]) * len(g[1])):
         costs = [load[w] + len(group) * PROCESS_COST + len(files - parsed[w]) * OBJECT_COST
                  for w in range(workers)]
