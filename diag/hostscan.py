@@ -356,6 +356,12 @@ def _scan_parallel(scanner: HostScanner, pids: list[int], workers: int) -> ScanR
     child that failed has its share scanned here)."""
     import pickle
     chunks = _shares(scanner, pids, workers)
+    if "image" in scanner.needs:
+        # imported once here, not once in every worker after the fork (~60 ms each)
+        import importlib
+        for name in ("collectors.binary.image", "collectors.detect", "collectors.preload",
+                     "diag.findings"):
+            importlib.import_module(name)
     children = []
     for chunk in chunks[1:]:
         r, w = os.pipe()
