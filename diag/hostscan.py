@@ -193,7 +193,10 @@ class HostScanner:
     def _stat(self, pid: int) -> StatLine | None:
         if not (self.incremental or "stat" in self.needs):
             return None
-        return parse_stat_line(self.procfs.read(pid, "stat"))
+        try:
+            return parse_stat_line(self.procfs.read(pid, "stat"))
+        except OSError:         # a captured tree without stat: no CPU%, nothing kept
+            return None
 
     def _row(self, pid: int, kept: dict[int, _Kept]) -> dict[str, Any] | None:
         stat = self._stat(pid)
@@ -243,8 +246,11 @@ class HostScanner:
             self._image_columns(pid, status, mem, row)
         elif "exe" in want:
             row["exe"] = self.procfs.exe(pid)
-        if "cpu_percent" in want and stat is not None:
-            self._with_cpu(row, stat)
+        if "cpu_percent" in want:
+            if stat is None:
+                row["cpu_percent"] = None
+            else:
+                self._with_cpu(row, stat)
         return row
 
     def _image_columns(self, pid, status, mem, row) -> None:

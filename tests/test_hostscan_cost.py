@@ -223,3 +223,22 @@ def test_ps_json_over_a_real_host_is_whole():
                        text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert '"_' not in r.stdout and "Traceback" not in r.stderr
+
+
+def test_captured_tree_without_stat_scans(tmp_path, idle):
+    # a procfs tree captured from a real process, stat left out (older
+    # captures have none): the row is read, CPU% is unknown, no traceback
+    tree = tmp_path / "proc" / str(idle.pid)
+    tree.mkdir(parents=True)
+    for name in ("status", "smaps_rollup", "maps", "environ", "auxv"):
+        with open(f"/proc/{idle.pid}/{name}", "rb") as f:
+            (tree / name).write_bytes(f.read())
+    columns = ("comm", "user", "cpu_percent", "rss", "lazyfree")
+    rows = hostscan.scan(str(tmp_path / "proc"), columns=columns).rows
+    assert [r["pid"] for r in rows] == [idle.pid]
+    assert rows[0]["cpu_percent"] is None and rows[0]["user"] is None
+    assert rows[0]["rss"] > 0 and rows[0]["lazyfree"] is not None
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-m", "diag", "--proc", str(tmp_path / "proc"), "ps"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
