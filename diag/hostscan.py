@@ -23,6 +23,7 @@ import logging
 import os
 import pwd
 import time
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -153,7 +154,7 @@ class HostScanner:
         self.rows_kept = 0
 
     @property
-    def reads(self):
+    def reads(self) -> Counter[str]:
         return self.procfs.reads
 
     def pids(self) -> list[int]:
