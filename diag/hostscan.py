@@ -113,11 +113,13 @@ def _real_uid(status: dict[bytes, bytes]) -> int | None:
 
 class _Kept(NamedTuple):
     """What an incremental scan remembers of one pid: the stat activity it
-    was read at, when (monotonic), and its outcome (a row, or None)."""
+    was read at, when (monotonic), and its outcome (a row, None, or denied:
+    a process of another user stays unreadable until it changes)."""
 
     activity: tuple[bytes, ...]
     read_at: float
     row: dict[str, Any] | None
+    denied: bool = False
 
 
 # A row is kept at most this long: a process can change what a column shows
@@ -210,12 +212,19 @@ class HostScanner:
                     and now - prev.read_at < self.max_keep_s:
                 kept[pid] = prev
                 self.rows_kept += 1
+                if prev.denied:
+                    raise AccessDenied(pid)
                 if prev.row is None:
                     return None
                 # a copy: callers annotate rows in place (diag.hostlive)
                 return self._with_cpu(dict(prev.row), stat)
-        row = self.read_row(pid, stat)
         self.rows_read += 1
+        try:
+            row = self.read_row(pid, stat)
+        except AccessDenied:
+            if self.incremental and stat is not None:
+                kept[pid] = _Kept(stat.activity, now, None, denied=True)
+            raise
         if self.incremental and stat is not None:
             kept[pid] = _Kept(stat.activity, now, row)
             if row is not None:

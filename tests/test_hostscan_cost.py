@@ -4,6 +4,7 @@ and, refreshed incrementally (the TUI host view), only the processes whose
 reads (ProcFS.reads, HostScanner.rows_read/rows_kept); no timing here (the
 times are bench/ps_scan.py's)."""
 
+import json
 import os
 import signal
 import subprocess
@@ -11,6 +12,8 @@ import sys
 import time
 
 import pytest
+
+import unpriv
 
 from collectors.proc.stat import ACTIVITY_FIELDS, STAT_STARTTIME_AFTER_COMM, parse_stat_line
 from diag import hostscan
@@ -242,3 +245,19 @@ def test_captured_tree_without_stat_scans(tmp_path, idle):
     r = subprocess.run([sys.executable, "-m", "diag", "--proc", str(tmp_path / "proc"), "ps"],
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_denied_process_is_not_tried_again_while_idle(idle):
+    # as nobody, a root-owned target's maps cannot be read: the refresh
+    # counts it unreadable again without trying while its stat is unchanged
+    code = ("import json, sys\n"
+            "from diag import hostscan\n"
+            "s = hostscan.HostScanner(columns=hostscan.HOST_VIEW_COLUMNS, incremental=True)\n"
+            "out = []\n"
+            "for _ in range(3):\n"
+            "    r = s.scan([int(sys.argv[1])])\n"
+            "    out.append([r.denied, len(r.rows), s.reads['maps']])\n"
+            "print(json.dumps(out))\n")
+    r = unpriv.run(["-c", code, str(idle.pid)])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [[1, 0, 1], [1, 0, 1], [1, 0, 1]]
