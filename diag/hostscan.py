@@ -10,8 +10,8 @@ executable's malloc GOT slot).
 
 ``HostScanner`` keeps what it read between scans when asked to
 (``incremental=True``, the TUI host view): a process whose /proc/PID/stat
-activity fields (collectors.proc.stat.ACTIVITY_FIELDS: state, CPU time,
-faults, size, RSS, threads, start time) did not change since the last scan
+activity (its comm and collectors.proc.stat.ACTIVITY_FIELDS: state, CPU
+time, faults, size, RSS, threads, start time) did not change since the last scan
 keeps its row unread, for at most ``MAX_KEEP_S``; vanished processes are
 dropped.
 """

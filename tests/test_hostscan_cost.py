@@ -162,7 +162,7 @@ def test_recycled_pid_is_read_afresh(idle):
     scanner.scan([idle.pid])
     prev = scanner._kept[idle.pid]
     forged = list(prev.activity)
-    forged[ACTIVITY_FIELDS.index(STAT_STARTTIME_AFTER_COMM)] = b"1"
+    forged[1 + ACTIVITY_FIELDS.index(STAT_STARTTIME_AFTER_COMM)] = b"1"   # [0]: comm
     scanner._kept[idle.pid] = prev._replace(activity=tuple(forged))
     scanner.scan([idle.pid])
     assert scanner.rows_read == 2 and scanner.rows_kept == 0

@@ -110,7 +110,7 @@ def test_captured_stat_with_parens_in_comm():
 def test_stat_line_of_the_host_scan():
     line = parse_stat_line(STAT)
     assert line.state == b"S" and line.start_ticks == 2310259 and not line.kernel_thread
-    assert line.cpu_ticks == 0 and len(line.activity) == 9
+    assert line.cpu_ticks == 0 and len(line.activity) == 10 and line.activity[0].endswith(COMM.encode())
     assert parse_stat_line(b"1 (x) S") is None and parse_stat_line(b"") is None
 
 

@@ -78,14 +78,19 @@ class StatLine(NamedTuple):
 
 
 def parse_stat_line(data: bytes) -> StatLine | None:
-    """The host scan's fields of /proc/PID/stat bytes; None when malformed."""
-    fields = fields_after_comm(data)
+    """The host scan's fields of /proc/PID/stat bytes; None when malformed.
+    The activity holds the comm too (a rename with prctl(PR_SET_NAME) may
+    take less than a clock tick)."""
+    head, sep, rest = data.rpartition(b")")
+    fields = rest.split()
+    if not sep:
+        return None
     try:
         return StatLine(fields[STAT_STATE_AFTER_COMM],
                         bool(int(fields[STAT_FLAGS_AFTER_COMM]) & PF_KTHREAD),
                         int(fields[STAT_UTIME_AFTER_COMM]) + int(fields[STAT_STIME_AFTER_COMM]),
                         int(fields[STAT_STARTTIME_AFTER_COMM]),
-                        tuple(fields[i] for i in ACTIVITY_FIELDS))
+                        (head,) + tuple(fields[i] for i in ACTIVITY_FIELDS))
     except (IndexError, ValueError):
         return None
 
