@@ -7,7 +7,7 @@ from constructed Snapshots):
 
 ``HostSource``
     ``scan() -> ScanResult``-like object: ``.rows`` (dicts as in
-    ``diag.hostscan``), ``.denied``, ``.vanished``.
+    ``diag.hostscan``, the host view's columns), ``.denied``, ``.vanished``.
 
 ``ProcessSource``
     ``sample() -> Snapshot`` (raises NoSuchProcess / AccessDenied /
@@ -66,21 +66,24 @@ def _actions_module():
 
 
 class HostSource:
-    """Every readable process on this host (``diag.hostscan.scan``)."""
+    """Every readable process on this host (``diag.hostscan.HostScanner``),
+    refreshed incrementally: a process whose /proc/PID/stat shows no
+    activity since the previous scan keeps its row unread."""
 
     def __init__(self, procfs_root="/proc", pids=None, live=None):
         self.procfs_root = procfs_root
         self.pids = list(pids) if pids is not None else None   # demo: only these
-        self.meter = None       # CPU% between refreshes (diag.hostscan.CpuMeter)
+        self.scanner = None     # diag.hostscan.HostScanner, made on the first scan
         # diag.hostlive.HostLive: fills "allocator resident" and the top
         # finding from its cache (read in the background at a bounded rate)
         self.live = live
 
     def scan(self):
-        from diag import hostscan
-        if self.meter is None:
-            self.meter = hostscan.CpuMeter()
-        result = hostscan.scan(self.procfs_root, pids=self.pids, meter=self.meter)
+        if self.scanner is None:
+            from diag import hostscan
+            self.scanner = hostscan.HostScanner(self.procfs_root, hostscan.HOST_VIEW_COLUMNS,
+                                                incremental=True)
+        result = self.scanner.scan(self.pids)
         if self.live is not None:
             self.live.annotate(result.rows)     # a cache lookup: never waits for a stop
         return result

@@ -6,6 +6,7 @@ import ctypes
 import errno
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -14,10 +15,11 @@ import unpriv
 from collectors.binary.unwind import Unwinder
 from collectors.heapprofile import parse as parse_heap
 from collectors.proc import oserror
-from collectors.proc.maps import executable_files, parse_maps
+from collectors.proc.maps import code_files, executable_files, parse_maps
 from collectors.proc.pagemap import Pagemap
 from collectors.proc.procfs import ProcFS
-from collectors.proc.stat import fields_after_comm, parse_start_time, parse_state, start_time
+from collectors.proc.stat import (boot_time, fields_after_comm, parse_start_time, parse_stat_line,
+                                  parse_state, start_time)
 from diag.model.errors import MalformedData, NoSuchProcess, RemoteCallError
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
@@ -53,6 +55,18 @@ def test_executable_files_are_the_code_a_stack_can_be_in():
     files = executable_files(parse_maps(MAPS))
     assert [os.path.basename(m.path) for m in files] == \
         [COMM, "libc.so.6", "ld-linux-x86-64.so.2"]      # not [vdso], not [vsyscall]
+
+
+def test_code_files_are_the_parsers_file_mappings_with_code():
+    # the host scan's quick grouping key: the same files the parser finds
+    # (a path with spaces and ") (" and a deleted one included)
+    expect = {m.maps_path.encode(errors="surrogateescape") for m in parse_maps(MAPS)
+              if m.inode and "x" in m.perms}
+    assert code_files(MAPS) == expect and len(expect) == 3
+    with open("/proc/self/maps", "rb") as f:
+        own = f.read()
+    assert code_files(own) == {m.maps_path.encode(errors="surrogateescape")
+                               for m in parse_maps(own) if m.inode and "x" in m.perms}
 
 
 def test_damaged_line_strict_raises_lenient_skips():
@@ -91,6 +105,32 @@ def test_captured_stat_with_parens_in_comm():
     assert int(STAT.split()[21]) != 2310259
     assert fields_after_comm(STAT)[0] == b"S"
     assert parse_start_time(b"no comm here") is None and parse_state(b"") is None
+
+
+def test_stat_line_of_the_host_scan():
+    line = parse_stat_line(STAT)
+    assert line.state == b"S" and line.start_ticks == 2310259 and not line.kernel_thread
+    assert line.cpu_ticks == 0 and len(line.activity) == 10 and line.activity[0].endswith(COMM.encode())
+    assert parse_stat_line(b"1 (x) S") is None and parse_stat_line(b"") is None
+
+
+def test_stat_line_cpu_ticks_move_for_a_busy_process():
+    p = subprocess.Popen(["sh", "-c", "while :; do :; done"])
+    read = lambda: parse_stat_line(ProcFS().read(p.pid, "stat"))
+    try:
+        first = read()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            later = read()
+            if later.cpu_ticks > first.cpu_ticks:
+                break
+            time.sleep(0.05)
+    finally:
+        p.kill()
+        p.wait()
+    assert later.cpu_ticks > first.cpu_ticks and later.activity != first.activity
+    assert later.start_ticks == first.start_ticks
+    assert boot_time() < time.time()
 
 
 def test_start_time_of_a_live_process_named_with_parens(tmp_path):

@@ -112,6 +112,37 @@ def test_environ_keeps_only_allocator_variables(tmp_path):
     assert not is_allocator_var("MALLOCATOR_TOKEN")
 
 
+def test_environ_prefilter_keeps_each_allocator_variable_alone():
+    # a block is dropped whole when no allocator name can be in it: each
+    # variable the full parse keeps must survive that search on its own
+    from collectors.proc.environ import parse_allocator_environ
+    kept = parse_allocator_environ(ENVIRON)
+    for name, value in kept.items():
+        block = b"HOME=/root\0" + f"{name}={value}".encode() + b"\0PATH=/bin\0"
+        assert parse_allocator_environ(block) == {name: value}
+    assert parse_allocator_environ(b"HOME=/root\0PATH=/bin\0") == {}
+
+
+def test_environ_search_equals_the_entry_by_entry_filter():
+    # the parser looks only around candidate names; it must keep exactly
+    # what testing every entry keeps, whatever the order, with names in
+    # values, two candidates in one entry, and no trailing NUL
+    import random
+    from collectors.proc.environ import parse_allocator_environ
+    entries = ENVIRON.split(b"\0")[:-1] + [
+        b"NOTE=set LD_PRELOAD=x here", b"MALLOC_CONF=a:MALLOC_b", b"mimalloc_verbose=1",
+        b"X_MALLOC_CONF_Y=1", b"=MALLOC", b"LD_PRELOAD", b"GODEBUG=madvdontneed=1"]
+    rng = random.Random(23)
+    for _ in range(200):
+        block = b"\0".join(rng.sample(entries, rng.randint(0, len(entries))))
+        expect = {}
+        for entry in block.split(b"\0"):
+            name, sep, value = entry.partition(b"=")
+            if sep and is_allocator_var(name):
+                expect[name.decode()] = value.decode()
+        assert parse_allocator_environ(block) == expect, block
+
+
 def test_maps_parsing(tmp_path):
     procfs, pid = make_proc(tmp_path)
     maps = procfs.maps(pid)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -85,6 +86,18 @@ def parse_maps(data: bytes, *, strict: bool = True) -> list[Mapping]:
             continue
         out.append(m)
     return out
+
+
+# A mapping of a file with code: "start-end r-xp offset dev inode path" with
+# x in the perms and a non-zero inode (the kernel's columns are single spaces
+# up to the inode, then padding before the path)
+_CODE_FILE = re.compile(rb"^\S+ ..x. \S+ \S+ [1-9][0-9]* +(\S.*)$", re.MULTILINE)
+
+
+def code_files(data: bytes) -> frozenset[bytes]:
+    """The paths of the files mapped with code in maps bytes, found without
+    parsing every line (a host scan groups processes by them)."""
+    return frozenset(_CODE_FILE.findall(data))
 
 
 def as_mappings(maps: str | bytes | Iterable[Mapping]) -> list[Mapping]:

@@ -30,7 +30,12 @@ def add_parser(sub):
 
 def run(args):
     from diag import hostscan
-    result = hostscan.scan(procfs_root=args.proc, workers=min(2, os.cpu_count() or 1))
+    # the table shows no exe and no findings: not built for it (--json has every column)
+    columns = hostscan.PS_COLUMNS if args.json else \
+        ("user", "cpu_percent", "comm", "allocator", "rss", "rss_anon", "lazyfree", "threads",
+         "preload")
+    result = hostscan.scan(procfs_root=args.proc, workers=min(2, os.cpu_count() or 1),
+                           columns=columns)
     rows = result.rows
     rows.sort(key=SORT_KEYS[args.sort])
     if args.json:
