@@ -176,7 +176,20 @@ GO_HEAP = go.NO_STATS
 
 def collect(image, detection, *, deadline_s=2.0, call_timeout_s=CALL_TIMEOUT_S, glibc_xml=True,
             per_arena=False, procfs=None, **options):
-    """LiveStats for the allocator that serves malloc in IMAGE.
+    """LiveStats for the allocator that serves malloc in IMAGE: one
+    ``LiveReader`` used once (see there).
+
+    Raises Unsupported for an allocator with no stats interface (Go runtime,
+    musl, unknown), RemoteCallError / Quarantined / AccessDenied /
+    NoSuchProcess from the engine.
+    """
+    return LiveReader(image, detection, deadline_s=deadline_s, call_timeout_s=call_timeout_s,
+                      glibc_xml=glibc_xml, per_arena=per_arena, procfs=procfs,
+                      **options).collect()
+
+
+class LiveReader:
+    """The live stats of one process, snapshot after snapshot.
 
     Three steps, so the target thread is stopped only for the middle one:
     ``plan`` resolves every address from the ELF collector (raises
@@ -184,43 +197,94 @@ def collect(image, detection, *, deadline_s=2.0, call_timeout_s=CALL_TIMEOUT_S, 
     copies raw bytes and integers out, ``parse`` turns them into ``native``
     after the thread runs again (collectors.allocators).
 
-    Raises Unsupported for an allocator with no stats interface (Go runtime,
-    musl, unknown), RemoteCallError / Quarantined / AccessDenied /
-    NoSuchProcess from the engine.
+    What depends only on the process's mappings is made once and kept
+    (``record`` and the exporter take a snapshot every second or so, and
+    redoing it was most of their CPU): the resolved addresses and the
+    remote handle, whose engine keeps its stack judge (libc facts, unwind
+    tables) while the maps stay the same.  ``renew(image, detection)``
+    gives the reader the image of changed mappings: the addresses are
+    resolved again, and the remote handle is kept when what it was built
+    from (forbidden ranges, executable, libc's mmap/munmap) did not move.
+    ``plans`` and ``remotes`` count what was made (tests).
+
+    Raises Unsupported (no stats interface, a symbol missing) when made.
     """
-    kind = detection.allocator.kind
-    mod = allocators.module(kind)
-    if mod is None:
-        raise Unsupported(for_kind(kind).vocabulary.no_stats or
-                          f"no live stats for a {kind} allocator (no stats interface)",
-                          pid=image.pid)
-    opts = {"glibc_xml": glibc_xml, "per_arena": per_arena, **options}
-    addrs = mod.plan(Resolver(image), detection.serving, detection.allocator, opts)
-    rp = open_remote(image, detection, deadline_s=deadline_s, call_timeout_s=call_timeout_s,
-                     procfs=procfs, stack_need=getattr(mod, "STACK_NEED", None))
-    t0 = time.perf_counter()
-    pauses = []
-    for attempt in range(2):
-        with rp.borrow() as c:
-            raw = mod.gather(c, addrs, opts)
-            thread = {"tid": c.tid, "kind": c.kind, "syscall": c.syscall}
-        pauses.extend(rp.pause_us)
-        try:
-            native = mod.parse(raw, detection.allocator)
-            break
-        except common.Retry as retry:
-            # The fast way's output was unusable (see the module); the
-            # fallback it names costs one more stop, this once.
-            if attempt:
-                raise
-            opts.update(retry.opts)
-            addrs = mod.plan(Resolver(image), detection.serving, detection.allocator, opts)
-    collect_s = time.perf_counter() - t0
-    native["collect_s"] = round(collect_s, 6)
-    stats = mod.normalise(native)
-    complete = getattr(mod, "complete", None)
-    if complete is not None:
-        # what the allocator's calls leave unknown, read from the kernel
-        # (glibc: resident from smaps and pagemap)
-        complete(image, native, stats)
-    return LiveStats(kind, native, stats, pauses, thread)
+
+    def __init__(self, image, detection, *, deadline_s=2.0, call_timeout_s=CALL_TIMEOUT_S,
+                 glibc_xml=True, per_arena=False, procfs=None, **options):
+        kind = detection.allocator.kind
+        self.kind = kind
+        self.mod = allocators.module(kind)
+        if self.mod is None:
+            raise Unsupported(for_kind(kind).vocabulary.no_stats or
+                              f"no live stats for a {kind} allocator (no stats interface)",
+                              pid=image.pid)
+        self.opts = {"glibc_xml": glibc_xml, "per_arena": per_arena, **options}
+        self.deadline_s = deadline_s
+        self._remote_kw = {"call_timeout_s": call_timeout_s, "procfs": procfs,
+                           "stack_need": getattr(self.mod, "STACK_NEED", None)}
+        self.rp = None
+        self._remote_of = None      # what self.rp was built from (_remote_identity)
+        self.plans = self.remotes = 0
+        self.renew(image, detection)
+
+    def renew(self, image, detection):
+        """Use IMAGE and DETECTION (of the same process and allocator kind)
+        from now on: addresses resolved again, the remote handle kept when
+        what it was built from is unchanged."""
+        self.image, self.detection = image, detection
+        self.addrs = self._plan()
+        identity = _remote_identity(image, detection)
+        if self.rp is None or identity != self._remote_of:
+            self.rp = open_remote(image, detection, deadline_s=self.deadline_s,
+                                  **self._remote_kw)
+            self._remote_of = identity
+            self.remotes += 1
+
+    def _plan(self):
+        self.plans += 1
+        return self.mod.plan(Resolver(self.image), self.detection.serving,
+                             self.detection.allocator, self.opts)
+
+    def collect(self, deadline_s=None):
+        """One read: LiveStats.  DEADLINE_S (default: the reader's) bounds
+        the wait for a safe thread.  Raises as ``collect``."""
+        mod, rp, image = self.mod, self.rp, self.image
+        rp.deadline_s = float(self.deadline_s if deadline_s is None else deadline_s)
+        t0 = time.perf_counter()
+        pauses = []
+        for attempt in range(2):
+            with rp.borrow() as c:
+                raw = mod.gather(c, self.addrs, self.opts)
+                thread = {"tid": c.tid, "kind": c.kind, "syscall": c.syscall}
+            pauses.extend(rp.pause_us)
+            try:
+                native = mod.parse(raw, self.detection.allocator)
+                break
+            except common.Retry as retry:
+                # The fast way's output was unusable (see the module); the
+                # fallback it names costs one more stop now, and is the
+                # reader's way from now on.
+                if attempt:
+                    raise
+                self.opts.update(retry.opts)
+                self.addrs = self._plan()
+        collect_s = time.perf_counter() - t0
+        native["collect_s"] = round(collect_s, 6)
+        stats = mod.normalise(native)
+        complete = getattr(mod, "complete", None)
+        if complete is not None:
+            # what the allocator's calls leave unknown, read from the kernel
+            # (glibc: resident from smaps and pagemap)
+            complete(image, native, stats)
+        return LiveStats(self.kind, native, stats, pauses, thread)
+
+
+def _remote_identity(image, detection):
+    """What ``open_remote`` builds a RemoteProcess from, as a comparable
+    value: the forbidden ranges, the executable (its Go runtime stubs) and
+    libc's mmap/munmap."""
+    exe = image.exe
+    return (tuple(forbidden_ranges(image, detection)),
+            None if exe is None else (exe.path, exe.bias, exe.dev, exe.inode),
+            tuple(common.mapper(Resolver(image))))

@@ -340,15 +340,20 @@ def append_event(path, kind, doc):
 
 
 def _default_sampler(no_attach):
+    """``sampler(pid) -> Snapshot`` of ``record``: one diag.snapshot.Session
+    for the recorded process, so each snapshot after the first re-reads only
+    what can have changed (a recording's CPU per snapshot is what a busy host
+    pays for it)."""
     from diag import snapshot as snapshot_mod
-    import inspect
-    params = inspect.signature(snapshot_mod.take).parameters
-    kwargs = {}
-    if "no_attach" in params:
-        kwargs["no_attach"] = no_attach
-    elif "attach" in params:
-        kwargs["attach"] = not no_attach
-    return lambda pid: snapshot_mod.take(pid, **kwargs)[0]
+    sessions = {}
+
+    def sample(pid):
+        session = sessions.get(pid)
+        if session is None:
+            sessions.clear()        # record samples one process: keep one session
+            session = sessions[pid] = snapshot_mod.Session(pid, attach=not no_attach)
+        return session.take()[0]
+    return sample
 
 
 def _record_wall(rec, wall, pid, seconds, stop):

@@ -17,10 +17,12 @@ from collectors.allocators.glibc import heapmaps
 from collectors.runtimes import pymalloc
 from collectors import preload as preload_mod
 from collectors.detect import detect
-from diag.model.errors import AccessDenied, AllocdiagError, NoSuchProcess, Unsupported
+from diag.model.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,
+                               RemoteCallError, Unsupported)
 from collectors.binary.image import ProcessImage
 from collectors.proc.cgroup import cgroup_memory
 from collectors.proc.procfs import ProcFS
+from collectors.proc.stat import start_time
 from diag.model import (Allocator, CgroupMemory, CollectorStatus, Preload, ProcessMemory,
                         Snapshot, Value)
 from collectors.allocators.registry import for_kind
@@ -57,25 +59,41 @@ class Collected:
         return any(not s.ok for s in self.status.values())
 
 
-def _live(col, image, det, per_arena, deadline_s):
-    """Run the remote stats collector; its pause goes into the collector
-    status.  An allocator without a stats interface (Go runtime, musl)
-    gives no stats: the collector is not ok, says why, and
-    ``col.unsupported`` holds the error (``inspect`` exits 5 on it)."""
+def _live(col, built, per_arena, deadline_s):
+    """Run the remote stats collector with BUILT's live reader (made on
+    first use); its pause goes into the collector status.  An allocator
+    without a stats interface (Go runtime, musl) gives no stats: the
+    collector is not ok, says why, and ``col.unsupported`` holds the error
+    (``inspect`` exits 5 on it).  A reader whose read failed is not kept
+    (the next snapshot starts its remote handle afresh), except when no
+    thread was at a safe point (a busy process: it is asked again)."""
     t0 = time.perf_counter()
     try:
-        live = livestats.collect(image, det, per_arena=per_arena, deadline_s=deadline_s)
+        if built.reader is None:
+            if built.no_reader is not None:
+                raise built.no_reader
+            try:
+                built.reader = livestats.LiveReader(built.image, built.det, per_arena=per_arena,
+                                                    deadline_s=deadline_s)
+            except Unsupported as exc:
+                built.no_reader = exc
+                raise
+        live = built.reader.collect(deadline_s)
     except NoSuchProcess:
+        built.reader = None
         raise
     except Unsupported as exc:
         col.unsupported = exc
         col.status["remote"] = CollectorStatus(False, exc.msg, time.perf_counter() - t0)
         return None
     except AccessDenied as exc:
+        built.reader = None
         col.first_denied = col.first_denied or exc
         col.status["remote"] = CollectorStatus(False, exc.msg, time.perf_counter() - t0)
         return None
     except AllocdiagError as exc:
+        if not isinstance(exc, RemoteCallError) or isinstance(exc, Quarantined):
+            built.reader = None
         col.status["remote"] = CollectorStatus(False, exc.msg, time.perf_counter() - t0)
         return None
     pause = max(live.pause_us) if live.pause_us else None
@@ -110,65 +128,184 @@ def take(pid, procfs=None, cgroup_root="/sys/fs/cgroup", expect=None, rollup=Tru
     and the ELF files are read and nothing is stopped.
 
     Returns (Snapshot, Collected).  Raises NoSuchProcess; AccessDenied only
-    when not even /proc/PID/status is readable.
+    when not even /proc/PID/status is readable.  A caller that samples the
+    same process again and again keeps a ``Session`` instead.
     """
-    procfs = procfs or ProcFS()
-    col = Collected()
-    taken_at = time.time()
-    status = procfs.status(pid)
-    procfs.check_user_process(pid, status)     # a zombie or a kernel thread: said as such
-    process = col.run("procfs", lambda: procfs.memory(pid, status=status, rollup=rollup),
-                      ProcessMemory())
-    cgroup = col.run("cgroup", lambda: cgroup_memory(procfs.cgroup_paths(pid), cgroup_root),
-                     CgroupMemory())
-    if cgroup is not None and cgroup.error:
-        col.status["cgroup"] = CollectorStatus(True, cgroup.error, col.status["cgroup"].duration_s)
-    image = col.run("maps", lambda: ProcessImage(pid, procfs, status=status))
-    allocator, preload, det = Allocator(), Preload(), None
-    comm = status.get(b"Name", b"").decode(errors="replace") or None
-    exe = procfs.exe(pid)
-    if image is not None:
-        det = col.run("detect", lambda: detect(image, all_bindings=True))
+    return Session(pid, procfs=procfs, cgroup_root=cgroup_root, expect=expect, rollup=rollup,
+                   attach=attach, per_arena=per_arena, deadline_s=deadline_s).take()
+
+
+class _Built:
+    """What a snapshot builds from one set of mappings of one process (the
+    part a Session keeps): the image, detection, preload verdict,
+    configuration sources, the live reader (or why there is none), and the
+    collector statuses of the steps that made them."""
+
+    def __init__(self, maps, image, det, preload, config, status):
+        self.maps = maps            # the /proc/PID/maps bytes it was built from
+        self.image, self.det, self.preload, self.config = image, det, preload, config
+        self.status = status        # {collector: CollectorStatus} of the build
+        self.python = pymalloc.find_python(image) is not None
+        self.reader = None          # livestats.LiveReader, made on the first attached read
+        self.no_reader = None       # the Unsupported that making it raised
+        self.complete = False       # every step answered: kept for the next snapshot
+
+
+class Session:
+    """Snapshots of one process, one after the other (``record``, the
+    exporter's live reads), with nothing re-parsed that did not change.
+
+    A snapshot builds, from the process's mappings, the ProcessImage, the
+    allocator detection, the preload verdict, the configuration sources and
+    the live reader (resolved addresses, the remote handle with its stack
+    judge).  The session keeps them while the process is the same one and
+    its mappings are byte for byte the same: each ``take`` reads
+    /proc/PID/maps and compares.  A new mapping (dlopen, an arena, an exec)
+    builds them again on the next snapshot (the live reader is renewed:
+    its remote handle survives when the allocator's code did not move); a
+    new start time (the pid reused by another process) starts afresh.
+    What must be read every time is: memory figures, cgroup, the
+    allocator's stats, the runtime heaps, findings.  ``builds`` counts the
+    builds (tests).  Not thread-safe: one caller at a time.
+    """
+
+    def __init__(self, pid, procfs=None, cgroup_root="/sys/fs/cgroup", expect=None,
+                 rollup=True, attach=True, per_arena=False, deadline_s=2.0):
+        self.pid = pid
+        self.procfs = procfs or ProcFS()
+        self.cgroup_root, self.expect, self.rollup = cgroup_root, expect, rollup
+        self.attach, self.per_arena, self.deadline_s = attach, per_arena, deadline_s
+        self.builds = 0
+        self._start = None          # the start time of the process _built belongs to
+        self._built = None
+
+    def take(self, deadline_s=None):
+        """(Snapshot, Collected) of the process now.  DEADLINE_S: this read's
+        wait for a safe thread (default: the session's).  Raises as ``take``."""
+        pid, procfs = self.pid, self.procfs
+        col = Collected()
+        taken_at = time.time()
+        status = procfs.status(pid)
+        procfs.check_user_process(pid, status)     # a zombie or a kernel thread: said as such
+        process = col.run("procfs", lambda: procfs.memory(pid, status=status,
+                                                          rollup=self.rollup), ProcessMemory())
+        cgroup = col.run("cgroup", lambda: cgroup_memory(procfs.cgroup_paths(pid),
+                                                         self.cgroup_root), CgroupMemory())
+        if cgroup is not None and cgroup.error:
+            col.status["cgroup"] = CollectorStatus(True, cgroup.error,
+                                                   col.status["cgroup"].duration_s)
+        built = self._current(col, status)
+        image = built.image if built is not None else None
+        det = built.det if built is not None else None
+        allocator = det.allocator if det is not None else Allocator()
+        preload = built.preload if built is not None and built.preload is not None else Preload()
+        comm = status.get(b"Name", b"").decode(errors="replace") or None
+        exe = procfs.exe(pid)
+        stats = {name: Value() for name in STATS_FIELDS}
+        native = {}
+        if self.attach and det is not None:
+            live = _live(col, built, self.per_arena,
+                         self.deadline_s if deadline_s is None else deadline_s)
+            if live is not None:
+                stats.update(live.stats)
+                native = live.native
+                native["borrowed_thread"] = live.thread
+        # Runtime heaps (CPython's pymalloc) and mimalloc's live bytes are read
+        # from memory with no stop, so they run with or without ``attach``.
+        runtime = None
+        if image is not None and built.python:
+            runtime = col.run("runtime", lambda: pymalloc.collect(image))
+        walk = for_kind(allocator.kind).memory_walk
+        if image is not None and walk is not None:
+            walk(col.run, image, stats, native)
+        process = process or ProcessMemory()
+        if self.attach or walk is not None:
+            process = _fit_to_kernel(col, procfs, pid, allocator.kind, stats, process,
+                                     self.rollup)
         if det is not None:
-            allocator = det.allocator
+            native["config"] = built.config
+            native["knobs"] = {k: v.to_json() for k, v in
+                               knobs.knobs(allocator.kind, native).items()}
+        snap = Snapshot(pid=pid, comm=comm, exe=exe, taken_at=taken_at, allocator=allocator,
+                        preload=preload, process=process,
+                        cgroup=cgroup or CgroupMemory(), stats=stats, native=native,
+                        findings=(), collectors=dict(col.status), runtime=runtime)
+        snap = dataclasses.replace(snap, findings=findings.evaluate(snap))
+        invariants.check(snap)
+        return snap, col
+
+    def _current(self, col, status):
+        """The _Built of the process's mappings now: kept when the process
+        and its maps bytes are the ones it was built from, else built (and
+        kept for the next snapshot when every step of it answered).  None
+        when the maps cannot be read."""
+        pid, procfs = self.pid, self.procfs
+        start = start_time(pid, procfs.root)
+        if start != self._start:
+            self._start, self._built = start, None      # a new process under this pid
+        maps = col.run("maps", lambda: procfs.read(pid, "maps"))
+        old = self._built
+        if maps is None:
+            return None
+        if old is not None and maps == old.maps:
+            for name, st in old.status.items():
+                # the step's answer stands; it cost nothing this time
+                col.status[name] = dataclasses.replace(st, duration_s=0.0)
+            return old
+        built = self._build(col, status, maps)
+        if built is not None and old is not None:
+            _carry_reader(old, built)
+        self._built = built if built is not None and built.complete else None
+        return built
+
+    def _build(self, col, status, maps):
+        """Image, detection, preload verdict and configuration from the
+        process as it is now (MAPS: the bytes read just before)."""
+        pid, procfs = self.pid, self.procfs
+        self.builds += 1
+        image = col.run("maps", lambda: ProcessImage(pid, procfs, status=status))
+        if image is None:
+            return None
+        det = col.run("detect", lambda: detect(image, all_bindings=True))
+        preload = config = None
+        if det is not None:
             preload = col.run("preload", lambda: preload_mod.verdict(
-                image, det, parent_environ=_parent_environ(procfs, image), expect=expect), Preload())
+                image, det, parent_environ=_parent_environ(procfs, image), expect=self.expect))
             # Reading the GOT needs ptrace rights; detection still answered
             # from lookup order, but the snapshot is partial.
             if not det.memory_readable:
                 col.status["detect"] = CollectorStatus(
                     False, "process memory not readable: GOT slots not read",
                     col.status["detect"].duration_s)
-    stats = {name: Value() for name in STATS_FIELDS}
-    native = {}
-    if attach and image is not None and det is not None:
-        live = _live(col, image, det, per_arena, deadline_s)
-        if live is not None:
-            stats.update(live.stats)
-            native = live.native
-            native["borrowed_thread"] = live.thread
-    # Runtime heaps (CPython's pymalloc) and mimalloc's live bytes are read
-    # from memory with no stop, so they run with or without ``attach``.
-    runtime = None
-    if image is not None and pymalloc.find_python(image) is not None:
-        runtime = col.run("runtime", lambda: pymalloc.collect(image))
-    walk = for_kind(allocator.kind).memory_walk
-    if image is not None and walk is not None:
-        walk(col.run, image, stats, native)
-    process = process or ProcessMemory()
-    if attach or walk is not None:
-        process = _fit_to_kernel(col, procfs, pid, allocator.kind, stats, process, rollup)
-    if image is not None and det is not None:
-        native["config"] = col.run("config", lambda: _config(image, det), {})
-        native["knobs"] = {k: v.to_json() for k, v in
-                           knobs.knobs(allocator.kind, native).items()}
-    snap = Snapshot(pid=pid, comm=comm, exe=exe, taken_at=taken_at, allocator=allocator,
-                    preload=preload, process=process,
-                    cgroup=cgroup or CgroupMemory(), stats=stats, native=native,
-                    findings=(), collectors=dict(col.status), runtime=runtime)
-    snap = dataclasses.replace(snap, findings=findings.evaluate(snap))
-    invariants.check(snap)
-    return snap, col
+            config = col.run("config", lambda: _config(image, det), {})
+        steps = {name: col.status[name] for name in BUILD_STEPS if name in col.status}
+        built = _Built(maps, image, det, preload, config, steps)
+        # a step that failed is tried again on the next snapshot (GOT slots
+        # that cannot be read stay unreadable: that answer is kept)
+        built.complete = det is not None and preload is not None and steps["config"].ok
+        return built
+
+
+# The collectors whose answers a Session keeps with the mappings they came from.
+BUILD_STEPS = ("maps", "detect", "preload", "config")
+
+
+def _carry_reader(old, new):
+    """The live reader of OLD, renewed for NEW's image, when it reads the
+    same allocator (same kind, same serving object)."""
+    reader = old.reader
+    if reader is None or reader.kind != new.det.allocator.kind or \
+            _serving_path(old.det) != _serving_path(new.det):
+        return
+    try:
+        reader.renew(new.image, new.det)
+    except AllocdiagError:
+        return          # made afresh (and its failure said) on the next read
+    new.reader = reader
+
+
+def _serving_path(det):
+    return det.serving.path if det.serving is not None else None
 
 
 def _fit_to_kernel(col, procfs, pid, kind, stats, process, rollup):
