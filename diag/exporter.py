@@ -94,9 +94,15 @@ class AllocdiagCollector:
     def __init__(self, options=None, live=None, sync=False):
         self.o = options or Options()
         self.sync = sync
+        # one snapshot.Session per live target: a refresh re-reads only what
+        # can have changed (see diag.snapshot.Session).  Imported here: the
+        # command's parser imports this module, and every command would pay.
+        from diag import snapshot
+        self.sessions = snapshot.Sessions(self.o.max_targets)
         self.live = live or hostlive.HostLive(
             max_pause_ms_per_minute=self.o.max_pause_ms_per_minute, refresh_s=self.o.refresh_s,
-            min_gap_s=self.o.min_gap_s, retry_s=self.o.retry_s, deadline_s=self.o.deadline_s)
+            min_gap_s=self.o.min_gap_s, retry_s=self.o.retry_s, deadline_s=self.o.deadline_s,
+            take=self.sessions.take)
         self.live.on_read = self._count_read
         self.wall_live = (walllive.WallLive(self.o.wall_window_s, self.o.wall_every_s)
                           if self.o.wall else None)

@@ -6,7 +6,9 @@ partial, not absent).  A vanished process is the exception: NoSuchProcess
 propagates, because there is nothing left to describe.
 """
 
+import collections
 import dataclasses
+import threading
 import time
 
 from collectors import livestats
@@ -135,6 +137,36 @@ def take(pid, procfs=None, cgroup_root="/sys/fs/cgroup", expect=None, rollup=Tru
                    attach=attach, per_arena=per_arena, deadline_s=deadline_s).take()
 
 
+class Sessions:
+    """A Session per process for a reader of several processes (the
+    exporter's live targets), at most LIMIT of them: the least recently
+    read one is dropped first, so a changing set of targets (or pids that
+    went away) holds no more than LIMIT sessions whatever the duration.
+    ``take(pid, deadline_s)`` has the signature of diag.hostlive's ``take``.
+    Safe to call from several threads (one snapshot at a time)."""
+
+    def __init__(self, limit, **options):
+        self.limit = max(1, int(limit))
+        self.options = options      # Session's keyword arguments
+        self._sessions = collections.OrderedDict()     # pid -> Session, least recent first
+        self._lock = threading.Lock()
+
+    def take(self, pid, deadline_s=None):
+        with self._lock:
+            session = self._sessions.pop(pid, None) or Session(pid, **self.options)
+            self._sessions[pid] = session
+            while len(self._sessions) > self.limit:
+                self._sessions.popitem(last=False)
+            return session.take(deadline_s)
+
+    def __len__(self):
+        return len(self._sessions)
+
+    def get(self, pid):
+        """The Session of PID, or None."""
+        return self._sessions.get(pid)
+
+
 class _Built:
     """What a snapshot builds from one set of mappings of one process (the
     part a Session keeps): the image, detection, preload verdict,
@@ -187,8 +219,6 @@ class Session:
         taken_at = time.time()
         status = procfs.status(pid)
         procfs.check_user_process(pid, status)     # a zombie or a kernel thread: said as such
-        process = col.run("procfs", lambda: procfs.memory(pid, status=status,
-                                                          rollup=self.rollup), ProcessMemory())
         cgroup = col.run("cgroup", lambda: cgroup_memory(procfs.cgroup_paths(pid),
                                                          self.cgroup_root), CgroupMemory())
         if cgroup is not None and cgroup.error:
@@ -198,6 +228,13 @@ class Session:
         image = built.image if built is not None else None
         det = built.det if built is not None else None
         allocator = det.allocator if det is not None else Allocator()
+        walk = for_kind(allocator.kind).memory_walk if image is not None else None
+        # With the allocator's own figures, the kernel's view is read after
+        # them (_fit_to_kernel: the process cannot have grown in between),
+        # once: smaps_rollup walks every page table, ~5 ms of a 570 MiB
+        # redis-server, and a second read cost as much again.
+        fits = self.attach or walk is not None
+        process = None if fits else self._memory(col, status)
         preload = built.preload if built is not None and built.preload is not None else Preload()
         comm = status.get(b"Name", b"").decode(errors="replace") or None
         exe = procfs.exe(pid)
@@ -215,13 +252,11 @@ class Session:
         runtime = None
         if image is not None and built.python:
             runtime = col.run("runtime", lambda: pymalloc.collect(image))
-        walk = for_kind(allocator.kind).memory_walk
-        if image is not None and walk is not None:
+        if walk is not None:
             walk(col.run, image, stats, native)
-        process = process or ProcessMemory()
-        if self.attach or walk is not None:
-            process = _fit_to_kernel(col, procfs, pid, allocator.kind, stats, process,
-                                     self.rollup)
+        if fits:
+            # status read again too: RssAnon is its counter
+            process = _fit_to_kernel(procfs, pid, allocator.kind, stats, self._memory(col))
         if det is not None:
             native["config"] = built.config
             native["knobs"] = {k: v.to_json() for k, v in
@@ -233,6 +268,12 @@ class Session:
         snap = dataclasses.replace(snap, findings=findings.evaluate(snap))
         invariants.check(snap)
         return snap, col
+
+    def _memory(self, col, status=None):
+        """The kernel's memory figures (STATUS, or read now; smaps_rollup)."""
+        return col.run("procfs", lambda: self.procfs.memory(self.pid, status=status,
+                                                            rollup=self.rollup),
+                       ProcessMemory()) or ProcessMemory()
 
     def _current(self, col, status):
         """The _Built of the process's mappings now: kept when the process
@@ -308,36 +349,31 @@ def _serving_path(det):
     return det.serving.path if det.serving is not None else None
 
 
-def _fit_to_kernel(col, procfs, pid, kind, stats, process, rollup):
+def _fit_to_kernel(procfs, pid, kind, stats, process):
     """An allocator's resident never exceeds what the kernel says is
-    resident anonymous memory.  When its figure is higher, the kernel view
-    is read again (the allocator was read after it, the process may have
-    grown); if it is still higher, ``resident`` becomes the kernel's figure,
-    labelled adjusted, with the allocator's kept as ``raw``.  Returns the
-    process memory the snapshot keeps."""
+    resident anonymous memory (PROCESS, read after the allocator's
+    figures).  When its figure is higher, ``resident`` becomes the kernel's
+    figure, labelled adjusted, with the allocator's kept as ``raw``.
+    Returns the process memory the snapshot keeps."""
     res = stats.get("resident")
     if res is None or res.value is None or process.rss_anon is None or \
             res.value <= process.rss_anon:
         return process
-    fresh = col.run("procfs", lambda: procfs.memory(pid, rollup=rollup))
-    if fresh is not None and fresh.rss_anon is not None:
-        process = fresh
     anon = process.rss_anon
-    if res.value > anon:
-        # why its own figure can be above the kernel's (from the allocator's source or docs)
-        why = for_kind(kind).vocabulary.resident_caveat or "the allocator's figure is an estimate"
-        kernel = (f"the kernel's resident anonymous memory of the whole process (RssAnon "
-                  f"{anon}, {process.source or 'status'})")
-        # Tighter: the pages present where the allocator's memory can be,
-        # i.e. anonymous mappings that are not thread stacks.
-        outside = heapmaps.anon_present_outside_stacks(procfs, pid)
-        if outside is not None and outside[0] < anon:
-            anon = outside[0]
-            kernel = (f"the pages present in the process's anonymous mappings outside its "
-                      f"{outside[1]} thread stacks (/proc/PID/pagemap: {anon})")
-        stats["resident"] = Value.adjusted(
-            anon, res, f"lowered to {kernel}, {res.value - anon} below the allocator's "
-                       f"{res.source}: {why}")
+    # why its own figure can be above the kernel's (from the allocator's source or docs)
+    why = for_kind(kind).vocabulary.resident_caveat or "the allocator's figure is an estimate"
+    kernel = (f"the kernel's resident anonymous memory of the whole process (RssAnon "
+              f"{anon}, {process.source or 'status'})")
+    # Tighter: the pages present where the allocator's memory can be,
+    # i.e. anonymous mappings that are not thread stacks.
+    outside = heapmaps.anon_present_outside_stacks(procfs, pid)
+    if outside is not None and outside[0] < anon:
+        anon = outside[0]
+        kernel = (f"the pages present in the process's anonymous mappings outside its "
+                  f"{outside[1]} thread stacks (/proc/PID/pagemap: {anon})")
+    stats["resident"] = Value.adjusted(
+        anon, res, f"lowered to {kernel}, {res.value - anon} below the allocator's "
+                   f"{res.source}: {why}")
     return process
 
 

@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""What ``allocdiag record`` and the exporter cost a busy host (issue 23 items 4-5).
+
+A saturated 2-core box running redis-server under redis-benchmark pays for
+every millisecond allocdiag spends per snapshot: its burst delays the
+server's requests.  Printed:
+
+1. CPU per snapshot of ``record`` (the sampler ``record`` uses, and writing
+   the line), measured in this process with getrusage (user + system)
+   around each snapshot: the first, and the median of snapshots 2..N, for
+   redis-server idle and under redis-benchmark, attached and --no-attach,
+   and for a 2-thread malloc/free churn target under glibc, jemalloc and
+   gperftools tcmalloc.  Goal: <= 5 ms after the first.
+2. CPU of one exporter scrape with redis-server as its live target, minus
+   the same scrape with no live target: what a target adds per scrape (the
+   target is re-read at every scrape here; the real exporter re-reads it
+   every --refresh seconds).  Goal: <= 5 ms after the first.
+3. redis-benchmark's p99.9 latency (GET and SET on 127.0.0.1, a bounded
+   number of requests) with and without ``allocdiag record --interval 1``
+   running (started before, so its start-up is outside the run), alternated
+   --runs times: each run, and whether the runs with record lie within the
+   spread of the runs without it.
+4. The peak RSS (VmHWM) of a process that records --long snapshots of
+   redis-server back to back (``diag.recording.record`` with no pause: an
+   hour of ``--interval 1`` is 3,600), read after snapshot 50, half-way and
+   at the end.  Goal: <= 80 MiB, and not growing with the count.
+
+Compare two versions by running this script with PYTHONPATH set to each
+checkout (the children inherit it).
+
+Usage: python bench/record_cost.py [--snapshots 40] [--runs 4] [--requests 200000]
+                                    [--long 3600] [--skip-latency]
+"""
+
+import argparse
+import os
+import re
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+import servers  # noqa: E402
+import targets  # noqa: E402
+
+CLI = os.path.join(os.path.dirname(sys.executable), "allocdiag")
+GOAL_MS = 5.0
+RSS_GOAL_MIB = 80
+# redis-benchmark: parallel clients of the load, and the p99.9 line it prints
+CLIENTS = 50
+P999 = re.compile(r"^\s*(99\.9\d*)% <= ([\d.]+) milliseconds", re.M)
+CHURN_THREADS = 2
+CHURN_ALLOCATORS = ("glibc", "jemalloc", "tcmalloc")
+# exporter: how soon a live target is due again (longer than one read takes)
+REFRESH_S = 0.1
+
+
+def cpu_s():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def per_snapshot_ms(pid, count, no_attach):
+    """[CPU ms] of COUNT snapshots as ``record`` takes and writes them."""
+    from diag import recording
+    sample = recording._default_sampler(no_attach)
+    out = []
+    with tempfile.TemporaryDirectory() as tmp, \
+            recording.Recorder(os.path.join(tmp, "r.jsonl")) as rec:
+        for _ in range(count):
+            t0 = cpu_s()
+            rec.write(sample(pid))
+            out.append((cpu_s() - t0) * 1e3)
+    return out
+
+
+def line(label, ms):
+    later = statistics.median(ms[1:])
+    flag = "ok" if later <= GOAL_MS else "OVER"
+    print(f"  {label:34s} first {ms[0]:6.1f} ms   2..N median {later:5.2f} ms  "
+          f"p90 {sorted(ms[1:])[int(0.9 * (len(ms) - 2))]:5.2f} ms   [{flag}]", flush=True)
+
+
+def load(port, requests=10 ** 9):
+    return subprocess.Popen(["redis-benchmark", "-p", str(port), "-c", str(CLIENTS), "-q",
+                             "-n", str(requests), "-t", "set,get"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def record_cpu(srv, count):
+    print(f"1. record: CPU per snapshot ({count} snapshots; getrusage, user + system)")
+    for loaded in (False, True):
+        bench = load(srv.port) if loaded else None
+        try:
+            if bench:
+                time.sleep(1)
+            for no_attach in (False, True):
+                label = (f"redis {'under load' if loaded else 'idle':10s} "
+                         f"{'--no-attach' if no_attach else 'attached'}")
+                line(label, per_snapshot_ms(srv.pid, count, no_attach))
+        finally:
+            if bench:
+                stop(bench)
+    exe = targets.build_c("remote_churn.c", "-pthread", "-ldl")
+    for allocator in CHURN_ALLOCATORS:
+        with targets.start([exe, str(CHURN_THREADS), "1"], allocator=allocator) as t:
+            line(f"churn x{CHURN_THREADS} {allocator} attached",
+                 per_snapshot_ms(t.pid, count, False))
+
+
+def scrape_cpu(srv, count):
+    """The exporter's scrape of a host whose procfs holds redis-server alone
+    (a directory with /proc/PID linked in: the whole-host scan of the other
+    processes is diag.hostscan's cost, the same with or without a target)."""
+    from diag import exporter
+    print(f"2. exporter: CPU of one scrape of a procfs holding redis alone ({count} scrapes; "
+          "the target re-read at every scrape)")
+    # the target is due again by the next scrape, not within one (a one-shot
+    # scrape reads every due target)
+    every = {"refresh_s": REFRESH_S, "min_gap_s": 0.0, "max_pause_ms_per_minute": 1e9}
+    runs = {}
+    with tempfile.TemporaryDirectory() as root:
+        os.symlink(f"/proc/{srv.pid}", os.path.join(root, str(srv.pid)))
+        for name, live in (("/proc only", ()), ("redis as live target", (srv.pid,))):
+            col = exporter.AllocdiagCollector(
+                exporter.Options(proc=root, targets=live, **every), sync=True)
+            ms = []
+            for _ in range(count):
+                t0 = cpu_s()
+                col.collect()
+                ms.append((cpu_s() - t0) * 1e3)
+                time.sleep(REFRESH_S)
+            runs[name] = ms
+            line(name, ms)
+    added = [a - b for a, b in zip(runs["redis as live target"], runs["/proc only"])]
+    line("what the live target adds", added)
+
+
+def p999(port, requests):
+    """{test: p99.9 ms} of one bounded redis-benchmark run."""
+    r = subprocess.run(["redis-benchmark", "-p", str(port), "-c", str(CLIENTS), "-n",
+                        str(requests), "-t", "set,get", "--precision", "3"],
+                       capture_output=True, text=True, check=False)
+    out = {}
+    for block in r.stdout.split("====== ")[1:]:
+        name = block.split(" ", 1)[0]
+        m = P999.search(block)
+        if m:
+            out[name] = float(m.group(2))
+    return out
+
+
+def written(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read().count(b"\n")
+    except OSError:
+        return 0
+
+
+def latency(srv, runs, requests):
+    print(f"3. redis-benchmark p99.9 ({requests} requests per test, {CLIENTS} clients), "
+          f"without / with `allocdiag record --interval 1`, alternated")
+    got = {"without": [], "with": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(runs):
+            for mode in ("without", "with"):
+                rec = None
+                if mode == "with":
+                    path = os.path.join(tmp, f"r{i}.jsonl")
+                    rec = subprocess.Popen([CLI, "record", str(srv.pid), "-o", path,
+                                            "--interval", "1"],
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    deadline = time.monotonic() + 30
+                    while written(path) < 2 and time.monotonic() < deadline:
+                        time.sleep(0.1)     # its start-up and first snapshot are over
+                try:
+                    res = p999(srv.port, requests)
+                finally:
+                    if rec:
+                        stop(rec)
+                got[mode].append(res)
+                print(f"  run {i + 1} {mode:7s} " +
+                      "  ".join(f"{k} {v:.3f} ms" for k, v in sorted(res.items())), flush=True)
+    for test in sorted({k for r in got["without"] for k in r}):
+        off = [r[test] for r in got["without"] if test in r]
+        on = [r[test] for r in got["with"] if test in r]
+        if not off or not on:
+            continue
+        inside = statistics.median(on) <= max(off)
+        print(f"  {test}: without {min(off):.3f}..{max(off):.3f} ms (median "
+              f"{statistics.median(off):.3f}); with median {statistics.median(on):.3f} ms "
+              f"({min(on):.3f}..{max(on):.3f})  [{'within the spread' if inside else 'ABOVE'}]")
+
+
+# The long recording, in a process of its own (its RSS is the figure).
+LONG_CHILD = """
+import sys
+from diag import recording
+pid, path, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+marks, done = {50, n // 2, n}, [0]
+
+
+def hwm_kib():
+    with open("/proc/self/status") as f:
+        return next(int(x.split()[1]) for x in f if x.startswith("VmHWM:"))
+
+
+def progress(count, snap):
+    done[0] = count
+    if count in marks:
+        print(count, hwm_kib(), flush=True)
+
+
+recording.record(pid, path, interval=0.0, progress_cb=progress, stop=lambda: done[0] >= n)
+"""
+
+
+def long_rss(srv, count):
+    print(f"4. peak RSS of a recording of {count} snapshots of redis (back to back, attached)")
+    with tempfile.TemporaryDirectory() as tmp:
+        r = subprocess.run([sys.executable, "-c", LONG_CHILD, str(srv.pid),
+                            os.path.join(tmp, "long.jsonl.gz"), str(count)],
+                           capture_output=True, text=True, check=False)
+    marks = [tuple(int(x) for x in ln.split()) for ln in r.stdout.splitlines() if ln.strip()]
+    if r.returncode or not marks:
+        print("  failed:", r.stderr.strip().splitlines()[-1:] or r.returncode)
+        return
+    for n, kib in marks:
+        print(f"  after snapshot {n:5d}: VmHWM {kib / 1024:6.1f} MiB")
+    peak = marks[-1][1] / 1024
+    grew = (marks[-1][1] - marks[0][1]) / 1024
+    print(f"  peak {peak:.1f} MiB (goal <= {RSS_GOAL_MIB}), {grew:+.1f} MiB from snapshot "
+          f"{marks[0][0]} to {marks[-1][0]}  [{'ok' if peak <= RSS_GOAL_MIB else 'OVER'}]")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--snapshots", type=int, default=40)
+    ap.add_argument("--runs", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=200000)
+    ap.add_argument("--long", type=int, default=3600)
+    ap.add_argument("--skip-latency", action="store_true")
+    args = ap.parse_args()
+    with servers.redis() as srv:
+        record_cpu(srv, args.snapshots)
+        scrape_cpu(srv, args.snapshots)
+        if not args.skip_latency:
+            latency(srv, args.runs, args.requests)
+        long_rss(srv, args.long)
+
+
+if __name__ == "__main__":
+    main()
