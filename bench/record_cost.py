@@ -29,7 +29,7 @@ Compare two versions by running this script with PYTHONPATH set to each
 checkout (the children inherit it).
 
 Usage: python bench/record_cost.py [--snapshots 40] [--runs 4] [--requests 200000]
-                                    [--long 3600] [--skip-latency]
+                                    [--long 3600] [--sections 1234]
 """
 
 import argparse
@@ -56,6 +56,9 @@ CLIENTS = 50
 P999 = re.compile(r"^\s*(99\.9\d*)% <= ([\d.]+) milliseconds", re.M)
 CHURN_THREADS = 2
 CHURN_ALLOCATORS = ("glibc", "jemalloc", "tcmalloc")
+# the command measured as a user runs it: its shortest interval
+COMMAND_INTERVAL_S = 0.2
+STAT_UTIME, STAT_STIME = 11, 12        # proc(5) fields 14 and 15, counted after "(comm)"
 # exporter: how soon a live target is due again (longer than one read takes)
 REFRESH_S = 0.1
 
@@ -116,11 +119,47 @@ def record_cpu(srv, count):
         finally:
             if bench:
                 stop(bench)
+    command_cpu(srv, count)
     exe = targets.build_c("remote_churn.c", "-pthread", "-ldl")
     for allocator in CHURN_ALLOCATORS:
         with targets.start([exe, str(CHURN_THREADS), "1"], allocator=allocator) as t:
             line(f"churn x{CHURN_THREADS} {allocator} attached",
                  per_snapshot_ms(t.pid, count, False))
+
+
+def child_cpu_s(pid):
+    """utime + stime of PID from /proc/PID/stat (clock ticks: 10 ms steps)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[STAT_UTIME]) + int(fields[STAT_STIME])) / os.sysconf("SC_CLK_TCK")
+
+
+def command_cpu(srv, count):
+    """The command itself: ``allocdiag record --interval 0.2`` (redis idle),
+    its CPU from snapshot 2 to COUNT over the snapshots in between (a mean:
+    the kernel counts CPU in clock ticks)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "r.jsonl")
+        rec = subprocess.Popen([CLI, "record", str(srv.pid), "-o", path, "--interval",
+                                str(COMMAND_INTERVAL_S)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            marks = {}
+            deadline = time.monotonic() + count * COMMAND_INTERVAL_S * 4 + 30
+            while len(marks) < 2 and time.monotonic() < deadline and rec.poll() is None:
+                n = written(path)
+                for mark in (2, count):
+                    if n >= mark and mark not in marks:
+                        marks[mark] = (n, child_cpu_s(rec.pid))
+                time.sleep(COMMAND_INTERVAL_S / 4)
+        finally:
+            stop(rec)
+    if len(marks) < 2:
+        print("  allocdiag record (the command): did not get to snapshot", count)
+        return
+    (n0, c0), (n1, c1) = marks[2], marks[count]
+    print(f"  {'allocdiag record (command), idle':34s} mean of snapshots 2..{n1}: "
+          f"{(c1 - c0) / (n1 - n0) * 1e3:5.2f} ms", flush=True)
 
 
 def scrape_cpu(srv, count):
@@ -255,14 +294,18 @@ def main():
     ap.add_argument("--runs", type=int, default=4)
     ap.add_argument("--requests", type=int, default=200000)
     ap.add_argument("--long", type=int, default=3600)
-    ap.add_argument("--skip-latency", action="store_true")
+    ap.add_argument("--sections", default="1234", metavar="DIGITS",
+                    help="which of the four measurements to run (default 1234)")
     args = ap.parse_args()
     with servers.redis() as srv:
-        record_cpu(srv, args.snapshots)
-        scrape_cpu(srv, args.snapshots)
-        if not args.skip_latency:
+        if "1" in args.sections:
+            record_cpu(srv, args.snapshots)
+        if "2" in args.sections:
+            scrape_cpu(srv, args.snapshots)
+        if "3" in args.sections:
             latency(srv, args.runs, args.requests)
-        long_rss(srv, args.long)
+        if "4" in args.sections:
+            long_rss(srv, args.long)
 
 
 if __name__ == "__main__":
