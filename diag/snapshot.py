@@ -4,9 +4,14 @@ Each collector runs under ``_run``, which times it and turns its failure
 into a ``CollectorStatus`` (so one failed collector makes the document
 partial, not absent).  A vanished process is the exception: NoSuchProcess
 propagates, because there is nothing left to describe.
+
+``take`` makes one snapshot.  A ``Session`` makes one snapshot after another
+of the same process and keeps what the process's mappings gave (``record``);
+``Sessions`` holds a bounded number of them (the exporter's live targets).
 """
 
 import collections
+import copy
 import dataclasses
 import threading
 import time
@@ -73,7 +78,8 @@ def _live(col, built, per_arena, deadline_s):
     try:
         if built.reader is None:
             if built.no_reader is not None:
-                raise built.no_reader
+                # its traceback dropped: raised at every snapshot, it would grow
+                raise built.no_reader.with_traceback(None)
             try:
                 built.reader = livestats.LiveReader(built.image, built.det, per_arena=per_arena,
                                                     deadline_s=deadline_s)
@@ -258,7 +264,7 @@ class Session:
             # status read again too: RssAnon is its counter
             process = _fit_to_kernel(procfs, pid, allocator.kind, stats, self._memory(col))
         if det is not None:
-            native["config"] = built.config
+            native["config"] = copy.deepcopy(built.config)     # a snapshot's own
             native["knobs"] = {k: v.to_json() for k, v in
                                knobs.knobs(allocator.kind, native).items()}
         snap = Snapshot(pid=pid, comm=comm, exe=exe, taken_at=taken_at, allocator=allocator,
@@ -290,8 +296,9 @@ class Session:
             return None
         if old is not None and maps == old.maps:
             for name, st in old.status.items():
-                # the step's answer stands; it cost nothing this time
-                col.status[name] = dataclasses.replace(st, duration_s=0.0)
+                if name != "maps":      # its status is this read's
+                    # the step's answer stands; it cost nothing this time
+                    col.status[name] = dataclasses.replace(st, duration_s=0.0)
             return old
         built = self._build(col, status, maps)
         if built is not None and old is not None:

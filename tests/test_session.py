@@ -8,6 +8,7 @@ the exporter's live targets take their snapshots through sessions."""
 import os
 import subprocess
 import time
+import traceback
 
 import pytest
 
@@ -15,7 +16,7 @@ from collectors import livestats
 from diag import exporter, recording, snapshot
 from diag.recording import read_recording
 from servers import redis
-from targets import PRELOADS, build_c, require_file, start
+from targets import PRELOADS, build_c, build_go, require_file, start
 from collectors.proc.procfs import ProcFS
 
 SNAPSHOTS = 3
@@ -154,6 +155,22 @@ def test_exporter_rereads_a_target_through_its_session(spies):
     assert col.live.reads == SNAPSHOTS and session.builds == 1
     assert spies["open_remote"].calls == 1
     assert col.live.entry(srv.pid).state == "ok"
+
+
+def test_no_stats_interface_is_said_at_every_snapshot_and_nothing_grows():
+    # GIVEN a Go program (no allocator stats interface) in a session
+    with start([build_go("goidle")]) as t:
+        session = snapshot.Session(t.pid)
+        # WHEN it is sampled several times
+        runs = [session.take() for _ in range(SNAPSHOTS)]
+    # THEN every snapshot says why the allocator was not read, as inspect does
+    for snap, col in runs:
+        assert snap.allocator.kind == "go" and not snap.collectors["remote"].ok
+        assert col.unsupported is not None
+    # and the answer kept for the mappings does not grow with each snapshot
+    # (a re-raised exception would pile up traceback entries)
+    depth = [len(traceback.extract_tb(col.unsupported.__traceback__)) for _, col in runs]
+    assert depth[-1] == depth[1], depth
 
 
 def test_sessions_are_bounded():
