@@ -23,10 +23,13 @@ bench/README.md):
   ``mi_stats_get_json`` where the version has it.
 """
 
+from __future__ import annotations
+
 import ctypes
 import os
 import time
 from collections import namedtuple
+from typing import Any
 
 from collectors import allocators
 from collectors.allocators import go
@@ -210,11 +213,12 @@ class LiveReader:
     Raises Unsupported (no stats interface, a symbol missing) when made.
     """
 
-    def __init__(self, image, detection, *, deadline_s=2.0, call_timeout_s=CALL_TIMEOUT_S,
-                 glibc_xml=True, per_arena=False, procfs=None, **options):
+    def __init__(self, image: Any, detection: Any, *, deadline_s: float = 2.0,
+                 call_timeout_s: float = CALL_TIMEOUT_S, glibc_xml: bool = True,
+                 per_arena: bool = False, procfs: str | None = None, **options: Any) -> None:
         kind = detection.allocator.kind
         self.kind = kind
-        self.mod = allocators.module(kind)
+        self.mod: Any = allocators.module(kind)     # the allocator's stats reader module
         if self.mod is None:
             raise Unsupported(for_kind(kind).vocabulary.no_stats or
                               f"no live stats for a {kind} allocator (no stats interface)",
@@ -223,12 +227,12 @@ class LiveReader:
         self.deadline_s = deadline_s
         self._remote_kw = {"call_timeout_s": call_timeout_s, "procfs": procfs,
                            "stack_need": getattr(self.mod, "STACK_NEED", None)}
-        self.rp = None
+        self.rp: RemoteProcess | None = None
         self._remote_of = None      # what self.rp was built from (_remote_identity)
         self.plans = self.remotes = 0
         self.renew(image, detection)
 
-    def renew(self, image, detection):
+    def renew(self, image: Any, detection: Any) -> None:
         """Use IMAGE and DETECTION (of the same process and allocator kind)
         from now on: addresses resolved again, the remote handle kept when
         what it was built from is unchanged."""
@@ -246,10 +250,11 @@ class LiveReader:
         return self.mod.plan(Resolver(self.image), self.detection.serving,
                              self.detection.allocator, self.opts)
 
-    def collect(self, deadline_s=None):
+    def collect(self, deadline_s: float | None = None) -> LiveStats:
         """One read: LiveStats.  DEADLINE_S (default: the reader's) bounds
         the wait for a safe thread.  Raises as ``collect``."""
         mod, rp, image = self.mod, self.rp, self.image
+        assert rp is not None, "renew() made it"
         rp.deadline_s = float(self.deadline_s if deadline_s is None else deadline_s)
         t0 = time.perf_counter()
         pauses = []

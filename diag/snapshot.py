@@ -10,11 +10,14 @@ of the same process and keeps what the process's mappings gave (``record``);
 ``Sessions`` holds a bounded number of them (the exporter's live targets).
 """
 
+from __future__ import annotations
+
 import collections
 import copy
 import dataclasses
 import threading
 import time
+from typing import Any
 
 from collectors import livestats
 
@@ -151,13 +154,14 @@ class Sessions:
     ``take(pid, deadline_s)`` has the signature of diag.hostlive's ``take``.
     Safe to call from several threads (one snapshot at a time)."""
 
-    def __init__(self, limit, **options):
+    def __init__(self, limit: int, **options: Any) -> None:
         self.limit = max(1, int(limit))
         self.options = options      # Session's keyword arguments
-        self._sessions = collections.OrderedDict()     # pid -> Session, least recent first
+        # pid -> Session, least recently read first
+        self._sessions: collections.OrderedDict[int, Session] = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def take(self, pid, deadline_s=None):
+    def take(self, pid: int, deadline_s: float | None = None) -> tuple[Snapshot, Collected]:
         with self._lock:
             session = self._sessions.pop(pid, None) or Session(pid, **self.options)
             self._sessions[pid] = session
@@ -165,10 +169,10 @@ class Sessions:
                 self._sessions.popitem(last=False)
             return session.take(deadline_s)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._sessions)
 
-    def get(self, pid):
+    def get(self, pid: int) -> Session | None:
         """The Session of PID, or None."""
         return self._sessions.get(pid)
 
@@ -207,8 +211,10 @@ class Session:
     builds (tests).  Not thread-safe: one caller at a time.
     """
 
-    def __init__(self, pid, procfs=None, cgroup_root="/sys/fs/cgroup", expect=None,
-                 rollup=True, attach=True, per_arena=False, deadline_s=2.0):
+    def __init__(self, pid: int, procfs: ProcFS | None = None,
+                 cgroup_root: str = "/sys/fs/cgroup", expect: str | None = None,
+                 rollup: bool = True, attach: bool = True, per_arena: bool = False,
+                 deadline_s: float = 2.0) -> None:
         self.pid = pid
         self.procfs = procfs or ProcFS()
         self.cgroup_root, self.expect, self.rollup = cgroup_root, expect, rollup
@@ -217,7 +223,7 @@ class Session:
         self._start = None          # the start time of the process _built belongs to
         self._built = None
 
-    def take(self, deadline_s=None):
+    def take(self, deadline_s: float | None = None) -> tuple[Snapshot, Collected]:
         """(Snapshot, Collected) of the process now.  DEADLINE_S: this read's
         wait for a safe thread (default: the session's).  Raises as ``take``."""
         pid, procfs = self.pid, self.procfs
@@ -240,7 +246,7 @@ class Session:
         # once: smaps_rollup walks every page table, ~5 ms of a 570 MiB
         # redis-server, and a second read cost as much again.
         fits = self.attach or walk is not None
-        process = None if fits else self._memory(col, status)
+        kernel_first = None if fits else self._memory(col, status)
         preload = built.preload if built is not None and built.preload is not None else Preload()
         comm = status.get(b"Name", b"").decode(errors="replace") or None
         exe = procfs.exe(pid)
@@ -260,9 +266,9 @@ class Session:
             runtime = col.run("runtime", lambda: pymalloc.collect(image))
         if walk is not None:
             walk(col.run, image, stats, native)
-        if fits:
-            # status read again too: RssAnon is its counter
-            process = _fit_to_kernel(procfs, pid, allocator.kind, stats, self._memory(col))
+        # with the allocator's figures: status read again too (RssAnon is its counter)
+        process = kernel_first if kernel_first is not None else \
+            _fit_to_kernel(procfs, pid, allocator.kind, stats, self._memory(col))
         if det is not None:
             native["config"] = copy.deepcopy(built.config)     # a snapshot's own
             native["knobs"] = {k: v.to_json() for k, v in
@@ -275,7 +281,8 @@ class Session:
         invariants.check(snap)
         return snap, col
 
-    def _memory(self, col, status=None):
+    def _memory(self, col: Collected, status: dict[bytes, bytes] | None = None
+                ) -> ProcessMemory:
         """The kernel's memory figures (STATUS, or read now; smaps_rollup)."""
         return col.run("procfs", lambda: self.procfs.memory(self.pid, status=status,
                                                             rollup=self.rollup),
