@@ -21,7 +21,7 @@ from typing import Optional
 
 from diag.model.errors import AccessDenied, AllocdiagError, MissingExtra
 from diag.model.exitcodes import ExitCode
-from diag import hostlive, hostscan, metrics as M, walllive
+from diag import hostlive, hostscan, metrics as M, snapshot, walllive
 from diag.model.wall import SYSCALLS
 from diag.exporter_options import MAX_TARGETS_DEFAULT
 
@@ -95,9 +95,7 @@ class AllocdiagCollector:
         self.o = options or Options()
         self.sync = sync
         # one snapshot.Session per live target: a refresh re-reads only what
-        # can have changed (see diag.snapshot.Session).  Imported here: the
-        # command's parser imports this module, and every command would pay.
-        from diag import snapshot
+        # can have changed (see diag.snapshot.Session)
         self.sessions = snapshot.Sessions(self.o.max_targets)
         self.live = live or hostlive.HostLive(
             max_pause_ms_per_minute=self.o.max_pause_ms_per_minute, refresh_s=self.o.refresh_s,
