@@ -257,3 +257,28 @@ except AccessDenied as e:
     assert "KILL True AccessDenied permission denied: signal 0 to pid 1" in out.stdout, out.stderr
     assert "PAGEMAP permission denied: reading /proc/1/pagemap" in out.stdout, out.stderr
     assert "SESSION permission denied: reading /proc/1/maps True" in out.stdout, out.stderr
+
+
+def test_pagemap_counts_present_pages_across_read_chunks(monkeypatch):
+    # the counts come from each entry's top byte (bit 63 present, bit 62
+    # swapped), read CHUNK_ENTRIES entries at a time: a small chunk makes a
+    # 64-page mapping span ten reads, one of them partial
+    import mmap as mmap_mod
+    from collectors.proc import pagemap
+    n = 64
+    m = mmap_mod.mmap(-1, n * pagemap.PAGE_SIZE)
+    touched = [0, 1, 5, 6, 7, 31, 32, 33, 62, 63]
+    for page in touched:
+        m[page * pagemap.PAGE_SIZE] = 1
+    start = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    try:
+        for chunk in (7, pagemap.CHUNK_ENTRIES):
+            monkeypatch.setattr(pagemap, "CHUNK_ENTRIES", chunk)
+            with pagemap.Pagemap(os.getpid()) as pm:
+                assert pm.pages(start, start + n * pagemap.PAGE_SIZE) == (len(touched), 0)
+                assert pm.pages(start + 2 * pagemap.PAGE_SIZE,
+                                start + 40 * pagemap.PAGE_SIZE) == (6, 0)
+                assert pm.resident_bytes([(start, start + 8 * pagemap.PAGE_SIZE)]) == \
+                    5 * pagemap.PAGE_SIZE
+    finally:
+        m.close()

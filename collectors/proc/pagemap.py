@@ -10,7 +10,6 @@ A transparent huge page reports each of its 4 KiB subpages as present.
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,6 +20,17 @@ PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 PM_ENTRY_BYTES = 8
 PM_PRESENT = 1 << 63
 PM_SWAPPED = 1 << 62
+# Both flags live in an entry's last byte (little-endian): counted over that
+# byte of every entry with bytes.translate, at C speed, not one Python step a
+# page (a 570 MiB heap is 146,000 entries: ~11 ms that way).
+_TOP_BYTE = PM_ENTRY_BYTES - 1
+_TOP_PRESENT = PM_PRESENT >> 56                       # 0x80
+_TOP_SWAPPED = PM_SWAPPED >> 56                       # 0x40
+_PRESENT_BYTES = bytes(b for b in range(256) if b & _TOP_PRESENT)
+_SWAPPED_ONLY_BYTES = bytes(b for b in range(256) if b & _TOP_SWAPPED and not b & _TOP_PRESENT)
+# Entries read per pread: 1 MiB of them covers 512 MiB of address space, so
+# a range of many GiB (reserved, never touched) costs no more memory.
+CHUNK_ENTRIES = 1 << 17
 
 
 class Pagemap:
@@ -40,22 +50,19 @@ class Pagemap:
         """(present, swapped) page counts in [START, END); (None, None)
         when the range could not be read."""
         first, last = start // PAGE_SIZE, (end + PAGE_SIZE - 1) // PAGE_SIZE
-        n = last - first
-        if n <= 0:
-            return 0, 0
-        try:
-            assert self._fd is not None, "read after close()"
-            data = os.pread(self._fd, n * PM_ENTRY_BYTES, first * PM_ENTRY_BYTES)
-        except OSError:
-            return None, None
-        if len(data) != n * PM_ENTRY_BYTES:
-            return None, None
         present = swapped = 0
-        for (e,) in struct.iter_unpack("<Q", data):
-            if e & PM_PRESENT:
-                present += 1
-            elif e & PM_SWAPPED:
-                swapped += 1
+        assert self._fd is not None, "read after close()"
+        for at in range(first, last, CHUNK_ENTRIES):
+            n = min(CHUNK_ENTRIES, last - at)
+            try:
+                data = os.pread(self._fd, n * PM_ENTRY_BYTES, at * PM_ENTRY_BYTES)
+            except OSError:
+                return None, None
+            if len(data) != n * PM_ENTRY_BYTES:
+                return None, None
+            top = data[_TOP_BYTE::PM_ENTRY_BYTES]
+            present += n - len(top.translate(None, _PRESENT_BYTES))
+            swapped += n - len(top.translate(None, _SWAPPED_ONLY_BYTES))
         return present, swapped
 
     def resident_bytes(self, ranges: Iterable[tuple[int, int]]) -> int | None:
