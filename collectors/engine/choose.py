@@ -249,8 +249,6 @@ class Chooser:
                                        where=where)
                     continue
                 f.words = words
-                if cat == safepoints.EPOLL:
-                    f.since = self.last_ran(tid)
                 cands.append(Candidate(tid, cat, f))
             elif f.state in ("R", "S") and f.nr == -1:
                 if not self.forbidden:
@@ -344,6 +342,12 @@ class Chooser:
         point): parse the CFI a futex or resumed wait's walk needs, or load
         every object's CFI index for a running thread's walk.  Returns (whether
         it read the mappings, a refusal the look-ahead found)."""
+        if c.category == safepoints.EPOLL:
+            # when it last ran, for the time left of its timeout: read only
+            # for the epoll waiter about to be stopped (clock_offset moves
+            # this thread to that CPU and sleeps there), not for every one
+            c.facts.since = self.last_ran(c.tid)
+            return False, None
         if c.category == safepoints.GO_RUNTIME:
             return False, None      # proven by its stub's range: no walk
         if c.category == safepoints.FUTEX or c.facts.nr == self.arch.RESTART_SYSCALL:
