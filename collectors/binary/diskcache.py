@@ -34,14 +34,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
 import logging
 import marshal
 import os
 import stat
 import sys
-import tempfile
 import threading
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,8 +53,6 @@ MAX_BYTES = 64 << 20          # the store's bound on disk
 MAX_ENTRIES = 4096
 EVICT_TO = 0.75               # eviction removes the oldest down to this share of a bound
 DIR_MODE, FILE_MODE = 0o700, 0o600
-KEY_DIGEST_CHARS = 40         # hex digits of the identity's digest in a file name
-PRODUCER_DIGEST_CHARS = 16
 # The modules whose code decides what an entry holds: a change to any of them
 # makes every entry foreign.
 _PRODUCER_MODULES = ("diskcache.py", "elf.py", "unwind.py")
@@ -131,20 +128,25 @@ def _count(what: str) -> None:
 
 
 def _producer() -> str | None:
-    """A digest of FORMAT, the Python version (marshal's format follows it)
-    and the source of the producing modules; None when the source cannot be
-    read (then the store stays off: entries could not be told apart)."""
+    """A checksum of FORMAT, the Python version (marshal's format follows
+    it) and the source of the producing modules; None when the source cannot
+    be read (then the store stays off: entries could not be told apart).
+    zlib's CRC-32, not hashlib: importing hashlib costs a run 2 ms, and the
+    header check needs to tell versions apart, not resist an adversary."""
     if _state.producer is None:
-        h = hashlib.sha256(f"{FORMAT} {sys.version_info[:2]}".encode())
+        crc = zlib.crc32(f"{FORMAT} {sys.version_info[:2]}".encode())
+        size = 0
         here = os.path.dirname(os.path.abspath(__file__))
         try:
             for name in _PRODUCER_MODULES:
                 with open(os.path.join(here, name), "rb") as f:
-                    h.update(f.read())
+                    source = f.read()
+                crc = zlib.crc32(source, crc)
+                size += len(source)
         except OSError as exc:
             log.debug("disk cache off: the source of %s is unreadable (%s)", name, exc.strerror)
             return None
-        _state.producer = h.hexdigest()[:PRODUCER_DIGEST_CHARS]
+        _state.producer = f"{crc:08x}-{size:x}"
     return _state.producer
 
 
@@ -172,8 +174,10 @@ def _directory() -> str | None:
 
 
 def _file_name(key: Key, part: str) -> str:
-    digest = hashlib.sha256(repr(key).encode()).hexdigest()[:KEY_DIGEST_CHARS]
-    return f"{digest}.{part}"
+    """DEV-INO-SIZE-MTIME-BUILDID.PART, in hex: readable, unique by
+    construction (the header repeats the key and is checked on load)."""
+    dev, ino, size, mtime_ns, build_id = key
+    return f"{dev:x}-{ino:x}-{size:x}-{mtime_ns:x}-{build_id or 'none'}.{part}"
 
 
 def load(key: Key, part: str, what: str) -> Any:
@@ -249,6 +253,7 @@ def store(key: Key, part: str, payload: Any, what: str) -> None:
         return
     tmp = None
     try:
+        import tempfile     # here, not at the top: a warm run writes nothing
         # mkstemp creates the file 0600 in the store's own directory, so the
         # rename below is atomic
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")

@@ -432,30 +432,34 @@ def stat_key(st: os.stat_result) -> tuple[int, int, int, int]:
 
 
 def load(opener: ObjectFile) -> ElfObject:
-    """The ElfObject of the file OPENER opens: from the disk cache when an
-    entry for this very file (the identity of the open descriptor and its
-    build-id) is there, else parsed from that descriptor (and stored)."""
+    """The ElfObject of the file OPENER opens (``load_open``)."""
     with opener.open() as f:
-        ident = stat_key(os.fstat(f.fileno()))
-        key: diskcache.Key | None = None
-        if diskcache.enabled():
-            key = ident + (read_build_id(f),)
-            facts = diskcache.load(key, "elf", opener.display_path)
-            if facts is not None:
-                try:
-                    obj = ElfObject.from_facts(opener.display_path, facts)
-                except (ValueError, TypeError, AttributeError) as exc:
-                    log.debug("disk cache entry of %s unusable (%s): parsed again",
-                              opener.display_path, exc)
-                else:
-                    obj.key, obj.stat_key = key, ident
-                    return obj
-        obj = ElfObject(opener.display_path, f)
+        return load_open(opener.display_path, f)
+
+
+def load_open(display: str, f: IO[bytes]) -> ElfObject:
+    """The ElfObject of the open file F: from the disk cache when an entry
+    for this very file (the identity of the open descriptor and its
+    build-id) is there, else parsed from F (and stored)."""
+    ident = stat_key(os.fstat(f.fileno()))
+    key: diskcache.Key | None = None
+    if diskcache.enabled():
+        key = ident + (read_build_id(f),)
+        facts = diskcache.load(key, "elf", display)
+        if facts is not None:
+            try:
+                obj = ElfObject.from_facts(display, facts)
+            except (ValueError, TypeError, AttributeError) as exc:
+                log.debug("disk cache entry of %s unusable (%s): parsed again", display, exc)
+            else:
+                obj.key, obj.stat_key = key, ident
+                return obj
+    obj = ElfObject(display, f)
     obj.key, obj.stat_key = key, ident
     log.debug("ELF %s parsed from %s: build-id %s, %d dynamic symbols",
-              opener.display_path, opener.chosen_path, obj.build_id, len(obj.dynsym))
+              display, getattr(f, "name", display), obj.build_id, len(obj.dynsym))
     if key is not None:
-        diskcache.store(key, "elf", obj.facts(), opener.display_path)
+        diskcache.store(key, "elf", obj.facts(), display)
     return obj
 
 
@@ -463,7 +467,7 @@ def load(opener: ObjectFile) -> ElfObject:
 # e_phentsize, e_phnum; Elf64_Phdr; Elf64_Nhdr
 EI_CLASS, EI_DATA = 4, 5
 ELFCLASS64_ID, ELFDATA2LSB = 2, 1
-_EHDR64_PH = struct.Struct("<Q16xHH")       # e_phoff (at 32) .. e_phentsize, e_phnum (at 54)
+_EHDR64_PH = struct.Struct("<Q14xHH")       # e_phoff (at 32), e_phentsize (at 54), e_phnum (at 56)
 EHDR64_PHOFF = 32
 _PHDR64 = struct.Struct("<IIQQQQQQ")        # p_type, p_flags, p_offset, ..., p_filesz, p_memsz, p_align
 _NHDR = struct.Struct("<III")               # n_namesz, n_descsz, n_type
@@ -548,6 +552,18 @@ class ElfCache:
         if identity is not None:
             with self._lock:
                 self._recent[identity] = (now, key)
+        return obj
+
+    def of_open(self, display: str, f: IO[bytes]) -> ElfObject:
+        """The ElfObject of the open file F (for a reader that needs the
+        file's bytes too: one open serves both)."""
+        ident = stat_key(os.fstat(f.fileno()))
+        with self._lock:
+            obj = self._objects.get(ident)
+        if obj is None:
+            obj = load_open(display, f)
+            with self._lock:
+                obj = self._objects.setdefault(ident, obj)
         return obj
 
     def __len__(self) -> int:
