@@ -195,13 +195,16 @@ def test_unusable_cache_directory_never_fails_a_command(tmp_path):
     foreign = tmp_path / "foreign"
     (foreign / diskcache.DIR_NAME).mkdir(parents=True)
     os.chown(foreign / diskcache.DIR_NAME, NOBODY, NOBODY)
+    others_home = tmp_path / "others"                  # root under sudo, the user's HOME
+    others_home.mkdir()
+    os.chown(others_home, NOBODY, NOBODY)
     with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
         _, want = inspect_json(tmp_path / "fine", t.pid)
-        for cache in (a_file, foreign):
+        for cache in (a_file, foreign, others_home):
             r, doc = inspect_json(cache, t.pid)
             assert doc == want
             assert "disk cache off" in r.stderr and JEMALLOC in parsed(r)
-    assert os.listdir(foreign / diskcache.DIR_NAME) == []
+    assert os.listdir(foreign / diskcache.DIR_NAME) == [] and os.listdir(others_home) == []
 
 
 # -- in process: what comes back equals what a parse gives ---------------------------

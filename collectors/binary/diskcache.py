@@ -159,6 +159,11 @@ def _directory() -> str | None:
         return None
     path = cache_dir()
     try:
+        # A directory in another user's tree is not ours to fill (root under
+        # sudo with the invoking user's HOME would leave root-owned files there)
+        parent = os.path.dirname(path)
+        if os.path.isdir(parent) and os.stat(parent).st_uid != os.geteuid():
+            raise PermissionError(0, f"{parent} belongs to another user")
         os.makedirs(path, mode=DIR_MODE, exist_ok=True)
         st = os.lstat(path)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
