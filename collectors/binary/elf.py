@@ -5,7 +5,10 @@ the kernel mapped, even if it was replaced or deleted since) or
 ``/proc/PID/root/PATH`` (the target's own filesystem: a process in a
 container is read from its image, not from the host), falling back to the
 plain path.  Parsed objects are cached by (device, inode, size, mtime), so
-scanning a thousand processes that run the same binary parses it once.
+scanning a thousand processes that run the same binary parses it once, and
+their facts are kept on disk between runs (``collectors.binary.diskcache``,
+keyed by the identity of the descriptor read and its build-id): a second
+command reads them back without pyelftools, which is imported only to parse.
 
 pyelftools gives the structure (ELF header, program headers, section
 headers, dynamic tags, notes).  The symbol and relocation tables themselves
@@ -29,7 +32,7 @@ import struct
 import threading
 import time
 from collections import namedtuple
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any
 
 from collectors.binary import diskcache
@@ -84,6 +87,27 @@ VERSION_PATTERNS = {
 }
 
 
+class StoredSymbols(Mapping[str, Symbol]):
+    """{name: Symbol} over the plain tuples of a disk cache entry: a
+    Symbol is made when its name is looked up (a python3 .symtab holds
+    ~20,000 entries; a lookup wants a handful)."""
+
+    def __init__(self, rows: dict[str, tuple[Any, ...]]) -> None:
+        self._rows = rows
+
+    def __getitem__(self, name: str) -> Symbol:
+        return Symbol._make(self._rows[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._rows
+
+
 # The attributes one parse computes, in the order the disk cache's ``elf``
 # part holds them (collectors.binary.diskcache)
 FACTS = ("elfclass", "e_machine", "e_type", "little_endian", "interp", "loads", "sections",
@@ -126,7 +150,7 @@ class ElfObject:
         self.key: diskcache.Key | None = None
         self.stat_key: tuple[int, int, int, int] | None = None   # set by load()
         self._lock = threading.Lock()
-        self._symtab: dict[str, Symbol] | None = None
+        self._symtab: Mapping[str, Symbol] | None = None
         self._rodata_hits: dict[str, str | None] | None = None
         self._dynsym: list[Symbol] | None = None
         self._dynsym_raw: list[tuple[Any, ...]] = []
@@ -326,7 +350,7 @@ class ElfObject:
             return s
         return self.symtab(f_opener).get(name)
 
-    def symtab(self, f_opener: Callable[[], IO[bytes]] | None = None) -> dict[str, Symbol]:
+    def symtab(self, f_opener: Callable[[], IO[bytes]] | None = None) -> Mapping[str, Symbol]:
         """{name: Symbol} of defined .symtab entries (empty when stripped)."""
         with self._lock:
             if self._symtab is not None:
@@ -335,9 +359,8 @@ class ElfObject:
                 self._symtab = {}
                 return self._symtab
             stored = self._load_part("symtab")
-            if stored is not None:
-                with diskcache.paused_gc():
-                    self._symtab = {t[0]: Symbol._make(t) for t in stored}
+            if isinstance(stored, dict):
+                self._symtab = StoredSymbols(stored)
                 return self._symtab
             if f_opener is None:
                 return {}
@@ -346,7 +369,7 @@ class ElfObject:
                 same = self._same_file(f)
             self._symtab = {s.name: s for s in syms if s.defined and s.name}
             if same:
-                self._store_part("symtab", [tuple(s) for s in self._symtab.values()])
+                self._store_part("symtab", {name: tuple(sym) for name, sym in self._symtab.items()})
             return self._symtab
 
     def rodata_version(self, kind: str, f_opener: Callable[[], IO[bytes]]) -> str | None:

@@ -13,7 +13,10 @@ by parsing every entry up front.  Measured on this machine: libc 3,713 FDEs,
 0.08 s vs 11.8 s; a walk ~0.3 ms.  An FDE's rule table is decoded once.
 
 Tables are cached per file identity (st_dev, st_ino, st_size, st_mtime_ns;
-as ``collectors.binary.elf`` caches) for the rest of the run.  The remote engine
+as ``collectors.binary.elf`` caches) for the rest of the run, and on disk
+between runs (``collectors.binary.diskcache``'s ``cfi`` part: the index, the
+FDE ends and every row decoded, written at exit, never during a stop), so a
+second run judges the same stacks without pyelftools.  The remote engine
 loads what a walk needs *before* it stops a thread (``Unwinder.prepare``, a
 look-ahead walk from /proc/PID/task/TID/syscall's pc and sp) and, while a
 thread is stopped, walks only with tables already loaded
@@ -41,8 +44,8 @@ from typing import IO, Any, Literal, overload
 
 from collectors.binary import diskcache, elf
 from collectors.binary.ranges import Ranges
-from diag.model.errors import MalformedData
 from collectors.proc.maps import Mapping, as_mappings, executable_files
+from diag.model.errors import MalformedData
 
 log = logging.getLogger("collectors.binary")
 
@@ -164,14 +167,13 @@ class CfiTable:
             raise
         except MalformedData as exc:
             raise UnwindError(str(exc)) from None
-        except _PARSE_ERRORS as exc:
+        except Exception as exc:
+            # a damaged .eh_frame: the built-in errors above, or pyelftools'
+            # own (ELFError, DWARFError; not imported just to name them)
+            if not isinstance(exc, _PARSE_ERRORS) and not type(exc).__module__.startswith("elftools."):
+                raise
             raise UnwindError(f"{path}: .eh_frame unreadable "
                               f"({type(exc).__name__}: {exc})") from None
-        except Exception as exc:
-            if type(exc).__module__.startswith("elftools."):      # ELFError, DWARFError
-                raise UnwindError(f"{path}: .eh_frame unreadable "
-                                  f"({type(exc).__name__}: {exc})") from None
-            raise
         self._dirty = True
 
     def _init_state(self, path):
