@@ -252,7 +252,8 @@ def store(key: Key, part: str, payload: Any, what: str) -> None:
     if directory is None:
         return
     try:
-        data = marshal.dumps(((FORMAT, _producer(), key, part), payload))
+        with paused_gc():
+            data = marshal.dumps(((FORMAT, _producer(), key, part), payload))
     except ValueError as exc:          # not plain data: a bug, but never a failed command
         log.debug("disk cache: %s %s not stored (%s)", what, part, exc)
         return

@@ -302,6 +302,7 @@ class ElfObject:
         object really serves the call.
         """
         out = {}
+        dynsym = self.dynsym          # a property: once, not per relocation
         for name, (_a, _o, _s, sh_type) in self.sections.items():
             if sh_type != "SHT_RELA" or not name.startswith((".rela.plt", ".rela.dyn")):
                 continue
@@ -310,8 +311,8 @@ class ElfObject:
             for r_offset, r_info, _addend in _RELA64.iter_unpack(data[:usable]):
                 if (r_info & R_TYPE_MASK) in _GOT_RELOC_TYPES:
                     idx = r_info >> R_SYM_SHIFT
-                    if 0 < idx < len(self.dynsym):
-                        out.setdefault(self.dynsym[idx].name, []).append(r_offset)
+                    if 0 < idx < len(dynsym):
+                        out.setdefault(dynsym[idx].name, []).append(r_offset)
         return out
 
     def _go_version(self, f):
@@ -477,12 +478,14 @@ def load_open(display: str, f: IO[bytes]) -> ElfObject:
             else:
                 obj.key, obj.stat_key = key, ident
                 return obj
-    obj = ElfObject(display, f)
+    with diskcache.paused_gc():         # pyelftools makes ~100,000 objects a library
+        obj = ElfObject(display, f)
     obj.key, obj.stat_key = key, ident
     log.debug("ELF %s parsed from %s: build-id %s, %d dynamic symbols",
               display, getattr(f, "name", display), obj.build_id, len(obj.dynsym))
     if key is not None:
-        diskcache.store(key, "elf", obj.facts(), display)
+        with diskcache.paused_gc():     # tens of thousands of tuples, none of them garbage
+            diskcache.store(key, "elf", obj.facts(), display)
     return obj
 
 
