@@ -138,6 +138,25 @@ class CfiTable:
     decoded so far; an FDE not decoded then is parsed (with pyelftools,
     imported then) when a walk first needs it."""
 
+    def _init_state(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        # the FDEs sorted by initial_location: start, end (None until the FDE
+        # is parsed, with .eh_frame_hdr), offset in .eh_frame
+        self._starts: list[int] = []
+        self._ends: list[int | None] = []
+        self._offsets: list[int] = []
+        self._decoded: dict[int, tuple[list[int], list[tuple[CfaRule, dict[int, Rule]]]]] = {}
+        self._plain: dict[int, tuple[list[int], list[tuple[Any, ...]]]] = {}
+        self._entries: dict[int, Any] = {}        # index -> pyelftools FDE, once parsed
+        self._cfi: Any = None                     # pyelftools CallFrameInfo, made when needed
+        # .eh_frame's bytes, address, byte order, address size: read with the
+        # index (a few hundred KiB from the page cache), so an FDE is parsed
+        # without opening the file again -- it may belong to a process gone since
+        self._eh: tuple[bytes, int, bool, int] | None = None
+        self.key: Any = None                      # diskcache.Key it is stored under
+        self._dirty = False                       # learnt something since stored
+
     def __init__(self, path: str, f: IO[bytes], obj: elf.ElfObject | None = None) -> None:
         self._init_state(path)
         try:
@@ -175,20 +194,6 @@ class CfiTable:
             raise UnwindError(f"{path}: .eh_frame unreadable "
                               f"({type(exc).__name__}: {exc})") from None
         self._dirty = True
-
-    def _init_state(self, path):
-        self.path = path
-        self._lock = threading.Lock()
-        self._decoded: dict[int, tuple[list[int], list[tuple[CfaRule, dict[int, Rule]]]]] = {}
-        self._plain: dict[int, tuple[list[int], list[tuple[Any, ...]]]] = {}
-        self._entries: dict[int, Any] = {}        # index -> pyelftools FDE, once parsed
-        self._cfi: Any = None                     # pyelftools CallFrameInfo, made when needed
-        # .eh_frame's bytes, address, byte order, address size: read with the
-        # index (a few hundred KiB from the page cache), so an FDE is parsed
-        # without opening the file again -- it may belong to a process gone since
-        self._eh: tuple[bytes, int, bool, int] | None = None
-        self.key: Any = None                      # diskcache.Key it is stored under
-        self._dirty = False                       # learnt something since stored
 
     @staticmethod
     def _eh_frame(obj, f):
