@@ -241,6 +241,12 @@ class CfiTable:
                 for_eh_frame=True)
         return self._cfi
 
+    def arm(self) -> None:
+        """Make the parsing of an FDE not decoded yet cheap from now on
+        (pyelftools imported, its CallFrameInfo built)."""
+        if self._cfi is None:
+            self._frame_info()
+
     # -- plain data, for the disk cache ------------------------------------------
 
     def plain(self) -> tuple[Any, ...]:
@@ -576,17 +582,23 @@ class Unwinder:
         # Unwinder meets the mapping, in the look-ahead before the stop;
         # the walks of the stopped thread reuse the table without a stat
         # per frame (~7 stats a walk, most of the judge's time in the stop).
-        if m.table is not None:
-            return m.table
-        if parse:
-            m.table = cfi_table(m.opener)
-            return m.table
-        t = cached_table(m.opener)
+        t = m.table
         if t is None:
-            raise NeedsParse(m.path)
-        if isinstance(t, UnwindError):
-            raise t
-        m.table = t
+            if parse:
+                t = cfi_table(m.opener)
+            else:
+                t = cached_table(m.opener)
+                if t is None:
+                    raise NeedsParse(m.path)
+                if isinstance(t, UnwindError):
+                    raise t
+            m.table = t
+        if parse:
+            # A walk allowed to parse is the moment for the slow set-up a
+            # table restored from disk skipped (importing pyelftools): not
+            # later, inside a stop or in the sampler's reading loop, where an
+            # FDE never decoded before would otherwise pay it.
+            t.arm()
         return t
 
     @overload
