@@ -87,25 +87,54 @@ VERSION_PATTERNS = {
 }
 
 
-class StoredSymbols(Mapping[str, Symbol]):
-    """{name: Symbol} over the plain tuples of a disk cache entry: a
-    Symbol is made when its name is looked up (a python3 .symtab holds
-    ~20,000 entries; a lookup wants a handful)."""
+# A Symbol without its name, packed (st_value, st_size, type, bind, defined):
+# the disk cache keeps a symbol table as its names and one bytes object, so
+# reading it back makes no tuple per symbol (libstdc++: 6,000; python3's
+# .symtab: 20,000) for the garbage collector to count and scan.
+_SYMBOL_PACK = struct.Struct("<QQBBB")
 
-    def __init__(self, rows: dict[str, tuple[Any, ...]]) -> None:
-        self._rows = rows
+
+def pack_symbols(symbols: list[Symbol]) -> tuple[list[str], bytes]:
+    """(names, packed rest) of SYMBOLS, for the disk cache."""
+    return ([s.name for s in symbols],
+            b"".join(_SYMBOL_PACK.pack(s.st_value, s.st_size, s.type, s.bind, s.defined)
+                     for s in symbols))
+
+
+def _unpacked(name: str, packed: bytes, i: int) -> Symbol:
+    st_value, st_size, st_type, bind, defined = _SYMBOL_PACK.unpack_from(packed, i * _SYMBOL_PACK.size)
+    return Symbol(name, st_value, st_size, st_type, bind, bool(defined))
+
+
+def unpack_symbols(names: list[str], packed: bytes) -> list[Symbol]:
+    """The Symbols ``pack_symbols`` gave NAMES and PACKED for."""
+    if len(packed) != len(names) * _SYMBOL_PACK.size:
+        raise ValueError("symbol names and packed rows differ in number")
+    return [Symbol(n, v, sz, t, b, bool(d))
+            for n, (v, sz, t, b, d) in zip(names, _SYMBOL_PACK.iter_unpack(packed))]
+
+
+class StoredSymbols(Mapping[str, Symbol]):
+    """{name: Symbol} over a disk cache entry's names and packed rows: a
+    Symbol is made when its name is looked up (a lookup wants a handful)."""
+
+    def __init__(self, names: list[str], packed: bytes) -> None:
+        if len(packed) != len(names) * _SYMBOL_PACK.size:
+            raise ValueError("symbol names and packed rows differ in number")
+        self._names, self._packed = names, packed
+        self._index = dict(zip(names, range(len(names))))
 
     def __getitem__(self, name: str) -> Symbol:
-        return Symbol._make(self._rows[name])
+        return _unpacked(name, self._packed, self._index[name])
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._rows)
+        return iter(self._index)
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self._index)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._rows
+        return name in self._index
 
 
 # The attributes one parse computes, in the order the disk cache's ``elf``
@@ -153,7 +182,7 @@ class ElfObject:
         self._symtab: Mapping[str, Symbol] | None = None
         self._rodata_hits: dict[str, str | None] | None = None
         self._dynsym: list[Symbol] | None = None
-        self._dynsym_raw: list[tuple[Any, ...]] = []
+        self._dynsym_packed: tuple[list[str], bytes] = ([], b"")   # from the disk cache
         self._dynsym_by_name: dict[str, Symbol] | None = None
         self._exports: frozenset[str] | None = None
 
@@ -161,7 +190,7 @@ class ElfObject:
     def dynsym(self) -> list[Symbol]:
         """The .dynsym entries, in table order."""
         if self._dynsym is None:
-            self._dynsym = [Symbol._make(t) for t in self._dynsym_raw]
+            self._dynsym = unpack_symbols(*self._dynsym_packed)
         return self._dynsym
 
     @property
@@ -169,10 +198,7 @@ class ElfObject:
         """Names of the defined .dynsym entries that are not STB_LOCAL (what
         the object offers the dynamic linker; detection's signatures)."""
         if self._exports is None:
-            # the stored tuples when the Symbols are not made yet: cheaper
-            rows = self._dynsym if self._dynsym is not None else self._dynsym_raw
-            # Symbol fields: name, st_value, st_size, type, bind, defined
-            self._exports = frozenset(r[0] for r in rows if r[5] and r[4] != STB_LOCAL)
+            self._exports = frozenset(s.name for s in self.dynsym if s.defined and s.bind != STB_LOCAL)
         return self._exports
 
     def _by_name(self) -> dict[str, Symbol]:
@@ -188,28 +214,29 @@ class ElfObject:
     # -- plain data, for the disk cache ----------------------------------------
 
     def facts(self) -> tuple[Any, ...]:
-        """What one parse learnt, as plain data (FACTS order; symbols as
-        plain tuples): the disk cache's ``elf`` part."""
-        return tuple([tuple(sym) for sym in self.dynsym] if name == "dynsym" else getattr(self, name)
-                     for name in FACTS)
+        """What one parse learnt, as plain data: the disk cache's ``elf``
+        part.  FACTS in order (.dynsym as ``pack_symbols`` gives it), then
+        ``exports`` (what detection reads of every object, so that a warm
+        run unpacks the symbols of only the objects it looks into)."""
+        return tuple(pack_symbols(self.dynsym) if name == "dynsym" else getattr(self, name)
+                     for name in FACTS) + (sorted(self.exports),)
 
     @classmethod
     def from_facts(cls, path: str, facts: tuple[Any, ...]) -> ElfObject:
         """The object ``facts()`` described, without reading the file.
         Raises ValueError when FACTS does not have that shape."""
-        if not isinstance(facts, tuple) or len(facts) != len(FACTS):
+        if not isinstance(facts, tuple) or len(facts) != len(FACTS) + 1:
             raise ValueError("not the facts of an ElfObject")
         obj = cls.__new__(cls)
         obj._init_state(path)
         for name, value in zip(FACTS, facts):
             if name == "dynsym":
-                # Symbols and the by-name index are made when first asked
-                # for: detection needs only ``exports`` of most objects
-                # (libstdc++'s 6,000 entries cost ~1 ms to wrap)
-                obj._dynsym_raw = value
+                obj._dynsym_packed = value
             else:
                 setattr(obj, name, value)
-        if not isinstance(obj._dynsym_raw, list) or not isinstance(obj.got, dict):
+        obj._exports = frozenset(facts[-1])
+        names, packed = obj._dynsym_packed
+        if not isinstance(obj.got, dict) or len(packed) != len(names) * _SYMBOL_PACK.size:
             raise ValueError("not the facts of an ElfObject")
         return obj
 
@@ -360,9 +387,12 @@ class ElfObject:
                 self._symtab = {}
                 return self._symtab
             stored = self._load_part("symtab")
-            if isinstance(stored, dict):
-                self._symtab = StoredSymbols(stored)
-                return self._symtab
+            if stored is not None:
+                try:
+                    self._symtab = StoredSymbols(*stored)
+                    return self._symtab
+                except (ValueError, TypeError):      # not what symtab() stores: parse again
+                    pass
             if f_opener is None:
                 return {}
             with f_opener() as f:
@@ -370,7 +400,7 @@ class ElfObject:
                 same = self._same_file(f)
             self._symtab = {s.name: s for s in syms if s.defined and s.name}
             if same:
-                self._store_part("symtab", {name: tuple(sym) for name, sym in self._symtab.items()})
+                self._store_part("symtab", pack_symbols(list(self._symtab.values())))
             return self._symtab
 
     def rodata_version(self, kind: str, f_opener: Callable[[], IO[bytes]]) -> str | None:
@@ -478,14 +508,12 @@ def load_open(display: str, f: IO[bytes]) -> ElfObject:
             else:
                 obj.key, obj.stat_key = key, ident
                 return obj
-    with diskcache.paused_gc():         # pyelftools makes ~100,000 objects a library
-        obj = ElfObject(display, f)
+    obj = ElfObject(display, f)
     obj.key, obj.stat_key = key, ident
     log.debug("ELF %s parsed from %s: build-id %s, %d dynamic symbols",
               display, getattr(f, "name", display), obj.build_id, len(obj.dynsym))
     if key is not None:
-        with diskcache.paused_gc():     # tens of thousands of tuples, none of them garbage
-            diskcache.store(key, "elf", obj.facts(), display)
+        diskcache.store(key, "elf", obj.facts(), display)
     return obj
 
 
