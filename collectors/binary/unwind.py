@@ -16,7 +16,11 @@ Tables are cached per file identity (st_dev, st_ino, st_size, st_mtime_ns;
 as ``collectors.binary.elf`` caches) for the rest of the run, and on disk
 between runs (``collectors.binary.diskcache``'s ``cfi`` part: the index, the
 FDE ends and every row decoded, written at exit, never during a stop), so a
-second run judges the same stacks without pyelftools.  The remote engine
+second run judges the same stacks without pyelftools.  An FDE no earlier run
+decoded is parsed when a walk first needs it; in a table restored from disk
+that first parse also imports pyelftools (~10-20 ms, once per process), even
+inside a stop: rare (the stack reaches code no earlier run walked) and
+cheaper than importing it on every run.  The remote engine
 loads what a walk needs *before* it stops a thread (``Unwinder.prepare``, a
 look-ahead walk from /proc/PID/task/TID/syscall's pc and sp) and, while a
 thread is stopped, walks only with tables already loaded
@@ -240,12 +244,6 @@ class CfiTable:
                                           dwarf_format=DWARF32, address_size=address_size),
                 for_eh_frame=True)
         return self._cfi
-
-    def arm(self) -> None:
-        """Make the parsing of an FDE not decoded yet cheap from now on
-        (pyelftools imported, its CallFrameInfo built)."""
-        if self._cfi is None:
-            self._frame_info()
 
     # -- plain data, for the disk cache ------------------------------------------
 
@@ -582,23 +580,17 @@ class Unwinder:
         # Unwinder meets the mapping, in the look-ahead before the stop;
         # the walks of the stopped thread reuse the table without a stat
         # per frame (~7 stats a walk, most of the judge's time in the stop).
-        t = m.table
-        if t is None:
-            if parse:
-                t = cfi_table(m.opener)
-            else:
-                t = cached_table(m.opener)
-                if t is None:
-                    raise NeedsParse(m.path)
-                if isinstance(t, UnwindError):
-                    raise t
-            m.table = t
+        if m.table is not None:
+            return m.table
         if parse:
-            # A walk allowed to parse is the moment for the slow set-up a
-            # table restored from disk skipped (importing pyelftools): not
-            # later, inside a stop or in the sampler's reading loop, where an
-            # FDE never decoded before would otherwise pay it.
-            t.arm()
+            m.table = cfi_table(m.opener)
+            return m.table
+        t = cached_table(m.opener)
+        if t is None:
+            raise NeedsParse(m.path)
+        if isinstance(t, UnwindError):
+            raise t
+        m.table = t
         return t
 
     @overload
