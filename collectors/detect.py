@@ -47,7 +47,7 @@ def classify(obj, use_symtab=False):
     cached = getattr(elf, cache_key, None)
     if cached is not None:
         return cached
-    dyn = {s.name for s in elf.dynsym if s.defined and s.bind != 0}
+    dyn = elf.exports
     names = dyn
     where = ".dynsym"
     if use_symtab:

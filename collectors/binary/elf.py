@@ -5,7 +5,10 @@ the kernel mapped, even if it was replaced or deleted since) or
 ``/proc/PID/root/PATH`` (the target's own filesystem: a process in a
 container is read from its image, not from the host), falling back to the
 plain path.  Parsed objects are cached by (device, inode, size, mtime), so
-scanning a thousand processes that run the same binary parses it once.
+scanning a thousand processes that run the same binary parses it once, and
+their facts are kept on disk between runs (``collectors.binary.diskcache``,
+keyed by the identity of the descriptor read and its build-id): a second
+command reads them back without pyelftools, which is imported only to parse.
 
 pyelftools gives the structure (ELF header, program headers, section
 headers, dynamic tags, notes).  The symbol and relocation tables themselves
@@ -29,16 +32,10 @@ import struct
 import threading
 import time
 from collections import namedtuple
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any
 
-from elftools.common.exceptions import ELFError
-from elftools.construct.core import ConstructError   # a struct pyelftools cannot unpack
-from elftools.elf.elffile import ELFFile
-from elftools.elf.enums import (ENUM_DT_FLAGS, ENUM_DT_FLAGS_1, ENUM_RELOC_TYPE_AARCH64,
-                                ENUM_RELOC_TYPE_x64, ENUM_ST_INFO_BIND, ENUM_ST_INFO_TYPE,
-                                ENUM_ST_SHNDX)
-
+from collectors.binary import diskcache
 from diag.model.errors import MalformedData
 
 # Symbol: name, st_value, st_size, st_info type (STT_*), binding (STB_*),
@@ -47,20 +44,17 @@ Symbol = namedtuple("Symbol", "name st_value st_size type bind defined")
 
 log = logging.getLogger("collectors.binary")
 
-# ELF spec values under pyelftools' names (elftools.elf.enums)
-STT_FUNC = ENUM_ST_INFO_TYPE["STT_FUNC"]                 # 2
-STT_OBJECT = ENUM_ST_INFO_TYPE["STT_OBJECT"]             # 1
-STT_GNU_IFUNC = ENUM_ST_INFO_TYPE["STT_LOOS"]            # 10: GNU's name for STT_LOOS
-STB_LOCAL = ENUM_ST_INFO_BIND["STB_LOCAL"]               # 0
-STB_GLOBAL = ENUM_ST_INFO_BIND["STB_GLOBAL"]             # 1
-STB_WEAK = ENUM_ST_INFO_BIND["STB_WEAK"]                 # 2
-SHN_UNDEF = ENUM_ST_SHNDX["SHN_UNDEF"]                   # 0
-R_X86_64_GLOB_DAT = ENUM_RELOC_TYPE_x64["R_X86_64_GLOB_DAT"]              # 6
-R_X86_64_JUMP_SLOT = ENUM_RELOC_TYPE_x64["R_X86_64_JUMP_SLOT"]            # 7
-R_AARCH64_GLOB_DAT = ENUM_RELOC_TYPE_AARCH64["R_AARCH64_GLOB_DAT"]        # 1025
-R_AARCH64_JUMP_SLOT = ENUM_RELOC_TYPE_AARCH64["R_AARCH64_JUMP_SLOT"]      # 1026
-DF_BIND_NOW = ENUM_DT_FLAGS["DF_BIND_NOW"]               # 0x8
-DF_1_NOW = ENUM_DT_FLAGS_1["DF_1_NOW"]                   # 0x1
+# ELF spec values (elf.h; pyelftools' elftools.elf.enums has the same numbers
+# under the same names, but importing pyelftools costs ~10 ms a run that the
+# disk cache (collectors.binary.diskcache) lets a second run skip entirely)
+STT_OBJECT, STT_FUNC = 1, 2
+STT_GNU_IFUNC = 10                                       # GNU's name for STT_LOOS
+STB_LOCAL, STB_GLOBAL, STB_WEAK = 0, 1, 2
+SHN_UNDEF = 0
+R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT = 6, 7
+R_AARCH64_GLOB_DAT, R_AARCH64_JUMP_SLOT = 1025, 1026
+DF_BIND_NOW = 0x8                                        # DT_FLAGS
+DF_1_NOW = 0x1                                           # DT_FLAGS_1
 # ELF64_ST_TYPE / ELF64_ST_BIND (include/uapi/linux/elf.h): st_info's low
 # nibble is the type, the rest the binding
 ST_TYPE_MASK, ST_BIND_SHIFT = 0xF, 4
@@ -93,6 +87,62 @@ VERSION_PATTERNS = {
 }
 
 
+# A Symbol without its name, packed (st_value, st_size, type, bind, defined):
+# the disk cache keeps a symbol table as its names and one bytes object, so
+# reading it back makes no tuple per symbol (libstdc++: 6,000; python3's
+# .symtab: 20,000) for the garbage collector to count and scan.
+_SYMBOL_PACK = struct.Struct("<QQBBB")
+
+
+def pack_symbols(symbols: list[Symbol]) -> tuple[list[str], bytes]:
+    """(names, packed rest) of SYMBOLS, for the disk cache."""
+    return ([s.name for s in symbols],
+            b"".join(_SYMBOL_PACK.pack(s.st_value, s.st_size, s.type, s.bind, s.defined)
+                     for s in symbols))
+
+
+def _unpacked(name: str, packed: bytes, i: int) -> Symbol:
+    st_value, st_size, st_type, bind, defined = _SYMBOL_PACK.unpack_from(packed, i * _SYMBOL_PACK.size)
+    return Symbol(name, st_value, st_size, st_type, bind, bool(defined))
+
+
+def unpack_symbols(names: list[str], packed: bytes) -> list[Symbol]:
+    """The Symbols ``pack_symbols`` gave NAMES and PACKED for."""
+    if len(packed) != len(names) * _SYMBOL_PACK.size:
+        raise ValueError("symbol names and packed rows differ in number")
+    return [Symbol(n, v, sz, t, b, bool(d))
+            for n, (v, sz, t, b, d) in zip(names, _SYMBOL_PACK.iter_unpack(packed))]
+
+
+class StoredSymbols(Mapping[str, Symbol]):
+    """{name: Symbol} over a disk cache entry's names and packed rows: a
+    Symbol is made when its name is looked up (a lookup wants a handful)."""
+
+    def __init__(self, names: list[str], packed: bytes) -> None:
+        if len(packed) != len(names) * _SYMBOL_PACK.size:
+            raise ValueError("symbol names and packed rows differ in number")
+        self._names, self._packed = names, packed
+        self._index = dict(zip(names, range(len(names))))
+
+    def __getitem__(self, name: str) -> Symbol:
+        return _unpacked(name, self._packed, self._index[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._index
+
+
+# The attributes one parse computes, in the order the disk cache's ``elf``
+# part holds them (collectors.binary.diskcache)
+FACTS = ("elfclass", "e_machine", "e_type", "little_endian", "interp", "loads", "sections",
+         "needed", "soname", "bind_now", "build_id", "is_go", "go_version", "dynsym", "got")
+
+
 class ElfObject:
     """Immutable facts about one ELF file, plus lazy symbol lookups.
 
@@ -105,10 +155,11 @@ class ElfObject:
     """
 
     def __init__(self, path: str, f: IO[bytes]) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-        self._symtab: dict[str, Symbol] | None = None
-        self._rodata_hits: dict[str, str | None] = {}
+        self._init_state(path)
+        # pyelftools is imported here, not at the top: a run whose objects
+        # all come from the disk cache never needs it
+        from elftools.common.exceptions import ELFError
+        from elftools.construct.core import ConstructError   # a struct pyelftools cannot unpack
         try:
             self._parse(f)
         except (ELFError, ConstructError, struct.error, ValueError, KeyError, IndexError,
@@ -121,9 +172,78 @@ class ElfObject:
             raise MalformedData(f"{path}: not a readable ELF object (an offset outside "
                                 "the file)") from None
 
+    def _init_state(self, path: str) -> None:
+        self.path = path
+        # the file's identity (diskcache.Key) when its facts are kept on disk:
+        # the lazy parts (.symtab, version banners) are stored under it too
+        self.key: diskcache.Key | None = None
+        self.stat_key: tuple[int, int, int, int] | None = None   # set by load()
+        self._lock = threading.Lock()
+        self._symtab: Mapping[str, Symbol] | None = None
+        self._rodata_hits: dict[str, str | None] | None = None
+        self._dynsym: list[Symbol] | None = None
+        self._dynsym_packed: tuple[list[str], bytes] = ([], b"")   # from the disk cache
+        self._dynsym_by_name: dict[str, Symbol] | None = None
+        self._exports: frozenset[str] | None = None
+
+    @property
+    def dynsym(self) -> list[Symbol]:
+        """The .dynsym entries, in table order."""
+        if self._dynsym is None:
+            self._dynsym = unpack_symbols(*self._dynsym_packed)
+        return self._dynsym
+
+    @property
+    def exports(self) -> frozenset[str]:
+        """Names of the defined .dynsym entries that are not STB_LOCAL (what
+        the object offers the dynamic linker; detection's signatures)."""
+        if self._exports is None:
+            self._exports = frozenset(s.name for s in self.dynsym if s.defined and s.bind != STB_LOCAL)
+        return self._exports
+
+    def _by_name(self) -> dict[str, Symbol]:
+        if self._dynsym_by_name is None:
+            index: dict[str, Symbol] = {}
+            for sym in self.dynsym:
+                # A defined entry beats an undefined reference of the same name.
+                if sym.name and (sym.defined or sym.name not in index):
+                    index[sym.name] = sym
+            self._dynsym_by_name = index
+        return self._dynsym_by_name
+
+    # -- plain data, for the disk cache ----------------------------------------
+
+    def facts(self) -> tuple[Any, ...]:
+        """What one parse learnt, as plain data: the disk cache's ``elf``
+        part.  FACTS in order (.dynsym as ``pack_symbols`` gives it), then
+        ``exports`` (what detection reads of every object, so that a warm
+        run unpacks the symbols of only the objects it looks into)."""
+        return tuple(pack_symbols(self.dynsym) if name == "dynsym" else getattr(self, name)
+                     for name in FACTS) + (sorted(self.exports),)
+
+    @classmethod
+    def from_facts(cls, path: str, facts: tuple[Any, ...]) -> ElfObject:
+        """The object ``facts()`` described, without reading the file.
+        Raises ValueError when FACTS does not have that shape."""
+        if not isinstance(facts, tuple) or len(facts) != len(FACTS) + 1:
+            raise ValueError("not the facts of an ElfObject")
+        obj = cls.__new__(cls)
+        obj._init_state(path)
+        for name, value in zip(FACTS, facts):
+            if name == "dynsym":
+                obj._dynsym_packed = value
+            else:
+                setattr(obj, name, value)
+        obj._exports = frozenset(facts[-1])
+        names, packed = obj._dynsym_packed
+        if not isinstance(obj.got, dict) or len(packed) != len(names) * _SYMBOL_PACK.size:
+            raise ValueError("not the facts of an ElfObject")
+        return obj
+
     # -- parsing --------------------------------------------------------------
 
     def _parse(self, f):
+        from elftools.elf.elffile import ELFFile
         elf = ELFFile(f)
         self.elfclass = elf.elfclass
         self.e_machine = elf["e_machine"]
@@ -167,13 +287,8 @@ class ElfObject:
         self.is_go = ".go.buildinfo" in self.sections or ".gopclntab" in self.sections
         self.go_version = self._go_version(f) if self.is_go else None
         # The dynamic symbol table is small and always needed: read it now.
-        self.dynsym = self._read_symbols(f, ".dynsym", ".dynstr") \
+        self._dynsym = self._read_symbols(f, ".dynsym", ".dynstr") \
             if self.elfclass == ELFCLASS64 else []
-        self._dynsym_by_name = {}
-        for s in self.dynsym:
-            # A defined entry beats an undefined reference of the same name.
-            if s.name and (s.defined or s.name not in self._dynsym_by_name):
-                self._dynsym_by_name[s.name] = s
         self.got = self._read_got_relocs(f) if self.elfclass == ELFCLASS64 else {}
 
     def _section_bytes(self, f, name, limit=None):
@@ -214,6 +329,7 @@ class ElfObject:
         object really serves the call.
         """
         out = {}
+        dynsym = self.dynsym          # a property: once, not per relocation
         for name, (_a, _o, _s, sh_type) in self.sections.items():
             if sh_type != "SHT_RELA" or not name.startswith((".rela.plt", ".rela.dyn")):
                 continue
@@ -222,8 +338,8 @@ class ElfObject:
             for r_offset, r_info, _addend in _RELA64.iter_unpack(data[:usable]):
                 if (r_info & R_TYPE_MASK) in _GOT_RELOC_TYPES:
                     idx = r_info >> R_SYM_SHIFT
-                    if 0 < idx < len(self.dynsym):
-                        out.setdefault(self.dynsym[idx].name, []).append(r_offset)
+                    if 0 < idx < len(dynsym):
+                        out.setdefault(dynsym[idx].name, []).append(r_offset)
         return out
 
     def _go_version(self, f):
@@ -247,23 +363,22 @@ class ElfObject:
 
     def dynamic(self, name: str) -> Symbol | None:
         """The .dynsym entry NAME (defined preferred), or None."""
-        return self._dynsym_by_name.get(name)
+        return self._by_name().get(name)
 
     def defines(self, name: str) -> bool:
         """True when the object exports a definition of NAME (.dynsym)."""
-        s = self._dynsym_by_name.get(name)
-        return bool(s and s.defined and s.bind != STB_LOCAL)
+        return name in self.exports
 
     def lookup(self, name: str,
                f_opener: Callable[[], IO[bytes]] | None = None) -> Symbol | None:
         """NAME from .dynsym, else from .symtab (read lazily, needs the file
         again: ``f_opener`` returns an open binary file)."""
-        s = self._dynsym_by_name.get(name)
+        s = self._by_name().get(name)
         if s is not None and s.defined:
             return s
         return self.symtab(f_opener).get(name)
 
-    def symtab(self, f_opener: Callable[[], IO[bytes]] | None = None) -> dict[str, Symbol]:
+    def symtab(self, f_opener: Callable[[], IO[bytes]] | None = None) -> Mapping[str, Symbol]:
         """{name: Symbol} of defined .symtab entries (empty when stripped)."""
         with self._lock:
             if self._symtab is not None:
@@ -271,17 +386,30 @@ class ElfObject:
             if ".symtab" not in self.sections:
                 self._symtab = {}
                 return self._symtab
+            stored = self._load_part("symtab")
+            if stored is not None:
+                try:
+                    self._symtab = StoredSymbols(*stored)
+                    return self._symtab
+                except (ValueError, TypeError):      # not what symtab() stores: parse again
+                    pass
             if f_opener is None:
                 return {}
             with f_opener() as f:
                 syms = self._read_symbols(f, ".symtab", ".strtab")
+                same = self._same_file(f)
             self._symtab = {s.name: s for s in syms if s.defined and s.name}
+            if same:
+                self._store_part("symtab", pack_symbols(list(self._symtab.values())))
             return self._symtab
 
     def rodata_version(self, kind: str, f_opener: Callable[[], IO[bytes]]) -> str | None:
         """The version banner of KIND found in .rodata (VERSION_PATTERNS), or
         None.  Cached per kind."""
         with self._lock:
+            if self._rodata_hits is None:
+                stored = self._load_part("rodata")
+                self._rodata_hits = stored if isinstance(stored, dict) else {}
             if kind in self._rodata_hits:
                 return self._rodata_hits[kind]
         hit = None
@@ -294,9 +422,30 @@ class ElfObject:
                 if m:
                     hit = (m.group(1) or m.group(0)).decode("ascii", "replace")
                     break
+            same = self._same_file(f)
         with self._lock:
             self._rodata_hits[kind] = hit
+            if same:
+                self._store_part("rodata", dict(self._rodata_hits))
         return hit
+
+    # -- the lazy parts on disk ------------------------------------------------
+
+    def _load_part(self, part):
+        return diskcache.load(self.key, part, self.path) if self.key is not None else None
+
+    def _store_part(self, part, payload):
+        if self.key is not None:
+            diskcache.store(self.key, part, payload, self.path)
+
+    def _same_file(self, f):
+        """True when F (opened again for a lazy part) is still the file this
+        object was parsed from: only then is what it gives stored under
+        this object's identity."""
+        if self.key is None:
+            return False
+        st = os.fstat(f.fileno())
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == self.key[:STAT_KEY_LEN]
 
     def text_bytes(self, vaddr: int, n: int,
                    f_opener: Callable[[], IO[bytes]]) -> bytes | None:
@@ -328,6 +477,98 @@ class ElfObject:
         return False
 
 
+STAT_KEY_LEN = 4          # (st_dev, st_ino, st_size, st_mtime_ns): a diskcache.Key's head
+
+
+def stat_key(st: os.stat_result) -> tuple[int, int, int, int]:
+    """A file's identity from its stat: (st_dev, st_ino, st_size, st_mtime_ns)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def load(opener: ObjectFile) -> ElfObject:
+    """The ElfObject of the file OPENER opens (``load_open``)."""
+    with opener.open() as f:
+        return load_open(opener.display_path, f)
+
+
+def load_open(display: str, f: IO[bytes]) -> ElfObject:
+    """The ElfObject of the open file F: from the disk cache when an entry
+    for this very file (the identity of the open descriptor and its
+    build-id) is there, else parsed from F (and stored)."""
+    ident = stat_key(os.fstat(f.fileno()))
+    key: diskcache.Key | None = None
+    if diskcache.enabled():
+        key = ident + (read_build_id(f),)
+        facts = diskcache.load(key, "elf", display)
+        if facts is not None:
+            try:
+                obj = ElfObject.from_facts(display, facts)
+            except (ValueError, TypeError, AttributeError) as exc:
+                log.debug("disk cache entry of %s unusable (%s): parsed again", display, exc)
+            else:
+                obj.key, obj.stat_key = key, ident
+                return obj
+    obj = ElfObject(display, f)
+    obj.key, obj.stat_key = key, ident
+    log.debug("ELF %s parsed from %s: build-id %s, %d dynamic symbols",
+              display, getattr(f, "name", display), obj.build_id, len(obj.dynsym))
+    if key is not None:
+        diskcache.store(key, "elf", obj.facts(), display)
+    return obj
+
+
+# ELF64 header (elf.h Elf64_Ehdr): e_ident's EI_CLASS and EI_DATA, e_phoff,
+# e_phentsize, e_phnum; Elf64_Phdr; Elf64_Nhdr
+EI_CLASS, EI_DATA = 4, 5
+ELFCLASS64_ID, ELFDATA2LSB = 2, 1
+_EHDR64_PH = struct.Struct("<Q14xHH")       # e_phoff (at 32), e_phentsize (at 54), e_phnum (at 56)
+EHDR64_PHOFF = 32
+_PHDR64 = struct.Struct("<IIQQQQQQ")        # p_type, p_flags, p_offset, ..., p_filesz, p_memsz, p_align
+_NHDR = struct.Struct("<III")               # n_namesz, n_descsz, n_type
+PT_NOTE = 4
+NT_GNU_BUILD_ID = 3
+GNU_NOTE_NAME = b"GNU\0"
+NOTE_ALIGN = 4                              # note fields are 4-byte aligned (8 when p_align is 8)
+MAX_PHDRS = 256                             # more program headers than any real object has
+MAX_NOTE_BYTES = 1 << 16                    # a PT_NOTE segment larger than this is not read
+
+
+def read_build_id(f: IO[bytes]) -> str | None:
+    """The GNU build-id (hex) of the ELF64 little-endian file F from its
+    PT_NOTE segments, read with pread (F's position is left alone), or None.
+    A few hundred bytes: cheap enough to check on every disk cache lookup."""
+    fd = f.fileno()
+    head = os.pread(fd, EHDR64_PHOFF + _EHDR64_PH.size, 0)
+    if len(head) < EHDR64_PHOFF + _EHDR64_PH.size or not head.startswith(b"\x7fELF") or \
+            head[EI_CLASS] != ELFCLASS64_ID or head[EI_DATA] != ELFDATA2LSB:
+        return None
+    phoff, phentsize, phnum = _EHDR64_PH.unpack_from(head, EHDR64_PHOFF)
+    if phentsize < _PHDR64.size or not 0 < phnum <= MAX_PHDRS:
+        return None
+    table = os.pread(fd, phentsize * phnum, phoff)
+    for i in range(len(table) // phentsize):
+        p_type, _fl, p_offset, _va, _pa, p_filesz, _ms, p_align = \
+            _PHDR64.unpack_from(table, i * phentsize)
+        if p_type != PT_NOTE or p_filesz > MAX_NOTE_BYTES:
+            continue
+        align = p_align if p_align in (NOTE_ALIGN, 2 * NOTE_ALIGN) else NOTE_ALIGN
+        notes = os.pread(fd, p_filesz, p_offset)
+        pos = 0
+        while pos + _NHDR.size <= len(notes):
+            namesz, descsz, n_type = _NHDR.unpack_from(notes, pos)
+            name_at = pos + _NHDR.size
+            desc_at = _align_up(name_at + namesz, align)
+            if n_type == NT_GNU_BUILD_ID and notes[name_at:name_at + namesz] == GNU_NOTE_NAME:
+                desc = notes[desc_at:desc_at + descsz]
+                return desc.hex() if len(desc) == descsz else None
+            pos = _align_up(desc_at + descsz, align)
+    return None
+
+
+def _align_up(n: int, align: int) -> int:
+    return -(-n // align) * align
+
+
 class ElfCache:
     """Parsed ElfObjects keyed by (st_dev, st_ino, st_size, st_mtime_ns).
 
@@ -352,20 +593,31 @@ class ElfCache:
                 hit = self._recent.get(identity)
                 if hit is not None and now - hit[0] < self.trust_s:
                     return self._objects[hit[1]]
-        st = opener.stat()
-        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        key = stat_key(opener.stat())
         with self._lock:
             obj = self._objects.get(key)
         if obj is None:
-            with opener.open() as f:
-                obj = ElfObject(opener.display_path, f)
-            log.debug("ELF %s parsed from %s: build-id %s, %d dynamic symbols",
-                      opener.display_path, opener.chosen_path, obj.build_id, len(obj.dynsym))
+            obj = load(opener)
+            # the identity of the file actually read (it may have been
+            # replaced since the stat above)
+            key = obj.stat_key or key
             with self._lock:
                 obj = self._objects.setdefault(key, obj)
         if identity is not None:
             with self._lock:
                 self._recent[identity] = (now, key)
+        return obj
+
+    def of_open(self, display: str, f: IO[bytes]) -> ElfObject:
+        """The ElfObject of the open file F (for a reader that needs the
+        file's bytes too: one open serves both)."""
+        ident = stat_key(os.fstat(f.fileno()))
+        with self._lock:
+            obj = self._objects.get(ident)
+        if obj is None:
+            obj = load_open(display, f)
+            with self._lock:
+                obj = self._objects.setdefault(ident, obj)
         return obj
 
     def __len__(self) -> int:

@@ -13,7 +13,14 @@ by parsing every entry up front.  Measured on this machine: libc 3,713 FDEs,
 0.08 s vs 11.8 s; a walk ~0.3 ms.  An FDE's rule table is decoded once.
 
 Tables are cached per file identity (st_dev, st_ino, st_size, st_mtime_ns;
-as ``collectors.binary.elf`` caches) for the rest of the run.  The remote engine
+as ``collectors.binary.elf`` caches) for the rest of the run, and on disk
+between runs (``collectors.binary.diskcache``'s ``cfi`` part: the index, the
+FDE ends and every row decoded, written at exit, never during a stop), so a
+second run judges the same stacks without pyelftools.  An FDE no earlier run
+decoded is parsed when a walk first needs it; in a table restored from disk
+that first parse also imports pyelftools (~10-20 ms, once per process), even
+inside a stop: rare (the stack reaches code no earlier run walked) and
+cheaper than importing it on every run.  The remote engine
 loads what a walk needs *before* it stops a thread (``Unwinder.prepare``, a
 look-ahead walk from /proc/PID/task/TID/syscall's pc and sp) and, while a
 thread is stopped, walks only with tables already loaded
@@ -28,22 +35,21 @@ that needs a proof must treat it as "not proven".
 
 from __future__ import annotations
 
+import atexit
 import bisect
+import io
 import logging
 import os
 import struct
 import threading
+from collections import namedtuple
 from collections.abc import Callable, Iterable
 from typing import IO, Any, Literal, overload
 
-from elftools.common.exceptions import ELFError
-from elftools.dwarf.callframe import FDE, CallFrameInfo, RegisterRule
-from elftools.dwarf.enums import DW_EH_encoding_flags
-from elftools.elf.elffile import ELFFile
-
-from collectors.binary import elf
+from collectors.binary import diskcache, elf
 from collectors.binary.ranges import Ranges
 from collectors.proc.maps import Mapping, as_mappings, executable_files
+from diag.model.errors import MalformedData
 
 log = logging.getLogger("collectors.binary")
 
@@ -60,10 +66,14 @@ RSP, RA = 7, 16
 # keep their value ("same value").  The others are unknown in a caller.
 CALLEE_SAVED = (3, 6, 12, 13, 14, 15)
 MAX_FRAMES = 512
-# DWARF pointer encodings (LSB, "DWARF Exception Header Encoding"), pyelftools' names
-DW_EH_PE_udata4 = DW_EH_encoding_flags["DW_EH_PE_udata4"]       # 0x03
-DW_EH_PE_sdata4 = DW_EH_encoding_flags["DW_EH_PE_sdata4"]       # 0x0B
-DW_EH_PE_datarel = DW_EH_encoding_flags["DW_EH_PE_datarel"]     # 0x30
+# DWARF pointer encodings (LSB, "DWARF Exception Header Encoding"; the
+# values of pyelftools' DW_EH_encoding_flags, not imported: a warm run never
+# loads pyelftools)
+DW_EH_PE_udata4 = 0x03
+DW_EH_PE_sdata4 = 0x0B
+DW_EH_PE_datarel = 0x30
+DWARF32 = 32                    # .eh_frame is always the 32-bit DWARF format
+BITS_PER_BYTE = 8
 DW_EH_PE_FORMAT_MASK = 0x0F     # low nibble: the value's format; high: how it is applied
 # .eh_frame_hdr (LSB "Exception Frame Header"): version, eh_frame_ptr_enc,
 # fde_count_enc, table_enc (one byte each), eh_frame_ptr (4 bytes here),
@@ -94,56 +104,116 @@ class Frame:
         return f"Frame({self.pc:#x} {os.path.basename(self.path)}+{self.vaddr:#x})"
 
 
+# A row of an FDE's rule table as plain data: the CFA rule (``expr`` True when
+# the CFA is a DWARF expression: the walk cannot follow it) and each
+# register's rule (``type``: pyelftools' RegisterRule names; ``arg``: the
+# offset or register, None for an expression).  Plain, so decoded rows can
+# be kept on disk (collectors.binary.diskcache) and a warm run walks without
+# importing pyelftools.
+CfaRule = namedtuple("CfaRule", "reg offset expr")
+Rule = namedtuple("Rule", "type arg")
+# elftools.dwarf.callframe.RegisterRule's type names
+OFFSET, VAL_OFFSET, REGISTER = "OFFSET", "VAL_OFFSET", "REGISTER"
+SAME_VALUE, UNDEFINED = "SAME_VALUE", "UNDEFINED"
+# the errors pyelftools raises on a damaged .eh_frame
+_PARSE_ERRORS = (ValueError, KeyError, IndexError, TypeError, AssertionError, EOFError,
+                 AttributeError, struct.error,
+                 RecursionError)    # an FDE whose CIE pointer leads back to itself
+
+
+def _plain_rows(table: list[dict[Any, Any]]) -> tuple[list[int], list[tuple[Any, ...]]]:
+    """(pcs, rows) of a pyelftools decoded table, as plain tuples."""
+    pcs = [r["pc"] for r in table]
+    rows = [((r["cfa"].reg, r["cfa"].offset, r["cfa"].expr is not None),
+             tuple((k, v.type, v.arg if isinstance(v.arg, int) else None)
+                   for k, v in r.items() if isinstance(k, int)))
+            for r in table]
+    return pcs, rows
+
+
 class CfiTable:
     """The FDEs of one object's ``.eh_frame``, sorted, with lazily decoded
-    rule tables."""
+    rule tables.
 
-    def __init__(self, path: str, f: IO[bytes]) -> None:
+    Built from the object's facts (``collectors.binary.elf.ElfObject``: its
+    sections) and its bytes: ``.eh_frame_hdr``'s search table when present,
+    else every FDE parsed up front.  ``CfiTable.restore`` makes it from what
+    ``plain()`` gave in an earlier run: the index, the FDE ends and the rows
+    decoded so far; an FDE not decoded then is parsed (with pyelftools,
+    imported then) when a walk first needs it."""
+
+    def _init_state(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._decoded: dict[int, tuple[list[int], list[dict[Any, Any]]]] = {}
-        self._cfi = None          # lazy mode: pyelftools CallFrameInfo over .eh_frame
+        # the FDEs sorted by initial_location: start, end (None until the FDE
+        # is parsed, with .eh_frame_hdr), offset in .eh_frame
+        self._starts: list[int] = []
+        self._ends: list[int | None] = []
+        self._offsets: list[int] = []
+        self._decoded: dict[int, tuple[list[int], list[tuple[CfaRule, dict[int, Rule]]]]] = {}
+        self._plain: dict[int, tuple[list[int], list[tuple[Any, ...]]]] = {}
+        self._entries: dict[int, Any] = {}        # index -> pyelftools FDE, once parsed
+        self._cfi: Any = None                     # pyelftools CallFrameInfo, made when needed
+        # .eh_frame's bytes, address, byte order, address size: read with the
+        # index (a few hundred KiB from the page cache), so an FDE is parsed
+        # without opening the file again -- it may belong to a process gone since
+        self._eh: tuple[bytes, int, bool, int] | None = None
+        self.key: Any = None                      # diskcache.Key it is stored under
+        self._dirty = False                       # learnt something since stored
+
+    def __init__(self, path: str, f: IO[bytes], obj: elf.ElfObject | None = None) -> None:
+        self._init_state(path)
         try:
-            ef = ELFFile(f)
-            if ef.get_section_by_name(".eh_frame") is None:
-                raise UnwindError(f"{path}: no .eh_frame")
-            dwarf = ef.get_dwarf_info(relocate_dwarf_sections=False)
-            if not dwarf.has_EH_CFI():
-                raise UnwindError(f"{path}: no .eh_frame")
-            index = self._hdr_index(ef, dwarf)
+            if obj is None:
+                obj = elf.ElfObject(path, f)
+            self._eh = self._eh_frame(obj, f)
+            index = self._hdr_index(obj, f)
             if index is not None:
                 # The linker's sorted table: FDEs are parsed one by one, when
                 # a walk first needs them (node's 76,000 FDEs: 12 s to parse
                 # them all with pyelftools; libc 0.4-0.6 s).
-                self._starts, self._fdes = index
+                self._starts, self._offsets = index
+                self._ends = [None] * len(self._starts)
             else:
+                from elftools.dwarf.callframe import FDE
                 fdes = []
-                for entry in dwarf.EH_CFI_entries():
+                for entry in self._frame_info().get_entries():
                     if isinstance(entry, FDE):
                         start = entry.header["initial_location"]
                         fdes.append((start, start + entry.header["address_range"], entry))
                 fdes.sort(key=lambda t: t[0])
                 self._starts = [t[0] for t in fdes]
-                self._fdes = fdes
+                self._ends = [t[1] for t in fdes]
+                self._offsets = [t[2].offset for t in fdes]
+                self._entries = {i: t[2] for i, t in enumerate(fdes)}
         except UnwindError:
             raise
-        except (ELFError, ValueError, KeyError, IndexError, TypeError, AssertionError,
-                EOFError, AttributeError, struct.error,
-                RecursionError) as exc:     # an FDE whose CIE pointer leads back to itself
+        except MalformedData as exc:
+            raise UnwindError(str(exc)) from None
+        except Exception as exc:
+            # a damaged .eh_frame: the built-in errors above, or pyelftools'
+            # own (ELFError, DWARFError; not imported just to name them)
+            if not isinstance(exc, _PARSE_ERRORS) and not type(exc).__module__.startswith("elftools."):
+                raise
             raise UnwindError(f"{path}: .eh_frame unreadable "
                               f"({type(exc).__name__}: {exc})") from None
+        self._dirty = True
 
-    def _hdr_index(self, ef, dwarf):
-        """(starts, [(start, None, fde_offset)]) from .eh_frame_hdr's binary
+    @staticmethod
+    def _eh_frame(obj, f):
+        data = obj._section_bytes(f, ".eh_frame")
+        if not data:
+            raise UnwindError(f"{obj.path}: no .eh_frame")
+        return data, obj.sections[".eh_frame"][0], obj.little_endian, obj.elfclass // BITS_PER_BYTE
+
+    def _hdr_index(self, obj, f):
+        """(starts, fde offsets in .eh_frame) from .eh_frame_hdr's binary
         search table, or None when absent or in an encoding not handled here
         (then every FDE is parsed up front).  LSB "Exception Frame Header":
         version 1, eh_frame_ptr, fde_count (udata4), then fde_count pairs
         (initial_location, fde_address), datarel sdata4, sorted."""
-        hdr = ef.get_section_by_name(".eh_frame_hdr")
-        if hdr is None:
-            return None
-        data = hdr.data()
-        if len(data) < EH_FRAME_HDR_TABLE_OFF:
+        data = obj._section_bytes(f, ".eh_frame_hdr")
+        if data is None or len(data) < EH_FRAME_HDR_TABLE_OFF:
             return None
         version, ptr_enc, count_enc, table_enc = data[0], data[1], data[2], data[3]
         if version != EH_FRAME_HDR_VERSION or count_enc != DW_EH_PE_udata4 or \
@@ -154,65 +224,121 @@ class CfiTable:
         if EH_FRAME_HDR_TABLE_OFF + EH_FRAME_HDR_PAIR_SIZE * count > len(data):
             return None
         pairs = struct.unpack_from(f"<{2 * count}i", data, EH_FRAME_HDR_TABLE_OFF)
-        base, eh = hdr["sh_addr"], dwarf.eh_frame_sec.address
-        self._cfi = CallFrameInfo(stream=dwarf.eh_frame_sec.stream,
-                                  size=dwarf.eh_frame_sec.size, address=eh,
-                                  base_structs=dwarf.structs, for_eh_frame=True)
+        base, eh = obj.sections[".eh_frame_hdr"][0], obj.sections[".eh_frame"][0]
         starts = [base + pairs[i] for i in range(0, 2 * count, 2)]
-        fdes = [(base + pairs[i], None, base + pairs[i + 1] - eh) for i in range(0, 2 * count, 2)]
-        return starts, fdes
+        offsets = [base + pairs[i + 1] - eh for i in range(0, 2 * count, 2)]
+        return starts, offsets
+
+    def _frame_info(self):
+        """pyelftools' CallFrameInfo over .eh_frame (as ELFFile.get_dwarf_info
+        would build it: 32-bit DWARF, the object's address size), made the
+        first time an FDE must be parsed."""
+        if self._cfi is None:
+            assert self._eh is not None
+            from elftools.dwarf.callframe import CallFrameInfo
+            from elftools.dwarf.structs import DWARFStructs
+            data, address, little_endian, address_size = self._eh
+            self._cfi = CallFrameInfo(
+                stream=io.BytesIO(data), size=len(data), address=address,
+                base_structs=DWARFStructs(little_endian=little_endian,
+                                          dwarf_format=DWARF32, address_size=address_size),
+                for_eh_frame=True)
+        return self._cfi
+
+    # -- plain data, for the disk cache ------------------------------------------
+
+    def plain(self) -> tuple[Any, ...]:
+        """The index, the FDE ends known and the rows decoded, as plain data."""
+        with self._lock:
+            return (list(self._starts), list(self._ends), list(self._offsets), dict(self._plain))
+
+    @classmethod
+    def restore(cls, path: str, plain: tuple[Any, ...], obj: elf.ElfObject,
+                f: IO[bytes]) -> CfiTable:
+        """The table ``plain()`` described, for the object OBJ open as F.
+        Raises ValueError when PLAIN does not have that shape."""
+        starts, ends, offsets, rows = plain
+        if not (isinstance(starts, list) and isinstance(rows, dict)
+                and len(starts) == len(ends) == len(offsets)):
+            raise ValueError("not the plain form of a CfiTable")
+        table = cls.__new__(cls)
+        table._init_state(path)
+        table._starts, table._ends, table._offsets, table._plain = starts, ends, offsets, rows
+        table._eh = cls._eh_frame(obj, f)
+        return table
+
+    # -- lookups -------------------------------------------------------------------
+
+    def _entry(self, i):
+        """The pyelftools FDE of entry I, parsed if needed."""
+        fde = self._entries.get(i)
+        if fde is None:
+            from elftools.dwarf.callframe import FDE
+            with self._lock:
+                try:
+                    fde = self._frame_info()._parse_entry_at(self._offsets[i])
+                except UnwindError:
+                    raise
+                except Exception as exc:
+                    raise UnwindError(f"FDE of {os.path.basename(self.path)}+{self._starts[i]:#x} "
+                                      f"unreadable ({type(exc).__name__})") from None
+                if not isinstance(fde, FDE):
+                    raise UnwindError(f"no FDE at {os.path.basename(self.path)}+{self._starts[i]:#x}")
+                self._entries[i] = fde
+        return fde
+
+    def _end(self, i):
+        end = self._ends[i]
+        if end is None:
+            end = self._starts[i] + self._entry(i).header["address_range"]
+            with self._lock:
+                self._ends[i] = end
+                self._dirty = True
+        return end
 
     def _fde(self, i):
         """(start, end, FDE) of entry I, parsing it if needed."""
-        start, end, fde = self._fdes[i]
-        if end is None:
-            with self._lock:
-                start, end, fde = self._fdes[i]
-                if end is None:
-                    try:
-                        fde = self._cfi._parse_entry_at(fde)
-                    except Exception as exc:
-                        raise UnwindError(f"FDE of {os.path.basename(self.path)}+{start:#x} "
-                                          f"unreadable ({type(exc).__name__})") from None
-                    if not isinstance(fde, FDE):
-                        raise UnwindError(f"no FDE at {os.path.basename(self.path)}+{start:#x}")
-                    end = start + fde.header["address_range"]
-                    self._fdes[i] = (start, end, fde)
-        return start, end, fde
+        return self._starts[i], self._end(i), self._entry(i)
 
     def __len__(self) -> int:
-        return len(self._fdes)
+        return len(self._starts)
 
     def fde_starting_at(self, vaddr: int) -> tuple[int, int] | None:
         """(start, end) of the FDE whose initial_location is exactly VADDR, or None."""
         i = bisect.bisect_left(self._starts, vaddr)
         if i < len(self._starts) and self._starts[i] == vaddr:
-            return self._fde(i)[:2]
+            return self._starts[i], self._end(i)
         return None
 
-    def row(self, vaddr: int) -> tuple[Any, dict[int, RegisterRule]]:
-        """(cfa_rule, {regnum: RegisterRule}) in effect at VADDR."""
+    def row(self, vaddr: int) -> tuple[CfaRule, dict[int, Rule]]:
+        """(cfa_rule, {regnum: Rule}) in effect at VADDR."""
         i = bisect.bisect_right(self._starts, vaddr) - 1
-        if i < 0 or vaddr >= self._fde(i)[1]:
+        if i < 0 or vaddr >= self._end(i):
             raise UnwindError(f"no CFI for {os.path.basename(self.path)}+{vaddr:#x}")
-        start, _end, fde = self._fde(i)
-        with self._lock:
-            rows = self._decoded.get(start)
+        start = self._starts[i]
+        rows = self._decoded.get(start)
         if rows is None:
-            try:
-                table = fde.get_decoded().table
-            except Exception as exc:     # pyelftools raised on one libc FDE: refuse
-                raise UnwindError(f"CFI of {os.path.basename(self.path)}+{start:#x} "
-                                  f"undecodable ({type(exc).__name__})") from None
-            rows = ([r["pc"] for r in table], table)
+            plain = self._plain.get(start)
+            if plain is None:
+                fde = self._entry(i)
+                try:
+                    plain = _plain_rows(fde.get_decoded().table)
+                except Exception as exc:     # pyelftools raised on one libc FDE: refuse
+                    raise UnwindError(f"CFI of {os.path.basename(self.path)}+{start:#x} "
+                                      f"undecodable ({type(exc).__name__})") from None
+            pcs, prows = plain
+            rows = (pcs, [(CfaRule._make(cfa), {reg: Rule(t, arg) for reg, t, arg in rules})
+                          for cfa, rules in prows])
             with self._lock:
+                if start not in self._plain:
+                    self._plain[start] = plain
+                    self._dirty = True
                 self._decoded[start] = rows
         pcs, table = rows
         j = bisect.bisect_right(pcs, vaddr) - 1
         if j < 0:
             raise UnwindError(f"no CFI row for {os.path.basename(self.path)}+{vaddr:#x}")
-        r = table[j]
-        return r["cfa"], {k: v for k, v in r.items() if isinstance(k, int)}
+        return table[j]
 
 
 # ---- the per-run cache, by file identity -------------------------------------
@@ -250,7 +376,7 @@ def cfi_table(opener: elf.ObjectFile) -> CfiTable:
     if hit is None:
         try:
             with opener.open() as f:
-                hit = CfiTable(opener.display_path, f)
+                hit = _load_table(opener, f)
             log.debug("CFI of %s: %d FDEs", opener.display_path, len(hit))
         except UnwindError as exc:
             log.debug("CFI of %s not loaded: %s", opener.display_path, exc)
@@ -265,10 +391,79 @@ def cfi_table(opener: elf.ObjectFile) -> CfiTable:
     return hit
 
 
+# the disk cache's "cfi" part of an object without usable CFI: (NO_CFI, why)
+NO_CFI = "no-cfi"
+
+
+def _load_table(opener: Any, f: IO[bytes]) -> CfiTable:
+    """The table of the open file F: restored from the disk cache (no
+    pyelftools, no read of .eh_frame until an FDE not decoded before is
+    needed), else built from the object's facts and stored."""
+    path = opener.display_path
+    try:
+        obj = elf.CACHE.of_open(path, f)
+    except MalformedData as exc:
+        raise UnwindError(str(exc)) from None
+    stored = diskcache.load(obj.key, "cfi", path) if obj.key is not None else None
+    if isinstance(stored, tuple) and len(stored) == 2 and stored[0] == NO_CFI:
+        raise UnwindError(str(stored[1]))
+    if stored is not None:
+        try:
+            table = CfiTable.restore(path, stored, obj, f)
+        except (ValueError, TypeError) as exc:
+            log.debug("disk cache entry of %s's CFI unusable (%s): built again", path, exc)
+        else:
+            table.key = obj.key
+            _remember(table)
+            return table
+    try:
+        table = CfiTable(path, f, obj)
+    except UnwindError as exc:
+        if obj.key is not None:
+            diskcache.store(obj.key, "cfi", (NO_CFI, str(exc)), path)
+        raise
+    if obj.key is not None:
+        table.key = obj.key
+        _remember(table)
+        _store(table)
+    return table
+
+
+# Tables with a disk cache key: the rows a run decoded (while a thread was
+# stopped, too) are written when the process exits, never during a stop.
+_stored_tables: list[CfiTable] = []
+_flush_at_exit: list[bool] = []         # non-empty once flush is registered with atexit
+
+
+def _remember(table: CfiTable) -> None:
+    with _tables_lock:
+        if not _flush_at_exit:
+            atexit.register(flush)
+            _flush_at_exit.append(True)
+        _stored_tables.append(table)
+
+
+def _store(table: CfiTable) -> None:
+    with table._lock:
+        table._dirty = False
+    diskcache.store(table.key, "cfi", table.plain(), table.path)
+
+
+def flush() -> None:
+    """Write what the tables learnt since they were stored (the rows
+    decoded, the FDE ends found) to the disk cache.  Called at exit."""
+    with _tables_lock:
+        tables = list(_stored_tables)
+    for table in tables:
+        if table._dirty:
+            _store(table)
+
+
 def clear_cache() -> None:
     """Forget every parsed table (tests)."""
     with _tables_lock:
         _tables.clear()
+        _stored_tables.clear()
 
 
 # ---- walking ---------------------------------------------------------------------
@@ -453,7 +648,7 @@ class Unwinder:
             # A return address may point just past the end of a function
             # that ends with a call (noreturn): look it up at pc - 1.
             cfa_rule, rules = self._table(m, parse).row(vaddr if depth == 0 else vaddr - 1)
-            if cfa_rule.expr is not None or cfa_rule.reg is None:
+            if cfa_rule.expr or cfa_rule.reg is None:
                 raise CFAExpression(f"CFA given as an expression at "
                                   f"{os.path.basename(m.path)}+{vaddr:#x}")
             base = regs.get(cfa_rule.reg)
@@ -468,19 +663,19 @@ class Unwinder:
             new = {r: regs[r] for r in CALLEE_SAVED if r in regs}
             for reg, rule in rules.items():
                 t = rule.type
-                if t == RegisterRule.OFFSET:
+                if t == OFFSET:
                     new[reg] = stack.word(cfa + rule.arg)
-                elif t == RegisterRule.VAL_OFFSET:
+                elif t == VAL_OFFSET:
                     new[reg] = cfa + rule.arg
-                elif t == RegisterRule.REGISTER:
+                elif t == REGISTER:
                     if rule.arg in regs:
                         new[reg] = regs[rule.arg]
                     else:
                         new.pop(reg, None)
-                elif t == RegisterRule.SAME_VALUE:
+                elif t == SAME_VALUE:
                     if reg in regs:
                         new[reg] = regs[reg]
-                elif t == RegisterRule.UNDEFINED:
+                elif t == UNDEFINED:
                     new.pop(reg, None)
                     if reg == RA:
                         return True            # the outermost frame (_start, clone3)

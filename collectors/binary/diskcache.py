@@ -1,0 +1,312 @@
+"""The on-disk store of what was learnt from an ELF file, between runs.
+
+Parsing the objects a process maps costs a CLI run 80-150 ms (pyelftools'
+section headers, notes and dynamic tags, the symbol tables); the facts are a
+pure function of the file, so a second ``allocdiag inspect`` of the same
+binaries reads them back instead (a few milliseconds).
+
+One file per (ELF identity, part): the identity is the file's (st_dev,
+st_ino, st_size, st_mtime_ns) from ``fstat`` of the descriptor actually
+parsed, plus its build-id read from that descriptor; the part is what the
+entry holds (``elf``: the facts detection needs; ``symtab``; ``rodata``: the
+version banners found; ``cfi``: the ``.eh_frame_hdr`` index).  A part is read
+only when a command asks for it.  Each file holds plain data only (``marshal``
+of dicts, lists, tuples, strings, bytes and numbers; never a pickled object) behind a
+header naming the format, the producer (a digest of the source of the modules
+whose code computes the facts, so a file written by another version of
+allocdiag is never trusted) and the identity and part again.
+
+Safety: a corrupt, truncated, foreign or unreadable entry is ignored (one
+debug line) and rewritten; a directory that cannot be created or written
+disables the store for the run and never fails a command; entries are written
+to a temporary file and renamed into place (a reader never sees half an
+entry); the directory is 0700 and the files 0600, and a directory or file not
+owned by the effective user is not used (``marshal`` trusts what it reads, so
+only the user's own entries are read).  The store is bounded: beyond
+``MAX_BYTES`` or ``MAX_ENTRIES`` the oldest entries are removed.
+
+Where: ``$XDG_CACHE_HOME/allocdiag/``, default ``~/.cache/allocdiag/``.
+Bypass: ``configure(enabled=False)`` (the CLI's ``--no-cache``) or
+``ALLOCDIAG_NO_CACHE=1`` in the environment: nothing is read or written.
+"""
+
+from __future__ import annotations
+
+import logging
+import marshal
+import os
+import stat
+import sys
+import threading
+import zlib
+from typing import Any
+
+log = logging.getLogger("collectors.binary")
+
+FORMAT = 1                    # bump when the header or a part's layout changes
+ENV_DISABLE = "ALLOCDIAG_NO_CACHE"
+DIR_NAME = "allocdiag"
+MAX_BYTES = 64 << 20          # the store's bound on disk
+MAX_ENTRIES = 4096
+EVICT_TO = 0.75               # eviction removes the oldest down to this share of a bound
+DIR_MODE, FILE_MODE = 0o700, 0o600
+# The modules whose code decides what an entry holds: a change to any of them
+# makes every entry foreign.
+_PRODUCER_MODULES = ("diskcache.py", "elf.py", "unwind.py")
+
+# (st_dev, st_ino, st_size, st_mtime_ns, build-id hex or None)
+Key = tuple[int, int, int, int, "str | None"]
+
+
+class _State:
+    """The store's settings and counters for this process."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.configured: bool | None = None     # configure(); None: enabled by default
+        self.directory: str | None = None       # checked directory, once usable
+        self.unusable = False                   # the directory failed: off for the run
+        self.producer: str | None = None
+        self.evicted = False                    # the bound is checked once per run
+        self.counts = {"hit": 0, "miss": 0, "ignored": 0, "stored": 0}
+
+
+_state = _State()
+
+
+def configure(enabled: bool) -> None:
+    """Turn the store on or off for this process (the CLI's ``--no-cache``).
+    ``ALLOCDIAG_NO_CACHE=1`` turns it off whatever this says."""
+    with _state.lock:
+        _state.configured = enabled
+
+
+def enabled() -> bool:
+    """True when entries are read and written in this process."""
+    if os.environ.get(ENV_DISABLE, "") not in ("", "0"):
+        return False
+    return _state.configured is not False and not _state.unusable
+
+
+def counts() -> dict[str, int]:
+    """{"hit", "miss", "ignored", "stored": n} so far in this process."""
+    with _state.lock:
+        return dict(_state.counts)
+
+
+def reset() -> None:
+    """Forget the settings, counters and the checked directory (tests)."""
+    global _state
+    _state = _State()
+
+
+def cache_dir() -> str:
+    """``$XDG_CACHE_HOME/allocdiag`` (an absolute XDG_CACHE_HOME only, as the
+    XDG base directory spec says), else ``$HOME/.cache/allocdiag``, else the
+    user's home directory from the password database."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        home = os.environ.get("HOME", "") or _home_from_passwd()
+        base = os.path.join(home, ".cache")
+    return os.path.join(base, DIR_NAME)
+
+
+def _home_from_passwd() -> str:
+    import pwd
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_dir
+    except KeyError:
+        return "/"
+
+
+def _count(what: str) -> None:
+    with _state.lock:
+        _state.counts[what] += 1
+
+
+def _producer() -> str | None:
+    """A checksum of FORMAT, the Python version (marshal's format follows
+    it) and the source of the producing modules; None when the source cannot
+    be read (then the store stays off: entries could not be told apart).
+    zlib's CRC-32, not hashlib: importing hashlib costs a run 2 ms, and the
+    header check needs to tell versions apart, not resist an adversary."""
+    if _state.producer is None:
+        crc = zlib.crc32(f"{FORMAT} {sys.version_info[:2]}".encode())
+        size = 0
+        here = os.path.dirname(os.path.abspath(__file__))
+        try:
+            for name in _PRODUCER_MODULES:
+                with open(os.path.join(here, name), "rb") as f:
+                    source = f.read()
+                crc = zlib.crc32(source, crc)
+                size += len(source)
+        except OSError as exc:
+            log.debug("disk cache off: the source of %s is unreadable (%s)", name, exc.strerror)
+            return None
+        _state.producer = f"{crc:08x}-{size:x}"
+    return _state.producer
+
+
+def _directory() -> str | None:
+    """The store's directory, created 0700 if missing; None (and the store
+    off for the run) when it cannot be used."""
+    if _state.directory is not None:
+        return _state.directory
+    if _state.unusable or _producer() is None:
+        return None
+    path = cache_dir()
+    try:
+        # A directory in another user's tree is not ours to fill (root under
+        # sudo with the invoking user's HOME would leave root-owned files there)
+        parent = os.path.dirname(path)
+        if os.path.isdir(parent) and os.stat(parent).st_uid != os.geteuid():
+            raise PermissionError(0, f"{parent} belongs to another user")
+        os.makedirs(path, mode=DIR_MODE, exist_ok=True)
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise PermissionError(0, "not a directory owned by this user")
+        if stat.S_IMODE(st.st_mode) != DIR_MODE:
+            os.chmod(path, DIR_MODE)
+    except OSError as exc:
+        log.debug("disk cache off: %s unusable (%s)", path, exc.strerror or exc)
+        _state.unusable = True
+        return None
+    _state.directory = path
+    return path
+
+
+def _file_name(key: Key, part: str) -> str:
+    """DEV-INO-SIZE-MTIME-BUILDID.PART, in hex: readable, unique by
+    construction (the header repeats the key and is checked on load)."""
+    dev, ino, size, mtime_ns, build_id = key
+    return f"{dev:x}-{ino:x}-{size:x}-{mtime_ns:x}-{build_id or 'none'}.{part}"
+
+
+def load(key: Key, part: str, what: str) -> Any:
+    """The payload stored for KEY's PART, or None (absent, disabled, or an
+    entry that is not exactly ours: ignored, to be rewritten).  WHAT names
+    the file in the debug line."""
+    if not enabled():
+        return None
+    directory = _directory()
+    if directory is None:
+        return None
+    path = os.path.join(directory, _file_name(key, part))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        _count("miss")
+        log.debug("disk cache miss: %s %s", what, part)
+        return None
+    except OSError as exc:
+        return _ignored(what, part, exc.strerror or str(exc))
+    try:
+        with os.fdopen(fd, "rb") as f:
+            if os.fstat(f.fileno()).st_uid != os.geteuid():
+                return _ignored(what, part, "owned by another user")
+            data = f.read()
+    except OSError as exc:
+        return _ignored(what, part, exc.strerror or str(exc))
+    try:
+        header, payload = marshal.loads(data)
+    except (EOFError, ValueError, TypeError) as exc:
+        return _ignored(what, part, f"unreadable ({type(exc).__name__})")
+    if header != (FORMAT, _producer(), key, part):
+        return _ignored(what, part, "written by another version or for another file")
+    _count("hit")
+    log.debug("disk cache hit: %s %s", what, part)
+    return payload
+
+
+def _ignored(what: str, part: str, why: str) -> None:
+    _count("ignored")
+    log.debug("disk cache entry ignored: %s %s: %s", what, part, why)
+    return None
+
+
+def store(key: Key, part: str, payload: Any, what: str) -> None:
+    """Write PAYLOAD (plain data) as KEY's PART.  Never raises: a store that
+    cannot be written is off for the rest of the run."""
+    if not enabled():
+        return
+    directory = _directory()
+    if directory is None:
+        return
+    try:
+        data = marshal.dumps(((FORMAT, _producer(), key, part), payload))
+    except ValueError as exc:          # not plain data: a bug, but never a failed command
+        log.debug("disk cache: %s %s not stored (%s)", what, part, exc)
+        return
+    tmp = None
+    try:
+        name = _file_name(key, part)
+        # in the store's own directory, so the rename below is atomic
+        fd, tmp = _create_temp(directory, name)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, os.path.join(directory, name))
+        tmp = None
+    except OSError as exc:
+        log.debug("disk cache off: %s not writable (%s)", directory, exc.strerror or exc)
+        _state.unusable = True
+        return
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    _count("stored")
+    log.debug("disk cache stored: %s %s (%d bytes)", what, part, len(data))
+    if not _state.evicted:
+        _state.evicted = True
+        evict(directory)
+
+
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _create_temp(directory: str, name: str) -> tuple[int, str]:
+    """(fd, path) of a new FILE_MODE file .tmp-PID-THREAD-NAME in DIRECTORY
+    (not tempfile.mkstemp: importing tempfile costs 2 ms).  One left by a
+    crashed run of the same pid and thread is removed first."""
+    path = os.path.join(directory, f".tmp-{os.getpid()}-{threading.get_ident()}-{name}")
+    try:
+        return os.open(path, _TEMP_FLAGS, FILE_MODE), path
+    except FileExistsError:
+        os.unlink(path)
+        return os.open(path, _TEMP_FLAGS, FILE_MODE), path
+
+
+def evict(directory: str, max_bytes: int = MAX_BYTES, max_entries: int = MAX_ENTRIES) -> int:
+    """Remove the oldest entries (by modification time) of DIRECTORY while
+    it holds more than MAX_BYTES or MAX_ENTRIES, down to EVICT_TO of the
+    bound.  Returns how many were removed."""
+    entries = []
+    try:
+        with os.scandir(directory) as it:
+            for e in it:
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    entries.append((st.st_mtime_ns, st.st_size, e.path))
+    except OSError:
+        return 0
+    total = sum(size for _m, size, _p in entries)
+    if total <= max_bytes and len(entries) <= max_entries:
+        return 0
+    entries.sort()
+    removed = 0
+    for _mtime, size, path in entries:
+        if total <= max_bytes * EVICT_TO and len(entries) - removed <= max_entries * EVICT_TO:
+            break
+        try:
+            os.unlink(path)
+        except OSError:
+            continue
+        total -= size
+        removed += 1
+    log.debug("disk cache: %d old entries removed from %s", removed, directory)
+    return removed

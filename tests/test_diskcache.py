@@ -1,0 +1,283 @@
+"""The detection cache on disk (collectors.binary.diskcache): a second run
+reads what the first learnt from the ELF files, a replaced or rewritten
+file is parsed again, a damaged or foreign entry is ignored and rewritten,
+ALLOCDIAG_NO_CACHE bypasses it, an unusable directory never fails a command,
+and what comes back equals what a parse gives.
+
+The CLI runs as a subprocess with its own XDG_CACHE_HOME; what the cache did
+is read from its --debug lines ("disk cache hit: PATH PART", "ELF PATH parsed
+from ..."), never from timing."""
+
+import json
+import marshal
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from collectors.binary import diskcache, elf, unwind
+from targets import LIBDIR, build_c, require_file, start
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIBC = f"{LIBDIR}/libc.so.6"
+JEMALLOC = f"{LIBDIR}/libjemalloc.so.2"
+TCMALLOC_MINIMAL = f"{LIBDIR}/libtcmalloc_minimal.so.4"
+# the document's parts that do not move between two runs on an idle target
+STABLE_KEYS = ("schema_version", "pid", "comm", "exe", "allocator", "preload")
+CACHE_LINE = re.compile(r"disk cache (hit|miss|stored|entry ignored): (\S+) (\w+)")
+NOBODY = 65534
+
+
+def allocdiag(cache, *args, env=None):
+    full = {k: v for k, v in os.environ.items() if k != diskcache.ENV_DISABLE}
+    full.update(PYTHONPATH=ROOT, XDG_CACHE_HOME=str(cache))
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "diag", "--debug", *args], capture_output=True,
+                          text=True, env=full, cwd="/", timeout=120)
+
+
+def events(r, what):
+    """{(path, part)} of the run's disk cache lines of kind WHAT."""
+    return {(path, part) for kind, path, part in CACHE_LINE.findall(r.stderr) if kind == what}
+
+
+def parsed(r):
+    """Paths the run parsed with pyelftools (no cache entry used)."""
+    return set(re.findall(r"ELF (\S+) parsed from", r.stderr))
+
+
+def inspect_json(cache, pid, env=None):
+    r = allocdiag(cache, "inspect", "--json", "--no-attach", str(pid), env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    doc = json.loads(r.stdout)
+    return r, {k: doc[k] for k in STABLE_KEYS}
+
+
+def entries(cache):
+    d = os.path.join(cache, diskcache.DIR_NAME)
+    return {n: os.path.join(d, n) for n in os.listdir(d)} if os.path.isdir(d) else {}
+
+
+def test_second_run_reads_the_cache_and_agrees(tmp_path):
+    with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
+        r1, doc1 = inspect_json(tmp_path, t.pid)
+        r2, doc2 = inspect_json(tmp_path, t.pid)
+        r3, doc3 = inspect_json(tmp_path / "unused", t.pid, env={diskcache.ENV_DISABLE: "1"})
+    stored = {e for e in events(r1, "stored") if e[1] == "elf"}
+    assert (JEMALLOC, "elf") in stored and (LIBC, "elf") in stored
+    assert not events(r1, "hit") and JEMALLOC in parsed(r1)
+    # the second run parses nothing: every object's facts come from disk
+    assert events(r2, "hit") >= stored and not parsed(r2) and not events(r2, "stored")
+    assert doc1 == doc2 == doc3
+    assert doc2["allocator"]["kind"] == "jemalloc" and doc2["allocator"]["version"]
+    d = os.path.join(tmp_path, diskcache.DIR_NAME)
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+    assert {stat.S_IMODE(os.stat(p).st_mode) for p in entries(tmp_path).values()} == {0o600}
+
+
+def test_stack_judged_from_cached_cfi(tmp_path):
+    """A thread parked in pthread_cond_timedwait is borrowed only after an
+    .eh_frame walk proves it outside the allocator: the second run walks
+    with the CFI rows the first decoded, and judges the same."""
+    exe = build_c("one_wait.c", "-pthread")
+    with start([exe, "condwait", "600000"]) as t:
+        runs = [allocdiag(tmp_path, "-v", "inspect", str(t.pid)) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "futex condition-variable/semaphore wait" in r.stdout
+    assert (LIBC, "cfi") in events(runs[0], "stored")
+    assert (LIBC, "cfi") in events(runs[1], "hit")
+
+
+def test_replaced_library_is_parsed_again(tmp_path):
+    """A library replaced at the same path (new inode, size, mtime) is read
+    afresh: the second target preloads a different allocator."""
+    lib = tmp_path / "lib" / "liballoc.so"
+    lib.parent.mkdir()
+    shutil.copy(require_file(JEMALLOC), lib)
+    cache = tmp_path / "cache"
+    with start([build_c("idle.c"), "1"], preload=str(lib)) as t:
+        r1, doc1 = inspect_json(cache, t.pid)
+    assert doc1["allocator"]["kind"] == "jemalloc" and str(lib) in parsed(r1)
+    new = tmp_path / "lib" / "new.so"
+    shutil.copy(require_file(TCMALLOC_MINIMAL), new)
+    os.replace(new, lib)
+    with start([build_c("idle.c"), "1"], preload=str(lib)) as t:
+        r2, doc2 = inspect_json(cache, t.pid)
+    assert doc2["allocator"]["kind"] == "tcmalloc" and str(lib) in parsed(r2)
+    assert (LIBC, "elf") in events(r2, "hit")
+
+
+def _build_id_span(path):
+    """(offset, length) of the GNU build-id note's descriptor in PATH."""
+    with open(path, "rb") as f:
+        want = bytes.fromhex(elf.read_build_id(f))
+    data = path.read_bytes()
+    assert data.count(want) == 1
+    return data.index(want), len(want)
+
+
+def test_file_rewritten_in_place_with_same_stat_is_parsed_again(tmp_path):
+    """Same inode, size and mtime (rewritten in place, mtime put back), but
+    another build-id: the key's build-id tells the two files apart."""
+    lib = tmp_path / "liballoc.so"
+    shutil.copy(require_file(JEMALLOC), lib)
+    cache = tmp_path / "cache"
+    with start([build_c("idle.c"), "1"], preload=str(lib)) as t:
+        r1, _ = inspect_json(cache, t.pid)
+    assert str(lib) in parsed(r1)
+    before = os.stat(lib)
+    off, n = _build_id_span(lib)
+    with open(lib, "r+b") as f:
+        f.seek(off)
+        old = f.read(n)
+        f.seek(off)
+        f.write(bytes(b ^ 0xFF for b in old))
+    os.utime(lib, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(lib)
+    assert elf.stat_key(after) == elf.stat_key(before)
+    with start([build_c("idle.c"), "1"], preload=str(lib)) as t:
+        r2, doc2 = inspect_json(cache, t.pid)
+    assert str(lib) in parsed(r2) and (str(lib), "elf") in events(r2, "stored")
+    assert doc2["allocator"]["kind"] == "jemalloc"
+
+
+def test_damaged_or_foreign_entries_are_ignored_and_rewritten(tmp_path):
+    with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
+        r1, doc1 = inspect_json(tmp_path, t.pid)
+        files = sorted(entries(tmp_path).values())
+        assert len(files) >= 3
+        damaged = {}
+        for i, path in enumerate(files):
+            data = open(path, "rb").read()
+            if i % 3 == 0:
+                new = data[:len(data) // 2]                      # truncated
+            elif i % 3 == 1:
+                new = b"\x00garbage" + data[8:]                   # corrupt bytes
+            else:                                                 # another version's entry
+                (fmt, _producer, key, part), payload = marshal.loads(data)
+                new = marshal.dumps(((fmt, "00000000-0", key, part), payload))
+            with open(path, "wb") as f:
+                f.write(new)
+            damaged[path] = new
+        r2, doc2 = inspect_json(tmp_path, t.pid)
+        r3, doc3 = inspect_json(tmp_path, t.pid)
+    assert doc1 == doc2 == doc3
+    assert len(events(r2, "entry ignored")) == len(damaged)
+    for path, bad in damaged.items():
+        assert open(path, "rb").read() != bad                    # rewritten
+    assert not events(r3, "entry ignored") and not parsed(r3)
+
+
+def test_no_cache_variable_reads_and_writes_nothing(tmp_path):
+    with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
+        inspect_json(tmp_path, t.pid)
+        before = {n: (os.stat(p).st_mtime_ns, open(p, "rb").read())
+                  for n, p in entries(tmp_path).items()}
+        r, _ = inspect_json(tmp_path, t.pid, env={diskcache.ENV_DISABLE: "1"})
+        empty = tmp_path / "empty"
+        empty.mkdir()
+        inspect_json(empty, t.pid, env={diskcache.ENV_DISABLE: "1"})
+    assert "disk cache" not in r.stderr and JEMALLOC in parsed(r)
+    assert {n: (os.stat(p).st_mtime_ns, open(p, "rb").read())
+            for n, p in entries(tmp_path).items()} == before
+    assert os.listdir(empty) == []
+
+
+def test_unusable_cache_directory_never_fails_a_command(tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("not a directory\n")
+    foreign = tmp_path / "foreign"
+    (foreign / diskcache.DIR_NAME).mkdir(parents=True)
+    os.chown(foreign / diskcache.DIR_NAME, NOBODY, NOBODY)
+    others_home = tmp_path / "others"                  # root under sudo, the user's HOME
+    others_home.mkdir()
+    os.chown(others_home, NOBODY, NOBODY)
+    with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
+        _, want = inspect_json(tmp_path / "fine", t.pid)
+        for cache in (a_file, foreign, others_home):
+            r, doc = inspect_json(cache, t.pid)
+            assert doc == want
+            assert "disk cache off" in r.stderr and JEMALLOC in parsed(r)
+    assert os.listdir(foreign / diskcache.DIR_NAME) == [] and os.listdir(others_home) == []
+
+
+# -- in process: what comes back equals what a parse gives ---------------------------
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv(diskcache.ENV_DISABLE, raising=False)
+    diskcache.reset()
+    yield tmp_path
+    diskcache.reset()
+
+
+def _open(path):
+    return elf.ObjectFile("/nonexistent-proc", None, 0, 0, path)
+
+
+@pytest.mark.parametrize("path", [LIBC, JEMALLOC, sys.executable])
+def test_restored_object_equals_parsed(store, path):
+    _forget_objects()
+    path = os.path.realpath(require_file(path))
+    parsed_obj = elf.load(_open(path))                     # parsed, stored
+    assert parsed_obj.key is not None and parsed_obj.build_id == parsed_obj.key[-1]
+    want_symtab = parsed_obj.symtab(_open(path).open)
+    want_banners = {k: parsed_obj.rodata_version(k, _open(path).open) for k in elf.VERSION_PATTERNS}
+    before = diskcache.counts()["hit"]
+    restored = elf.load(_open(path))
+    assert diskcache.counts()["hit"] == before + 1
+    assert restored.facts() == parsed_obj.facts() and restored.dynsym == parsed_obj.dynsym
+    assert restored.exports == parsed_obj.exports
+    assert restored.symtab() == want_symtab                 # from disk: no opener needed
+    assert {k: restored.rodata_version(k, None) for k in elf.VERSION_PATTERNS} == want_banners
+    for name in ("malloc", "free", "mallctl", "_PyRuntime"):
+        assert restored.dynamic(name) == parsed_obj.dynamic(name)
+        assert restored.defines(name) == parsed_obj.defines(name)
+
+
+def _forget_objects():
+    unwind.clear_cache()
+    elf.CACHE._objects.clear()
+    elf.CACHE._recent.clear()
+
+
+def test_restored_cfi_rows_equal_parsed(store):
+    """Rows decoded in the first run come back from disk without pyelftools;
+    an FDE never decoded before is parsed from the restored table."""
+    _forget_objects()
+    cold = unwind.cfi_table(_open(LIBC))
+    pcs = [start + 1 for start in cold._starts[::len(cold) // 40]]
+    seen, unseen = pcs[::2], pcs[1::2]
+    want = {pc: cold.row(pc) for pc in seen}
+    unwind.flush()                                  # what exit would write
+    want.update({pc: cold.row(pc) for pc in unseen})
+    _forget_objects()
+    warm = unwind.cfi_table(_open(LIBC))
+    assert warm is not cold and len(warm) == len(cold)
+    assert {pc: warm.row(pc) for pc in seen} == {pc: want[pc] for pc in seen}
+    assert warm._cfi is None                        # no FDE parsed: all from disk
+    assert {pc: warm.row(pc) for pc in unseen} == {pc: want[pc] for pc in unseen}
+    assert warm._cfi is not None
+    _forget_objects()
+
+
+def test_eviction_removes_the_oldest(store):
+    _forget_objects()
+    for path in (LIBC, JEMALLOC, TCMALLOC_MINIMAL):
+        elf.load(_open(require_file(path)))
+    d = os.path.join(store, diskcache.DIR_NAME)
+    files = sorted(os.listdir(d))
+    assert len(files) == 3
+    for age, name in enumerate(files):                  # the first listed is the oldest
+        os.utime(os.path.join(d, name), ns=(age * 10**9, age * 10**9))
+    total = sum(os.path.getsize(os.path.join(d, n)) for n in files)
+    assert diskcache.evict(d, max_bytes=total) == 0     # within both bounds
+    assert diskcache.evict(d, max_entries=2) == 2       # down to 3/4 of the bound
+    assert os.listdir(d) == [files[-1]]
