@@ -8,8 +8,10 @@ Each command lives in its own module under ``diag.commands`` (parser and
 
 import argparse
 import logging
+import os
 import sys
 
+from collectors.binary import diskcache
 from diag.model.errors import AccessDenied, AllocdiagError, BadPath
 from diag import __version__, commands
 from diag.commands.common import EXIT_CODES_HELP, print_error
@@ -34,6 +36,10 @@ def build_parser():
     p.add_argument("--log-file", metavar="FILE",
                    help="write the -v/--debug lines to FILE instead of stderr (use it with "
                         "the TUI, whose screen is stderr)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="do not read or write the detection cache ($XDG_CACHE_HOME/allocdiag, "
+                        "default ~/.cache/allocdiag): parse every ELF file as on a first run "
+                        "(same as ALLOCDIAG_NO_CACHE=1)")
     p.add_argument("--proc", default="/proc", metavar="DIR",
                    help="procfs root to read (default /proc; a captured tree for offline use)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -50,6 +56,11 @@ def main(argv=None):
     handlers = {m.NAME: m.run for m in commands.load()}
     try:
         setup_logging(args)
+        if args.no_cache:
+            # the environment, so that commands starting allocdiag children
+            # (serve, compare, demo) pass it on
+            os.environ[diskcache.ENV_DISABLE] = "1"
+            diskcache.configure(False)
         log.debug("allocdiag %s: %s", __version__, " ".join(sys.argv[1:] if argv is None else argv))
         return int(handlers[args.command](args))
     except KeyboardInterrupt:

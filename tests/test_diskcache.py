@@ -189,6 +189,20 @@ def test_no_cache_variable_reads_and_writes_nothing(tmp_path):
     assert os.listdir(empty) == []
 
 
+def test_no_cache_option_reads_and_writes_nothing(tmp_path):
+    # allocdiag --no-cache: the same as the variable, and passed on to the
+    # allocdiag processes a command starts (it sets the variable)
+    with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
+        inspect_json(tmp_path, t.pid)
+        before = {n: (os.stat(p).st_mtime_ns, open(p, "rb").read())
+                  for n, p in entries(tmp_path).items()}
+        r = allocdiag(tmp_path, "--no-cache", "inspect", "--json", "--no-attach", str(t.pid))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert before and "disk cache" not in r.stderr and JEMALLOC in parsed(r)
+    assert {n: (os.stat(p).st_mtime_ns, open(p, "rb").read())
+            for n, p in entries(tmp_path).items()} == before
+
+
 def test_unusable_cache_directory_never_fails_a_command(tmp_path):
     a_file = tmp_path / "file"
     a_file.write_text("not a directory\n")

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import atexit
 import bisect
+import importlib
 import io
 import logging
 import os
@@ -339,6 +340,16 @@ class CfiTable:
         if j < 0:
             raise UnwindError(f"no CFI row for {os.path.basename(self.path)}+{vaddr:#x}")
         return table[j]
+
+
+def load_decoder() -> None:
+    """Import pyelftools' CFI decoder now.  A warm run never needs it until a
+    walk meets an FDE no earlier run decoded; where that walk may happen
+    while a thread is stopped (a running thread's, whose frames cannot be
+    known before the stop), the caller loads it first so the import
+    (~10-20 ms) is not paid inside the stop."""
+    for name in ("elftools.dwarf.callframe", "elftools.dwarf.structs"):
+        importlib.import_module(name)
 
 
 # ---- the per-run cache, by file identity -------------------------------------

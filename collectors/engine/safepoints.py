@@ -465,6 +465,7 @@ class StackJudge:
         """Load the CFI index of every mapped object (before a running thread
         is stopped: its objects cannot be known in advance).  Cheap with
         .eh_frame_hdr (libc 0.01 s); failures are left for the walk to meet."""
+        unwind.load_decoder()       # the stopped walk may decode an FDE first seen
         for m in self.unwinder._maps:
             try:
                 unwind.cfi_table(m.opener)
