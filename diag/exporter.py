@@ -34,6 +34,10 @@ except ImportError:
 
 
 TEXTFILE_NAME = "allocdiag.prom"
+# What the process metrics, the grouping and the target selection read from
+# a host scan row (no CPU%, no findings: nothing exported needs them).
+EXPORTER_COLUMNS = ("comm", "user", "exe", "rss", "rss_anon", "lazyfree", "threads",
+                    "allocator", "preload")
 UNKNOWN = "unknown"
 
 
@@ -97,6 +101,10 @@ class AllocdiagCollector:
         # one snapshot.Session per live target: a refresh re-reads only what
         # can have changed (see diag.snapshot.Session)
         self.sessions = snapshot.Sessions(self.o.max_targets)
+        # the host's rows between scrapes: a process whose stat did not move
+        # keeps its row (diag.hostscan.HostScanner, incremental; every row is
+        # read again at least every hostscan.MAX_KEEP_S)
+        self.scanner = hostscan.HostScanner(self.o.proc, EXPORTER_COLUMNS, incremental=True)
         self.live = live or hostlive.HostLive(
             max_pause_ms_per_minute=self.o.max_pause_ms_per_minute, refresh_s=self.o.refresh_s,
             min_gap_s=self.o.min_gap_s, retry_s=self.o.retry_s, deadline_s=self.o.deadline_s,
@@ -183,7 +191,7 @@ class AllocdiagCollector:
         fams = {m.name: _family(m) for m in self.metrics()}
         procfs_ok = True
         try:
-            scan = hostscan.scan(self.o.proc)
+            scan = self.scanner.scan()
         except AllocdiagError:
             scan, procfs_ok = hostscan.ScanResult(), False
         groups = {r["pid"]: self.group_of(r) for r in scan.rows}

@@ -372,3 +372,18 @@ def test_group_by_exe_uses_the_executable_name():
     assert r.returncode in (ExitCode.OK, ExitCode.PARTIAL), r.stderr
     assert samples(families(r.stdout), "allocdiag_processes", group=exe)
     assert samples(families(r2.stdout), "allocdiag_processes", group="by_exe")
+
+
+def test_scrapes_read_again_only_processes_whose_stat_moved():
+    # the collector keeps one incremental host scanner: an idle process's row
+    # is kept between scrapes, its figures still exported
+    with burst() as t:
+        collector = exporter.AllocdiagCollector(exporter.Options(), live=HostLive())
+        reg = exporter.registry(collector)
+        _scrape(reg)
+        first = collector.scanner.rows_read
+        fams = _scrape(reg)
+    assert first > 0 and collector.scanner.rows_kept > 0
+    assert collector.scanner.rows_read - first < first
+    group = t.proc.args[0].rsplit("/", 1)[-1][:15]
+    assert samples(fams, "allocdiag_process_rss_bytes", group=group)[0].value > 32 << 20
