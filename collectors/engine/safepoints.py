@@ -9,6 +9,9 @@ preference (``CATEGORY_ORDER``):
   -ERESTARTNOHAND or -ERESTART_RESTARTBLOCK; each one measured by
   tests/test_safepoints.py on this kernel), issued from outside allocator
   code.  No stack walk needed.
+- ``epoll``: epoll_wait/epoll_pwait/epoll_pwait2/rt_sigtimedwait.  They hold a
+  plain -EINTR at the stop; the engine restores them with rax =
+  -ERESTARTNOHAND (``eintr_restart_regs``), the kernel's own restart path.
 - ``futex``: a FUTEX_WAIT_BITSET wait (condition variable, semaphore,
   pthread_join) that a ``.eh_frame`` stack walk from the stopped thread's
   registers proves is outside the allocator: no frame in allocator code, and
@@ -19,10 +22,6 @@ preference (``CATEGORY_ORDER``):
   its own syscall stubs on a glibc thread stack (``GoRuntime``: no .eh_frame
   walk is possible through Go code, the stub's exact .symtab range is the
   proof).
-- ``epoll``: epoll_wait/epoll_pwait/epoll_pwait2/rt_sigtimedwait.  They hold a
-  plain -EINTR at the stop; the engine restores them with rax =
-  -ERESTARTNOHAND (``eintr_restart_regs``), the kernel's own restart path.
-  After the futex rule: an event loop's serving thread waits here.
 - ``running``: interrupted in user code outside every forbidden range.
 
 What a running thread must not be inside (the C library, the loader, the
@@ -209,13 +208,7 @@ USER_CS_64 = arch_x86_64.USER_CS_64       # 64-bit code (int 0x80 is the i386 AB
 
 RESTARTABLE, EPOLL, FUTEX, RUNNING = "restartable", "epoll", "futex", "running"
 GO_RUNTIME = "go-runtime"
-# A futex wait (an idle worker on its condition variable, a background
-# thread) before an epoll wait: an event-loop server's one serving thread
-# waits in epoll_wait, and a stop there delays every request that arrives
-# meanwhile (redis under load: the event loop was borrowed in 14 of 30
-# snapshots while its idle bio threads waited on futexes).  The futex rule
-# costs a stack walk in the stop (~0.05 ms), on a thread nobody waits for.
-CATEGORY_ORDER = {RESTARTABLE: 0, FUTEX: 1, GO_RUNTIME: 1, EPOLL: 2, RUNNING: 3}
+CATEGORY_ORDER = {RESTARTABLE: 0, EPOLL: 1, FUTEX: 2, GO_RUNTIME: 2, RUNNING: 3}
 
 # Allocators' own threads (comm), never borrowed: they wait inside allocator
 # code, often on a condition variable that looks like any other.
