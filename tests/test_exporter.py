@@ -352,7 +352,7 @@ def test_http_mode_reads_targets_before_the_first_scrape():
 def test_preload_label_tells_none_requested_from_unknown():
     """A glibc process started without LD_PRELOAD is preload_effective="none"
     (not "unknown"); a preloaded one "true"."""
-    with burst(allocator="glibc") as plain, burst() as pre:
+    with burst(allocator="glibc"), burst():          # one plain, one preloaded
         r = allocdiag("exporter", "--once", "--group", "^burst=b")
     assert r.returncode in (ExitCode.OK, ExitCode.PARTIAL), r.stderr
     got = {(s.labels["allocator"], s.labels["preload_effective"])
