@@ -20,6 +20,7 @@ def pytest_configure(config):
 # module fixture, or in a CLI subprocess, which inherits the variable) is
 # checked by diag.model.invariant_violations (see diag.invariants); a
 # violation fails the test during which it was written, with both numbers.
+import signal  # noqa: E402
 import tempfile  # noqa: E402
 
 import pytest  # noqa: E402
@@ -29,6 +30,13 @@ _INVARIANTS = {"path": None, "seen": 0}
 
 def pytest_sessionstart(session):
     from diag import invariants
+    # A suite started as a background job without job control (`cmd &` in a
+    # script, nohup) inherits SIGINT ignored, and every process it starts
+    # would too: the tests that press Ctrl-C on allocdiag would wait for
+    # nothing.  A handled signal is reset to its default across exec, an
+    # ignored one is not: take SIGINT back for this process and its children.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     fd, path = tempfile.mkstemp(prefix="allocdiag-invariants-")
     os.close(fd)
     _INVARIANTS["path"] = path
