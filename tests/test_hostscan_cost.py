@@ -138,11 +138,13 @@ def test_incremental_rereads_only_processes_whose_stat_changed(idle):
 def test_incremental_rereads_a_process_that_mapped_memory():
     # The target maps and touches 64 MiB on SIGUSR1: no CPU-time tick needed,
     # its stat's vsize, rss and minflt move, so the row is read again.
-    code = ("import mmap, signal, sys\n"
+    # (os.write, not print: the signal may land while the main thread is
+    # still inside print('READY') and a buffered write is not reentrant)
+    code = ("import mmap, os, signal, sys\n"
             "held = []\n"
             "def grow(*_):\n"
             "    m = mmap.mmap(-1, 64 << 20); m.write(b'x' * (64 << 20)); held.append(m)\n"
-            "    print('GREW', flush=True)\n"
+            "    os.write(1, b'GREW\\n')\n"
             "signal.signal(signal.SIGUSR1, grow)\n"
             "print('READY', flush=True)\n"
             "sys.stdin.read()\n")
