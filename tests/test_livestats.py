@@ -442,14 +442,17 @@ def test_mimalloc_options_are_read_again_only_after_their_refresh_or_a_set():
             a = mi.plan(livestats.Resolver(image), det.serving, det.allocator, {})
             with rp.borrow() as c:
                 raw = mi.gather(c, a, {})
-            return mi.parse(raw, det.allocator)["options"], rp.last["calls"]
+            native = mi.parse(raw, det.allocator)
+            return native["options"], rp.last["calls"], native["gathered_by"]
 
-        first, calls_first = gather()
-        again, calls_again = gather()
+        first, calls_first, how_first = gather()
+        again, calls_again, how_again = gather()
         assert again == first
+        # the provenance says which values were read earlier
+        assert "read <" not in how_first and "options (mi_option_get) read < 10 s ago" in how_again
         assert calls_first - calls_again == len(mi.OPTIONS_2_0)
         assert cli.main(["set", "--yes", str(t.pid), f"decommit_delay={first['decommit_delay'] + 7}"]) == 0
-        after, calls_after = gather()
+        after, calls_after, _ = gather()
         assert calls_after == calls_first
         assert after["decommit_delay"] == first["decommit_delay"] + 7
         assert t.alive()

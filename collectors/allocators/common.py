@@ -3,6 +3,7 @@ scratch memory, and reading text the allocator wrote."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from diag.model.errors import MalformedData, RemoteCallError, Unsupported
@@ -15,6 +16,34 @@ U64 = (1 << 64) - 1           # a negative C long/int argument passed in a 64-bi
 
 SCRATCH_TEXT = 48 * 1024      # bytes of the buffer (Call.buffer, never the stack) for text/XML
 IONBF = 2                     # stdio.h _IONBF: no stdio buffer (nothing malloc'd for it)
+
+
+class KeptValues:
+    """Values read from one process (knob properties, options), kept per
+    process key for REFRESH_S seconds so that the snapshots of one allocdiag
+    process (TUI, record, exporter) read them again only that often; at most
+    KEPT processes, the oldest dropped.  ``clear()`` after allocdiag's own
+    ``set``."""
+
+    def __init__(self, refresh_s: float, kept: int = 256) -> None:
+        self.refresh_s, self.kept = refresh_s, kept
+        self._values: dict[Any, tuple[float, Any]] = {}
+
+    def get(self, key: Any) -> Any:
+        """KEY's values if read less than REFRESH_S ago, else None."""
+        got = self._values.get(key) if key is not None else None
+        return got[1] if got and time.monotonic() - got[0] < self.refresh_s else None
+
+    def put(self, key: Any, values: Any) -> None:
+        if key is None:
+            return
+        self._values.pop(key, None)
+        self._values[key] = (time.monotonic(), values)
+        while len(self._values) > self.kept:
+            del self._values[next(iter(self._values))]
+
+    def clear(self) -> None:
+        self._values.clear()
 
 
 def need(addr: int | None, name: str, kind: str) -> int:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import struct
-import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -126,11 +125,11 @@ STACK_NEED = 10 * 1024
 # Within one allocdiag process (TUI, record) the knob properties are read
 # again only every KNOBS_REFRESH_S; allocdiag's own `set` forgets them.
 KNOBS_REFRESH_S = 10.0
-_knobs_cache: dict[Any, Any] = {}   # process key -> (monotonic time, {property: value})
+_knobs = common.KeptValues(KNOBS_REFRESH_S)     # process key -> {property: value}
 
 
 def forget_knobs() -> Any:
-    _knobs_cache.clear()
+    _knobs.clear()
 
 
 def plan(res: Any, obj: Any, alloc: Any, opts: dict[str, Any]) -> dict[str, Any]:
@@ -170,15 +169,14 @@ def stats_text(c: Any, fn: Any, size: Any = GETSTATS_BUF) -> Any:
 
 def gather(c: Any, a: Any, opts: Any) -> Any:
     names = a["props"]
-    cached = _knobs_cache.get(a.get("process_key"))
+    cached = _knobs.get(a.get("process_key"))
     raw: dict[str, Any] = {}
-    if names == EVERY_SNAPSHOT and cached and time.monotonic() - cached[0] < KNOBS_REFRESH_S:
-        raw["properties"], raw["knobs_cached"] = dict(cached[1]), True
+    if names == EVERY_SNAPSHOT and cached:
+        raw["properties"], raw["knobs_cached"] = dict(cached), True
     else:
         raw["properties"] = properties(c, a["get"], names)
         if a.get("process_key") and all(n in raw["properties"] for n in EVERY_SNAPSHOT):
-            _knobs_cache[a["process_key"]] = (time.monotonic(),
-                                              {n: raw["properties"][n] for n in EVERY_SNAPSHOT})
+            _knobs.put(a["process_key"], {n: raw["properties"][n] for n in EVERY_SNAPSHOT})
     if a["stats"]:
         raw["getstats"] = stats_text(c, a["stats"])
     return raw

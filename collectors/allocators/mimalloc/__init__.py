@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from diag.model import Value
 
 import struct
-import time
 
 from collectors.allocators.mimalloc import stats as mimalloc_stats
 from collectors.allocators import common
@@ -179,26 +178,11 @@ STACK_NEED = 6 * 1024
 # OPTIONS_REFRESH_S, as gperftools' knob properties are; allocdiag's own
 # `set` forgets them.  A program's own mi_option_set shows within that time.
 OPTIONS_REFRESH_S = 10.0
-OPTIONS_KEPT = 256                   # processes remembered (an exporter's lifetime)
-_options_cache: dict[Any, tuple[float, list[int]]] = {}   # process key -> (monotonic, values)
+_options = common.KeptValues(OPTIONS_REFRESH_S)   # process key -> [mi_option_get values]
 
 
 def forget_options() -> None:
-    _options_cache.clear()
-
-
-def _options(c: Any, a: Any) -> list[int]:
-    key = a.get("process_key")
-    cached = _options_cache.get(key) if key is not None else None
-    if cached and time.monotonic() - cached[0] < OPTIONS_REFRESH_S:
-        return cached[1]
-    values = [c.call(a["mi_option_get"], i) for i in range(len(a["options"]))]
-    if key is not None:
-        _options_cache.pop(key, None)
-        _options_cache[key] = (time.monotonic(), values)
-        while len(_options_cache) > OPTIONS_KEPT:
-            del _options_cache[next(iter(_options_cache))]
-    return values
+    _options.clear()
 
 
 def option_names(version: Any) -> Any:
@@ -229,7 +213,11 @@ def gather(c: Any, a: Any, opts: Any) -> Any:
         c.call(a["mi_process_info"], *outs)
         raw["process_info"] = [struct.unpack("<Q", c.read(o, 8))[0] for o in outs]
     if a["mi_option_get"] and a["options"]:
-        raw["options"] = _options(c, a)
+        raw["options"] = _options.get(a["process_key"])
+        raw["options_cached"] = raw["options"] is not None
+        if raw["options"] is None:
+            raw["options"] = [c.call(a["mi_option_get"], i) for i in range(len(a["options"]))]
+            _options.put(a["process_key"], raw["options"])
     if a["mi_stats_get_json"]:
         ptr = c.call(a["mi_stats_get_json"], 0, 0)
         if ptr:
@@ -266,6 +254,8 @@ def parse(raw: Any, alloc: Any) -> Any:
             native["stats"] = mimalloc_stats.parse_stats_text(raw["stats_text"].decode(errors="replace"))
         except AllocdiagError as exc:
             native["stats_error"] = str(exc)
+    if raw.get("options_cached") and native.get("gathered_by"):
+        native["gathered_by"] += f"; options (mi_option_get) read < {OPTIONS_REFRESH_S:g} s ago"
     return native
 
 
