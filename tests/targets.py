@@ -193,3 +193,18 @@ def build_go(package_dir, cgo=False):
             raise RuntimeError(f"go build failed:\n{res.stderr}")
         os.replace(out + ".tmp", out)
     return out
+
+
+def kernel_thread_pid():
+    """A kernel thread's pid, by its status line "Kthread: 1" (the kernel's
+    own word, not allocdiag's reading of the stat flags), kthreadd (2)
+    first; None where a PID namespace shows none."""
+    names = ["2"] + [n for n in os.listdir("/proc") if n.isdigit() and n != "2"]
+    for name in names:
+        try:
+            with open(f"/proc/{name}/status", "rb") as f:
+                if b"\nKthread:\t1" in f.read():
+                    return int(name)
+        except OSError:
+            continue
+    return None

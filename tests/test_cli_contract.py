@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from targets import build_c, start
+from targets import build_c, kernel_thread_pid, start
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
@@ -97,17 +97,7 @@ def test_missing_optional_package_names_the_extra(argv, module, extra, tmp_path)
 # -- kernel threads and zombies ---------------------------------------------------------------
 
 def _kernel_thread():
-    """A real kernel thread's pid (kthreadd is pid 2 where the PID namespace
-    shows kernel threads)."""
-    for pid in (2,) + tuple(range(3, 200)):
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                fields = f.read().rpartition(b")")[2].split()
-        except OSError:
-            continue
-        if int(fields[6]) & 0x00200000:      # PF_KTHREAD
-            return pid
-    pytest.skip("no kernel thread visible in this PID namespace")
+    return kernel_thread_pid() or pytest.skip("no kernel thread visible in this PID namespace")
 
 
 PID_COMMANDS = [["inspect"], ["inspect", "--no-attach"], ["inspect", "--json"], ["explain"],

@@ -18,7 +18,7 @@ import unpriv
 from collectors.proc.stat import ACTIVITY_FIELDS, STAT_STARTTIME_AFTER_COMM, parse_stat_line
 from diag import hostscan
 from diag.source import HostSource
-from targets import build_c, python_argv, start
+from targets import build_c, kernel_thread_pid, python_argv, start
 
 IMAGE_FILES = {"maps", "environ", "auxv", "exe"}
 BUSY = "print('READY', flush=True)\nwhile True: pass"
@@ -88,15 +88,7 @@ def test_unknown_column_is_refused():
 
 
 def kernel_thread():
-    """A kernel thread's pid (kthreadd is 2 on a host; a container sees none)."""
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/status", "rb") as f:
-                if b"\nKthread:\t1" in f.read():
-                    return int(name)
-        except (OSError, ValueError):
-            continue
-    pytest.skip("no kernel thread visible (a PID namespace)")
+    return kernel_thread_pid() or pytest.skip("no kernel thread visible (a PID namespace)")
 
 
 def test_kernel_thread_is_skipped_on_stat_alone():
