@@ -810,3 +810,23 @@ def test_spin_budget_follows_free_cpus(tmp_path, runnable, spins_long):
     finally:
         p.kill()
         p.wait()
+
+
+def test_the_tracers_timer_slack_is_given_back(waits):
+    """The tracer waits with a 1 us timer slack, for the borrow only: a
+    thread's slack is inherited by the children it starts later (compare's
+    workloads), and a 1 us slack left behind turned a later target's 1 us
+    nanosleep loop into a busy loop that never slept."""
+    libc = ctypes.CDLL(None)
+    PR_SET_TIMERSLACK, PR_GET_TIMERSLACK = 29, 30
+    libc.prctl(PR_SET_TIMERSLACK, ctypes.c_ulong(50_000), 0, 0, 0)
+    t, a = waits("read")
+    # without SCHED_FIFO: leaving it resets the slack to the default (50 us)
+    # and would hide a slack left behind
+    rp = RemoteProcess(t.pid, boost=False)
+    with rp.borrow(tid=a["tid"]):
+        assert libc.prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) == 1000
+    assert libc.prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) == 50_000
+    with pytest.raises(RemoteCallError):
+        RemoteProcess(t.pid, deadline_s=0.2, boost=False).borrow(tid=999_999_999).__enter__()
+    assert libc.prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) == 50_000

@@ -52,6 +52,7 @@ SI_VALUE_OFF = 24            # _rt._sigval
 
 # prctl (include/uapi/linux/prctl.h)
 PR_SET_TIMERSLACK = 29
+PR_GET_TIMERSLACK = 30
 
 # the kernel's restart codes left in rax by an interrupted syscall
 # (include/linux/errno.h: not visible to user space, seen at a ptrace stop)

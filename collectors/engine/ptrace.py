@@ -29,11 +29,17 @@ from diag.model.errors import AllocdiagError
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def set_timerslack_ns(ns: int) -> None:
+def set_timerslack_ns(ns: int) -> int | None:
     """Timer slack of the calling thread (prctl PR_SET_TIMERSLACK): the
     tracer's short sleeps while it waits for a tracee should not be rounded
-    up by the default 50 us.  Best effort."""
+    up by the default 50 us.  Returns the slack it replaced, to be set back
+    (children started later by this thread inherit its slack: a 1 us slack
+    left behind made a test target's 1 us nanosleep loop never sleep), or
+    None.  Best effort."""
+    _libc.prctl.restype = ctypes.c_long
+    old = _libc.prctl(abi.PR_GET_TIMERSLACK, 0, 0, 0, 0)
     _libc.prctl(abi.PR_SET_TIMERSLACK, ctypes.c_ulong(ns), 0, 0, 0)
+    return old if old > 0 else None
 
 
 class iovec(ctypes.Structure):
