@@ -77,6 +77,7 @@ class Caller:
         self.unsafe = unsafe
         self.stats = stats
         self.record = Record()
+        self.quiet = False          # no INFO line per release (the rehearsal's understudy)
 
     # ---- the signal mask during calls ---------------------------------------
     def call_mask(self, th: Thread) -> int:
@@ -360,7 +361,7 @@ class Caller:
                 us = int((time.monotonic() - th.t_stop) * 1e6)
                 self.record.pause_us.append(us)
                 self.stats.pause_us_total += us
-                if log.isEnabledFor(logging.INFO):
+                if not self.quiet and log.isEnabledFor(logging.INFO):
                     log.info("pid %d tid %d (%s %s) borrowed: stopped %d us for %d calls",
                              self.pid, th.tid, th.verdict.category, th.verdict.syscall, us,
                              th.frame.calls)

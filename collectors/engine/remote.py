@@ -74,7 +74,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from collectors.engine import abi, arch, ptrace, safepoints
+from collectors.engine import abi, arch, ptrace, rehearsal, safepoints
 from collectors.engine.callframe import MAX_SCRATCH, Call, Caller, Stats
 from collectors.engine.choose import FRAME_BUDGET, Chooser
 from collectors.engine.memory import MemoryReader
@@ -171,6 +171,7 @@ class RemoteProcess:
                                   "return-to-0 trap cannot work; no remote calls",
                                   pid=self.pid)
         self._preflight()
+        rehearsal.prepare(self.arch)
 
     # ---- what callers read ------------------------------------------------------
     @property
@@ -261,6 +262,12 @@ class RemoteProcess:
                     log.debug("pid %d tid %d refused before the stop: %s", self.pid, c.tid,
                               pre.code.value)
                     continue
+                # the same requests and code on allocdiag's own understudy
+                # just before: the stop then runs on warm caches
+                rehearsal.rehearse(self.arch)
+                # read now, not at the borrow's start: a just-started
+                # understudy was still runnable then
+                self._tracer.spin_s = self._tracer.spin_budget()
                 old = self._block()
                 th = None
                 try:
@@ -313,17 +320,24 @@ class RemoteProcess:
         self._caller.record = type(self._caller.record)()
         self.last = None
         self._chooser.new_borrow()
-        ptrace.set_timerslack_ns(TIMERSLACK_NS)
-        self._preflight()
-        self._tracer.spin_s = self._tracer.spin_budget()
-        th, old = self._acquire(tid)
+        slack = ptrace.set_timerslack_ns(TIMERSLACK_NS)
+        try:
+            self._preflight()
+            th, old = self._acquire(tid)
+        except BaseException:
+            if slack is not None:
+                ptrace.set_timerslack_ns(slack)
+            raise
         boosted = None
         try:
             th.frame.scratch_top = th.frame.scratch_low = self._caller.scratch_top(th)
             if th.verdict.boundary:
                 self._stats.boundary_stops += 1
             self._stats.borrows += 1
-            boosted = boost(th.tid) if self.boost else None
+            # SCHED_FIFO only when no CPU was free at the start of the
+            # borrow: with one free the tracee is not kept waiting for a
+            # CPU, and the two policy changes cost ~25 us of the stop
+            boosted = boost(th.tid) if self.boost and not self._tracer.cpu_free else None
             yield Call(self._caller, th, self.MAX_SCRATCH)
         finally:
             try:
@@ -342,3 +356,5 @@ class RemoteProcess:
                              v.restart_rax is not None, "boundary": v.boundary,
                              "calls": th.frame.calls, "group_stop_seen": th.group_stop_seen}
                 self._unblock(old)
+                if slack is not None:
+                    ptrace.set_timerslack_ns(slack)

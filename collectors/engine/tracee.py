@@ -386,6 +386,7 @@ class Tracer:
         self._read_auxv = auxv
         self._auxv = auxv()
         self.spin_s = self.SPIN_S
+        self.cpu_free = False       # set with spin_s by the borrow (spin_budget)
 
     def preflight(self) -> None:
         """Checks before any stop: not quarantined, the same program still
@@ -431,8 +432,10 @@ class Tracer:
                 running = int(f.read().split()[3].split(b"/")[0])
             cpus = len(os.sched_getaffinity(0))
         except (OSError, ValueError, IndexError):
+            self.cpu_free = False
             return self.SPIN_S
-        return self.SPIN_FREE_CPU_S if running < cpus else self.SPIN_S
+        self.cpu_free = running < cpus
+        return self.SPIN_FREE_CPU_S if self.cpu_free else self.SPIN_S
 
     # ---- waiting --------------------------------------------------------------
     def wait(self, th: Thread, deadline: float) -> int | None:

@@ -1,0 +1,208 @@
+"""A rehearsal of the stop, on a process of allocdiag's own, a moment before
+the target's thread is stopped.
+
+Why: a stop's cost to the target is the time between the interrupt-stop and
+the detach, and on an idle machine most of it is not the work but caches
+gone cold.  Measured on the 2-vCPU KVM guest this was built on (2026-11-26,
+the seven ptrace/process_vm requests of a stop's save, frame write, output
+read and restore, on an already stopped thread): 160 us when they follow
+0.3 s of idling, 22 us when the same seven ran just before, 18 us back to
+back; spinning the CPU first, or 50 trivial syscalls, did not help (158 and
+157 us).  The same happens to the engine's own Python code.  So before each
+stop the engine runs the same code on an understudy -- a ``cat`` child
+reading a pipe allocdiag holds -- stopping it, making one call in it (to
+address 0: the return trap at once), reading its stack and giving it back,
+with the same functions the real stop uses.  That costs allocdiag
+~0.1-0.3 ms of its own CPU per stop and nothing to the target
+(bench/pause.py --snapshots prints the stop with and without it).
+
+The understudy never outlives allocdiag: it blocks reading a pipe whose only
+writer is this process, so it sees end-of-file and exits when allocdiag
+exits, however it exits (no preexec function, no PTRACE_O_EXITKILL needed).
+It is a child of allocdiag's, not of the target's: the target is never
+touched by a rehearsal.  Best effort: when ``cat`` is missing, cannot be
+traced or misbehaves, rehearsals stop for this run and stops are as before.
+``ALLOCDIAG_NO_REHEARSAL=1`` turns them off (bench comparisons).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import subprocess
+import threading
+import time
+
+from collectors.engine import memory
+from collectors.engine.callframe import Caller, Stats
+from collectors.engine.stackbounds import StackMaps
+from collectors.engine.tracee import Skip, Tracer, read_bytes
+from collectors.proc.maps import parse_maps
+from collectors.proc.stat import start_time
+from diag.model.errors import AllocdiagError
+
+log = logging.getLogger("collectors.engine")
+
+ENV_OFF = "ALLOCDIAG_NO_REHEARSAL"
+# The understudy's program: blocks in read(2) on its stdin, a restartable
+# wait like the targets' own idle threads, and exits at end-of-file.
+PROGRAM = "cat"
+# How long a rehearsal may wait for the understudy to stop or trap.
+WAIT_S = 0.2
+# Bytes of its stack read back, as a stop reads its output buffer.
+READ_BACK = 4096
+# How long the first rehearsal waits for a new understudy to block in its
+# read (exec and start-up of cat: ~1-2 ms).
+START_WAIT_S = 0.05
+
+
+class Understudy:
+    """The ``cat`` child and the engine objects that stop it."""
+
+    def __init__(self, arch: object, procfs: str = "/proc") -> None:
+        exe = shutil.which(PROGRAM)
+        if exe is None:
+            raise OSError(f"{PROGRAM} not found")
+        self.proc = subprocess.Popen([exe], stdin=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, close_fds=True)
+        self.pid = self.proc.pid
+        self.owner = os.getpid()
+        self.procfs = procfs
+        self.tracer = Tracer(self.pid, procfs, arch, start_time(self.pid, procfs),
+                             lambda: b"")
+        self.caller = Caller(self.tracer, call_timeout_s=WAIT_S, block_signals=True,
+                             mapper=None, unsafe=frozenset(), stats=Stats())
+        self.caller.quiet = True
+        self.stack: StackMaps | None = None
+        self.rehearsals = 0
+
+    def ready(self, wait_s: float = 0.0) -> bool:
+        """True once the child blocks in its read (not while it starts),
+        waiting up to WAIT_S for it."""
+        t_end = time.monotonic() + wait_s
+        while True:
+            try:
+                stat = read_bytes(f"{self.procfs}/{self.pid}/stat", self.pid)
+            except AllocdiagError:
+                raise OSError("the understudy exited") from None
+            state = stat.rsplit(b")", 1)[1].split()[0]
+            if state == b"S":
+                return True
+            if state in (b"Z", b"X"):
+                raise OSError("the understudy exited")
+            if time.monotonic() >= t_end:
+                return False
+            time.sleep(0.001)
+
+    def rehearse(self) -> None:
+        """Stop, call, read, restore, detach: the path of a real stop."""
+        th = self.tracer.stop(self.pid, "idle", WAIT_S)
+        try:
+            if self.stack is None:
+                self.stack = StackMaps(parse_maps(read_bytes(
+                    f"{self.procfs}/{self.pid}/maps", self.pid)))
+            sp = self.tracer.arch.sp(th.regs)
+            th.frame.bounds, why = self.stack.bounds(sp)
+            if th.frame.bounds is None:
+                raise OSError(f"understudy stack: {why}")
+            th.frame.scratch_top = th.frame.scratch_low = self.caller.scratch_top(th)
+            self.caller.call(th, 0, (), WAIT_S)
+            memory.read(self.pid, th.frame.scratch_low - READ_BACK, READ_BACK)
+        finally:
+            self.caller.release(th)
+
+    def close(self) -> int | None:
+        """End-of-file to the understudy; its exit status (0: it read to the
+        end as cat does, so no rehearsal disturbed it)."""
+        if self.owner != os.getpid():
+            return None
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+            return self.proc.wait(timeout=1)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            return self.proc.wait()
+
+
+_lock = threading.Lock()
+_understudy: Understudy | None = None
+_broken: str | None = None
+
+
+def enabled() -> bool:
+    return _broken is None and os.environ.get(ENV_OFF, "") in ("", "0")
+
+
+def _get(arch: object) -> tuple[Understudy, bool]:
+    """This process's understudy (started now if it has none: a forked
+    allocdiag worker does not use its parent's), and whether it is new."""
+    global _understudy
+    if _understudy is not None and _understudy.owner == os.getpid():
+        return _understudy, False
+    _understudy = Understudy(arch)
+    atexit.register(_understudy.close)
+    return _understudy, True
+
+
+def prepare(arch: object) -> None:
+    """Start the understudy ahead of the first stop (it needs a moment to
+    block in its read); nothing when rehearsals are off."""
+    global _broken
+    if not enabled() or not _lock.acquire(blocking=False):
+        return
+    try:
+        _get(arch)
+    except OSError as e:
+        _broken = str(e)
+        log.debug("rehearsals off for this run: %s", e)
+    finally:
+        _lock.release()
+
+
+def rehearse(arch: object) -> bool:
+    """Run one rehearsal now.  False when rehearsals are off or broken, or
+    another thread of this process is rehearsing."""
+    global _broken
+    if not enabled() or not _lock.acquire(blocking=False):
+        return False
+    try:
+        understudy, new = _get(arch)
+        if not understudy.ready(START_WAIT_S if new or understudy.rehearsals == 0 else 0.0):
+            return False
+        understudy.rehearse()
+        understudy.rehearsals += 1
+        return True
+    except (AllocdiagError, OSError, Skip) as e:
+        _broken = str(e)
+        log.debug("rehearsals off for this run: %s", e)
+        return False
+    finally:
+        _lock.release()
+
+
+def understudy_pid() -> int | None:
+    """The understudy's pid, when one runs (tests)."""
+    return _understudy.pid if _understudy is not None else None
+
+
+def broken() -> str | None:
+    """Why rehearsals stopped in this run, or None."""
+    return _broken
+
+
+def rehearsals() -> int:
+    """Rehearsals run on this process's understudy (tests)."""
+    return _understudy.rehearsals if _understudy is not None else 0
+
+
+def reset() -> int | None:
+    """End the understudy (its exit status) and forget a breakage (tests)."""
+    global _understudy, _broken
+    with _lock:
+        status = _understudy.close() if _understudy is not None else None
+        _understudy, _broken = None, None
+    return status

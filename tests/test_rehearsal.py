@@ -1,0 +1,124 @@
+"""The rehearsal before each stop (collectors/engine/rehearsal.py): the
+engine's own understudy process is stopped, called and restored with the
+same code just before the target's thread is, so the target's stop runs on
+warm caches (bench/pause.py --snapshots shows the gain).  Here: that it
+happens, that it never touches the target, that it leaves the understudy as
+it was, that it ends with allocdiag, and that without it stops still work."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from targets import build_c, start
+
+from collectors.engine import rehearsal
+from collectors.engine.remote import RemoteProcess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def status(pid):
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            out[k] = v.strip()
+    return out
+
+
+def syscall_line(pid):
+    with open(f"/proc/{pid}/syscall") as f:
+        return f.read().split()
+
+
+@pytest.fixture(autouse=True)
+def fresh_understudy(monkeypatch):
+    monkeypatch.delenv(rehearsal.ENV_OFF, raising=False)
+    rehearsal.reset()
+    yield
+    rehearsal.reset()
+
+
+@pytest.fixture
+def idle():
+    with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
+        yield t
+
+
+def test_each_stop_is_rehearsed_on_the_understudy_which_is_left_as_it_was(idle):
+    rp = RemoteProcess(idle.pid)
+    pid = rehearsal.understudy_pid()
+    assert pid is not None and pid != idle.pid
+    # a child of allocdiag's, never of the target's
+    assert int(status(pid)["PPid"]) == os.getpid()
+    for _ in range(5):
+        with rp.borrow() as c:
+            assert c.tid != pid
+            assert status(pid)["TracerPid"] == "0"   # rehearsed and released before the stop
+    assert rehearsal.rehearsals() == 5 and rehearsal.broken() is None
+    # the real stops' figures hold the target's stops only
+    assert rp.stats["borrows"] == 5 and len(rp.pause_us) == 1
+    st = status(pid)
+    assert st["TracerPid"] == "0" and st["State"].startswith("S")
+    assert syscall_line(pid)[0] == "0"               # back in its read(2)
+    # cat reads to end-of-file and exits 0: the rehearsals disturbed nothing
+    assert rehearsal.reset() == 0
+
+
+def test_without_rehearsals_stops_still_work(idle, monkeypatch):
+    monkeypatch.setenv(rehearsal.ENV_OFF, "1")
+    rp = RemoteProcess(idle.pid)
+    with rp.borrow():
+        pass
+    assert rehearsal.understudy_pid() is None and rehearsal.rehearsals() == 0
+
+
+def test_a_missing_understudy_program_turns_rehearsals_off_not_the_stop(idle, monkeypatch):
+    monkeypatch.setattr(rehearsal, "PROGRAM", "no-such-program-allocdiag")
+    rp = RemoteProcess(idle.pid)
+    with rp.borrow():
+        pass
+    assert rehearsal.understudy_pid() is None
+    assert "not found" in rehearsal.broken()
+
+
+def test_a_killed_understudy_turns_rehearsals_off_not_the_stop(idle):
+    rp = RemoteProcess(idle.pid)
+    pid = rehearsal.understudy_pid()
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(3):
+        with rp.borrow():
+            pass
+    assert rp.stats["borrows"] == 3
+    assert rehearsal.broken() is not None and rehearsal.rehearsals() == 0
+
+
+@pytest.mark.parametrize("how", ["exit", "SIGKILL"])
+def test_the_understudy_ends_with_allocdiag(idle, how):
+    code = (
+        "import os, signal, sys\n"
+        "from collectors.engine import rehearsal\n"
+        "from collectors.engine.remote import RemoteProcess\n"
+        f"rp = RemoteProcess({idle.pid})\n"
+        "with rp.borrow(): pass\n"
+        "print(rehearsal.understudy_pid(), flush=True)\n"
+        + ("os.kill(os.getpid(), signal.SIGKILL)\n" if how == "SIGKILL" else "sys.exit(0)\n"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=ROOT), timeout=60)
+    pid = int(r.stdout.split()[0])
+    # the pipe's writer is gone: cat reads end-of-file and exits (reparented
+    # and reaped by init, or a zombie of a dead parent for a moment)
+    t_end = time.monotonic() + 5
+    while time.monotonic() < t_end:
+        try:
+            if status(pid)["State"].startswith("Z"):
+                break
+        except FileNotFoundError:
+            break
+        time.sleep(0.01)
+    else:
+        pytest.fail(f"understudy {pid} outlived allocdiag ({how})")
