@@ -85,6 +85,7 @@ from collectors.allocators import gperftools as tc_module
 from collectors.allocators import mimalloc as mi_module
 from collectors.detect import detect  # noqa: E402
 from collectors.binary.image import ProcessImage  # noqa: E402
+from collectors.engine import rehearsal  # noqa: E402
 
 GDB_CALL = {"glibc": "call (void) malloc_stats()",
             "jemalloc": "call (void) malloc_stats_print(0, 0, 0)",
@@ -315,38 +316,62 @@ def fresh_stop_us(pid):
 
 def snapshot_table(allocator, reps):
     """(e): idle target; stops of whole snapshots from new allocdiag
-    processes (the CLI) and from one allocdiag process (TUI, record,
-    exporter), taken in turn, and the in-process cost of the same calls."""
+    processes (the CLI: with nothing kept, then with the values an earlier
+    run kept on disk) and from one allocdiag process (TUI, record,
+    exporter; with and without the rehearsal), taken in turn, and the
+    in-process cost of the same calls."""
     exe = build_c(os.path.join(HERE, "pause_target.c"), "-lpthread", "-ldl", name="pause_target")
+    out = {k: [] for k in ("first", "kept", "repeat", "unrehearsed", "hot")}
     with tempfile.NamedTemporaryFile(prefix="allocdiag-gaps-") as gf:
         gf.write(b"\0" * 4096)
         gf.flush()
         with start([exe, "0", gf.name], allocator=allocator, stderr=subprocess.DEVNULL,
                    timeout=120) as t:
             snapshot.take(t.pid)
-            fresh, repeat = [], []
             for _ in range(reps):
-                fresh.append(fresh_stop_us(t.pid))
-                repeat.append(snapshot.take(t.pid)[0].collectors["remote"].pause_us)
-            hot = [snapshot.take(t.pid)[0].collectors["remote"].pause_us for _ in range(reps)]
+                forget_kept()
+                out["first"].append(fresh_stop_us(t.pid))
+                out["kept"].append(fresh_stop_us(t.pid))
+                out["repeat"].append(snapshot.take(t.pid)[0].collectors["remote"].pause_us)
+                time.sleep(0.3)
+                os.environ[rehearsal.ENV_OFF] = "1"
+                try:
+                    out["unrehearsed"].append(
+                        snapshot.take(t.pid)[0].collectors["remote"].pause_us)
+                finally:
+                    del os.environ[rehearsal.ENV_OFF]
+                time.sleep(0.3)
+            out["hot"] = [snapshot.take(t.pid)[0].collectors["remote"].pause_us
+                          for _ in range(reps)]
             inproc = {mode: inproc_ns(t, 50, mode) / 1000.0 for mode in ("now", "repeat")}
-    return fresh, repeat, hot, inproc
+    return out, inproc
+
+
+def forget_kept():
+    """Forget the values snapshots keep per process, in memory and on disk
+    (as `allocdiag set` does): the next run prints and reads everything."""
+    je_module.forget_general()
+    tc_module.forget_knobs()
+    mi_module.forget_options()
 
 
 def print_snapshots(allocators_, reps):
     print(f"== (e) borrowed-thread stop of a whole snapshot, idle target, {reps} each, in turn")
     for allocator in allocators_:
-        fresh, repeat, hot, inproc = snapshot_table(allocator, reps)
-        print(f"  {allocator:9} new allocdiag process (inspect): median {med(fresh):5.0f} us "
-              f"p95 {p95(fresh):5.0f} us   in-process same calls {inproc['now']:5.0f} us")
-        print(f"  {'':9} one allocdiag process (repeat):  median {med(repeat):5.0f} us "
-              f"p95 {p95(repeat):5.0f} us   in-process same calls {inproc['repeat']:5.0f} us")
-        print(f"  {'':9} the same, back to back (hot):    median {med(hot):5.0f} us "
-              f"p95 {p95(hot):5.0f} us")
+        s, inproc = snapshot_table(allocator, reps)
+        rows = (("first", "new allocdiag process, nothing kept", "now"),
+                ("kept", "new process, values kept < 10 s", "repeat"),
+                ("repeat", "one allocdiag process (record)", "repeat"),
+                ("unrehearsed", "the same without the rehearsal", "repeat"),
+                ("hot", "the same, back to back (hot)", None))
+        for i, (key, label, mode) in enumerate(rows):
+            tail = f"   in-process same calls {inproc[mode]:5.0f} us" if mode else ""
+            print(f"  {allocator if i == 0 else '':9} {label:37} median {med(s[key]):5.0f} us "
+                  f"p95 {p95(s[key]):5.0f} us{tail}")
         if allocator != "glibc":
-            print(f"  {'':9} goal: median <= {STOP_GOAL_US} us: "
-                  f"{'met' if med(repeat) <= STOP_GOAL_US else 'NOT met'} (one process), "
-                  f"{'met' if med(fresh) <= STOP_GOAL_US else 'NOT met'} (new process)")
+            verdict = ", ".join(f"{'met' if med(s[k]) <= STOP_GOAL_US else 'NOT met'} ({k})"
+                                for k in ("first", "kept", "repeat"))
+            print(f"  {'':9} goal: median <= {STOP_GOAL_US} us: {verdict}")
 
 
 def main():

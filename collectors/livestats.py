@@ -258,13 +258,16 @@ class LiveReader:
         rp.deadline_s = float(self.deadline_s if deadline_s is None else deadline_s)
         t0 = time.perf_counter()
         pauses = []
+        key = self.addrs.get("process_key") if isinstance(self.addrs, dict) else None
         for attempt in range(2):
+            common.before_stop(mod, key)
             with rp.borrow() as c:
                 raw = mod.gather(c, self.addrs, self.opts)
                 thread = {"tid": c.tid, "kind": c.kind, "syscall": c.syscall}
             pauses.extend(rp.pause_us)
             try:
                 native = mod.parse(raw, self.detection.allocator)
+                common.after_stop(mod)
                 break
             except common.Retry as retry:
                 # The fast way's output was unusable (see the module); the

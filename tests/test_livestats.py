@@ -456,3 +456,99 @@ def test_mimalloc_options_are_read_again_only_after_their_refresh_or_a_set():
         assert calls_after == calls_first
         assert after["decommit_delay"] == first["decommit_delay"] + 7
         assert t.alive()
+
+
+def _inspect(pid, *extra):
+    r = subprocess.run([sys.executable, "-m", "diag", "-v", "inspect", "--json", *extra, str(pid)],
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    calls = [int(line.split(" for ")[1].split()[0]) for line in r.stderr.splitlines()
+             if "borrowed: stopped" in line]
+    return doc, calls
+
+
+@pytest.mark.parametrize("allocator, kept_note, calls_saved", [
+    ("jemalloc", "general section from a print < 10 s ago", 0),
+    ("tcmalloc", "read < 10 s ago", 2),
+])
+def test_the_next_cli_run_reuses_values_kept_on_disk_until_a_set(allocator, kept_note, calls_saved,
+                                                                   tmp_path):
+    # A second `allocdiag inspect` within the values' lifetime takes them
+    # from the disk entry the first run left (one call: its stop is a
+    # recording's), says so in gathered_by, and reads the same values; after
+    # allocdiag's own `set` the next run reads them again.
+    env_cache = {"XDG_CACHE_HOME": str(tmp_path)}
+    old = {k: os.environ.get(k) for k in env_cache}
+    os.environ.update(env_cache)
+    try:
+        with start([build_c("idle.c"), "1"], allocator=allocator) as t:
+            first, calls_first = _inspect(t.pid)
+            again, calls_again = _inspect(t.pid)
+            native_first = first["native"]
+            native_again = again["native"]
+            assert kept_note not in native_first["gathered_by"]
+            assert kept_note in native_again["gathered_by"]
+            assert calls_first[0] - calls_again[0] == calls_saved
+            assert any(n.startswith("proc-") for n in os.listdir(tmp_path / "allocdiag"))
+            if allocator == "jemalloc":
+                for k in ("opt.dirty_decay_ms", "arenas.page", "version", "opt.narenas"):
+                    assert native_again["mallctl"][k] == native_first["mallctl"][k], k
+                r = subprocess.run([sys.executable, "-m", "diag", "set", "--yes", str(t.pid),
+                                    "dirty_decay_ms=4321"], capture_output=True, text=True,
+                                   timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+                assert r.returncode == 0, r.stderr
+                after, _ = _inspect(t.pid)
+                assert kept_note not in after["native"]["gathered_by"]
+                assert after["native"]["mallctl"]["arenas.dirty_decay_ms"] == 4321
+            else:
+                assert native_again["properties"] == native_first["properties"]
+                r = subprocess.run([sys.executable, "-m", "diag", "--no-cache", "inspect",
+                                    "--json", str(t.pid)], capture_output=True, text=True,
+                                   timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+                assert kept_note not in json.loads(r.stdout)["native"]["gathered_by"]
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def test_kept_values_touch_the_disk_only_outside_the_stop(monkeypatch, tmp_path):
+    # Files are read before the borrow and written after it, never while
+    # the target's thread is stopped.
+    from collectors.binary import diskcache
+    from collectors.engine import callframe, tracee
+    from collectors.allocators import jemalloc as je
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    diskcache.reset()
+    je.forget_general()
+    stopped, seen = [], []
+    orig_stop, orig_release = tracee.Tracer.stop, callframe.Caller.release
+
+    def stop(self, *a, **k):
+        th = orig_stop(self, *a, **k)
+        stopped.append(th.tid)
+        return th
+
+    def release(self, th):
+        try:
+            return orig_release(self, th)
+        finally:
+            stopped.remove(th.tid)
+
+    for name in ("load_process", "store_process"):
+        orig = getattr(diskcache, name)
+        monkeypatch.setattr(diskcache, name, lambda *a, _o=orig, _n=name: (
+            seen.append((_n, tuple(stopped))), _o(*a))[1])
+    monkeypatch.setattr(tracee.Tracer, "stop", stop)
+    monkeypatch.setattr(callframe.Caller, "release", release)
+    with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
+        live(t.pid)
+        je._general.clear()
+        live(t.pid)
+    assert ("store_process", ()) in seen and ("load_process", ()) in seen
+    assert all(during == () for _, during in seen), seen
+    diskcache.reset()

@@ -186,12 +186,16 @@ def load(key: Key, part: str, what: str) -> Any:
     """The payload stored for KEY's PART, or None (absent, disabled, or an
     entry that is not exactly ours: ignored, to be rewritten).  WHAT names
     the file in the debug line."""
+    return _load(_file_name(key, part), key, part, what)
+
+
+def _load(name: str, key: Any, part: str, what: str) -> Any:
     if not enabled():
         return None
     directory = _directory()
     if directory is None:
         return None
-    path = os.path.join(directory, _file_name(key, part))
+    path = os.path.join(directory, name)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -227,6 +231,10 @@ def _ignored(what: str, part: str, why: str) -> None:
 def store(key: Key, part: str, payload: Any, what: str) -> None:
     """Write PAYLOAD (plain data) as KEY's PART.  Never raises: a store that
     cannot be written is off for the rest of the run."""
+    _store(_file_name(key, part), key, part, payload, what)
+
+
+def _store(name: str, key: Any, part: str, payload: Any, what: str) -> None:
     if not enabled():
         return
     directory = _directory()
@@ -239,7 +247,6 @@ def store(key: Key, part: str, payload: Any, what: str) -> None:
         return
     tmp = None
     try:
-        name = _file_name(key, part)
         # in the store's own directory, so the rename below is atomic
         fd, tmp = _create_temp(directory, name)
         with os.fdopen(fd, "wb") as f:
@@ -261,6 +268,68 @@ def store(key: Key, part: str, payload: Any, what: str) -> None:
     if not _state.evicted:
         _state.evicted = True
         evict(directory)
+
+
+# ---- values kept from a live process ---------------------------------------
+# What a snapshot reads from a live process but need not read on every stop
+# (jemalloc's general stats section, gperftools' knob properties, mimalloc's
+# options: collectors.allocators.common.KeptValues) is kept here too, for
+# the next CLI run within its lifetime.  Key: (boot id, pid, start time,
+# object path), which no other process matches, in this boot or another.
+# The payload holds the CLOCK_MONOTONIC time it was read: the boot id makes
+# that comparable.
+ProcessKey = tuple[str, int, int, str]
+PROCESS_PREFIX = "proc-"
+_boot_id: list[str | None] = []
+
+
+def boot_id() -> str | None:
+    """This boot's id (/proc/sys/kernel/random/boot_id), or None."""
+    if not _boot_id:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+                _boot_id.append(f.read().strip().decode("ascii") or None)
+        except (OSError, UnicodeDecodeError):
+            _boot_id.append(None)
+    return _boot_id[0]
+
+
+def _process_file_name(key: ProcessKey, part: str) -> str:
+    boot, pid, start, path = key
+    return (f"{PROCESS_PREFIX}{boot.replace('-', '')[:12]}-{pid:x}-{start:x}-"
+            f"{zlib.crc32(path.encode(errors='surrogateescape')):08x}.{part}")
+
+
+def load_process(key: ProcessKey, part: str, what: str) -> Any:
+    """The payload kept for the live process KEY's PART, or None."""
+    return _load(_process_file_name(key, part), key, part, what)
+
+
+def store_process(key: ProcessKey, part: str, payload: Any, what: str) -> None:
+    _store(_process_file_name(key, part), key, part, payload, what)
+
+
+def forget_process(part: str) -> int:
+    """Remove every process's PART entry (after allocdiag's own ``set``:
+    the values kept are stale).  Returns how many were removed."""
+    if not enabled():
+        return 0
+    directory = _directory()
+    if directory is None:
+        return 0
+    removed = 0
+    try:
+        with os.scandir(directory) as it:
+            for e in it:
+                if e.name.startswith(PROCESS_PREFIX) and e.name.endswith("." + part):
+                    try:
+                        os.unlink(e.path)
+                        removed += 1
+                    except OSError:
+                        pass
+    except OSError:
+        pass
+    return removed
 
 
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC

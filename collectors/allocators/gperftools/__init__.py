@@ -112,6 +112,7 @@ NOT_PRINTED = tuple(n for n, _, _ in PROPERTIES if n not in FROM_GETSTATS)
 # more call, ~0.1 ms of stop.  Not read, they are None (unknown).
 EVERY_SNAPSHOT = ("tcmalloc.max_total_thread_cache_bytes", "tcmalloc.aggressive_memory_decommit")
 GETSTATS_BUF = common.SCRATCH_TEXT     # >= 10000: DumpStats level 2 (size classes, spans); Call.buffer
+GETSTATS_READ_FIRST = 16 * 1024        # read first; later stops read what the last one printed
 
 
 # Stack the gather's calls use below the engine's frame on the borrowed thread
@@ -125,7 +126,9 @@ STACK_NEED = 10 * 1024
 # Within one allocdiag process (TUI, record) the knob properties are read
 # again only every KNOBS_REFRESH_S; allocdiag's own `set` forgets them.
 KNOBS_REFRESH_S = 10.0
-_knobs = common.KeptValues(KNOBS_REFRESH_S)     # process key -> {property: value}
+# process key -> {property: value}, in memory and on disk (next CLI run)
+_knobs = common.KeptValues(KNOBS_REFRESH_S, part="gperftools-knobs-1")
+KEPT = (_knobs,)                     # common.before_stop / after_stop
 
 
 def forget_knobs() -> Any:
@@ -161,10 +164,11 @@ def properties(c: Any, get: Any, names: Any, with_length: Any = False) -> Any:
     return props
 
 
-def stats_text(c: Any, fn: Any, size: Any = GETSTATS_BUF) -> Any:
+def stats_text(c: Any, fn: Any, size: Any = GETSTATS_BUF, process_key: Any = None) -> Any:
     buf = c.buffer(size)              # zeroed, outside the borrowed stack
     c.call(fn, buf, size)
-    return common.text_at(c, buf, size)[0]
+    seen = (process_key, "GetStats") if process_key is not None else None
+    return common.text_at(c, buf, size, first=GETSTATS_READ_FIRST, seen=seen)[0]
 
 
 def gather(c: Any, a: Any, opts: Any) -> Any:
@@ -178,7 +182,7 @@ def gather(c: Any, a: Any, opts: Any) -> Any:
         if a.get("process_key") and all(n in raw["properties"] for n in EVERY_SNAPSHOT):
             _knobs.put(a["process_key"], {n: raw["properties"][n] for n in EVERY_SNAPSHOT})
     if a["stats"]:
-        raw["getstats"] = stats_text(c, a["stats"])
+        raw["getstats"] = stats_text(c, a["stats"], process_key=a.get("process_key"))
     return raw
 
 

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from diag.model import Value
-import time
 
 from collectors.allocators.jemalloc import stats as jemalloc_stats
 from collectors.allocators import common
@@ -138,11 +137,12 @@ STATS_OPTS = b"Jdablxeh"
 # The general section (version, config, opt, arenas: "g" omits it) is most of
 # the printing (~85 % of the in-process cost: one mallctl-by-name per option
 # and one per size class) and is constant but for arenas.narenas and the
-# arenas.*_decay_ms defaults.  Within one allocdiag process (TUI, record,
-# exporter) it is printed with the first snapshot of a target process and
-# again every GENERAL_REFRESH_S; the snapshots between print the stats only
-# and take the general values from then.  allocdiag's own `set` forgets
-# them (forget_general).
+# arenas.*_decay_ms defaults.  It is printed with the first snapshot of a
+# target process and again every GENERAL_REFRESH_S; the snapshots between,
+# of this allocdiag process (TUI, record, exporter) or of the next CLI runs
+# (kept on disk: common.KeptValues), print the stats only and take the
+# general values from then.  allocdiag's own `set` forgets them
+# (forget_general).
 STATS_OPTS_NO_GENERAL = b"Jgdablxeh"
 GENERAL_REFRESH_S = 10.0
 
@@ -191,7 +191,10 @@ MALLCTL_NAME_MAX = 256
 MALLCTL_STRING_MAX = 4096
 _constant_cache: dict[Any, Any] = {}
 _ifunc_cache: dict[Any, Any] = {}
-_general_cache: dict[Any, Any] = {}   # process key -> (monotonic time, {mallctl: value}, opt/config)
+# process key -> ({mallctl: value}, {"opt": ..., "config": ...}) of the last
+# general section printed, in memory and on disk (next CLI run)
+_general = common.KeptValues(GENERAL_REFRESH_S, part="jemalloc-general-1")
+KEPT = (_general,)                     # common.before_stop / after_stop
 _print_broken: dict[Any, str] = {}    # process key -> why its malloc_stats_print JSON did not parse
 
 
@@ -205,12 +208,10 @@ STACK_NEED = 18 * 1024
 
 
 def forget_general(process_key: Any = None) -> Any:
-    """Drop cached general values (all, or one process's): after a write
-    such as `allocdiag set`, the next snapshot prints them again."""
-    if process_key is None:
-        _general_cache.clear()
-    else:
-        _general_cache.pop(process_key, None)
+    """Drop the kept general values, every process's, in memory and on disk:
+    after a write such as `allocdiag set`, the next snapshot prints them
+    again.  (PROCESS_KEY is accepted for callers naming one process.)"""
+    _general.clear()
 
 
 def print_stats(c: Any, a: Any, print_opts: Any, size: Any, first: Any = None) -> Any:
@@ -231,7 +232,9 @@ def print_stats(c: Any, a: Any, print_opts: Any, size: Any, first: Any = None) -
         if key is not None:
             _ifunc_cache[key] = strcat
     c.call(a["print"], strcat, buf, opt_at)
-    text, terminated = common.text_at(c, buf, size, first=first)
+    key = a.get("process_key")
+    text, terminated = common.text_at(c, buf, size, first=first,
+                                      seen=(key, print_opts) if key is not None else None)
     if not terminated:
         # Cannot happen within the options' bound; if it did, memory past
         # the buffer was written: stop using this process.
@@ -299,8 +302,8 @@ def gather(c: Any, a: Any, opts: Any) -> Any:
     raw = {}
     if a["print"]:
         key = a.get("process_key")
-        cached = _general_cache.get(key) if key and not opts.get("jemalloc_full_print") else None
-        if cached and time.monotonic() - cached[0] < GENERAL_REFRESH_S:
+        cached = _general.get(key) if key and not opts.get("jemalloc_full_print") else None
+        if cached:
             print_opts, raw["general"] = STATS_OPTS_NO_GENERAL, cached
         else:
             print_opts = STATS_OPTS
@@ -359,15 +362,14 @@ def parse(raw: Any, alloc: Any) -> Any:
             raise common.Retry(f"malloc_stats_print JSON unusable ({exc.msg}); reading "
                                "mallctls one by one", {"jemalloc_per_call": True}) from None
         if "general" in raw:
-            _, general, sections = raw["general"]
+            general, sections = raw["general"]
             values.update(general)
             parsed = dict(parsed, **sections)
         values.update(jemalloc_stats.mallctls(parsed, [n for n, _, _, _ in MALLCTLS]))
         if "general" not in raw and raw.get("process_key"):
-            _general_cache[raw["process_key"]] = (
-                time.monotonic(),
+            _general.put(raw["process_key"], (
                 {n: values[n] for n, _, _, _ in MALLCTLS if not n.startswith("stats.") and n in values},
-                {"opt": parsed.get("opt") or {}, "config": parsed.get("config") or {}})
+                {"opt": parsed.get("opt") or {}, "config": parsed.get("config") or {}}))
         threads = values.get("stats.background_thread.num_threads")
         if isinstance(threads, int):
             values["background_thread"] = threads > 0

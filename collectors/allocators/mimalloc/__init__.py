@@ -171,6 +171,9 @@ OPTIONS_2_0 = (
 #   mi_stats_print_out(fputs, fmemopen stream) 3,375 B, mi_process_info 1,671 B,
 #   mi_option_get 1,607 B (and fmemopen 3,303 B, fclose 512 B as for glibc).
 STACK_NEED = 6 * 1024
+# Bytes of the stats text read first (2.0.9 prints ~3 KiB; later stops read
+# what the last one printed, common.text_at).
+STATS_READ_FIRST = 8 * 1024
 
 
 # Within one allocdiag process (TUI, record, exporter) the options, one
@@ -178,7 +181,9 @@ STACK_NEED = 6 * 1024
 # OPTIONS_REFRESH_S, as gperftools' knob properties are; allocdiag's own
 # `set` forgets them.  A program's own mi_option_set shows within that time.
 OPTIONS_REFRESH_S = 10.0
-_options = common.KeptValues(OPTIONS_REFRESH_S)   # process key -> [mi_option_get values]
+# process key -> [mi_option_get values], in memory and on disk (next CLI run)
+_options = common.KeptValues(OPTIONS_REFRESH_S, part="mimalloc-options-1")
+KEPT = (_options,)                     # common.before_stop / after_stop
 
 
 def forget_options() -> None:
@@ -207,11 +212,13 @@ def plan(res: Any, obj: Any, alloc: Any, opts: dict[str, Any]) -> dict[str, Any]
 def gather(c: Any, a: Any, opts: Any) -> Any:
     raw: dict[str, Any] = {}
     if a["mi_process_info"] and getattr(c, "max_args", 6) >= 8:
-        outs = [c.scratch(8) for _ in mimalloc_stats.PROCESS_INFO_FIELDS]
-        for o in outs:
-            c.write(o, b"\0" * 8)
-        c.call(a["mi_process_info"], *outs)
-        raw["process_info"] = [struct.unpack("<Q", c.read(o, 8))[0] for o in outs]
+        # one zeroed block for the eight out-values: one write and one read
+        # inside the stop instead of eight of each
+        n = len(mimalloc_stats.PROCESS_INFO_FIELDS)
+        block = c.scratch(8 * n)
+        c.write(block, b"\0" * (8 * n))
+        c.call(a["mi_process_info"], *(block + 8 * i for i in range(n)))
+        raw["process_info"] = list(struct.unpack(f"<{n}Q", c.read(block, 8 * n)))
     if a["mi_option_get"] and a["options"]:
         raw["options"] = _options.get(a["process_key"])
         raw["options_cached"] = raw["options"] is not None
@@ -229,7 +236,8 @@ def gather(c: Any, a: Any, opts: Any) -> Any:
     f = common.fmemopen(c, a, buf, common.SCRATCH_TEXT)
     c.call(a["mi_stats_print_out"], a["fputs"], f)
     c.call(a["fclose"], f)
-    raw["stats_text"] = common.text_at(c, buf, common.SCRATCH_TEXT)[0]
+    raw["stats_text"] = common.text_at(c, buf, common.SCRATCH_TEXT, first=STATS_READ_FIRST,
+                                       seen=(a["process_key"], "mi_stats_print_out"))[0]
     return raw
 
 
