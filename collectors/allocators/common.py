@@ -43,7 +43,7 @@ class KeptValues:
     def get(self, key: Any) -> Any:
         """KEY's values if read less than REFRESH_S ago, else None."""
         got = self._values.get(key) if key is not None else None
-        return got[1] if self._fresh(got) else None
+        return got[1] if got is not None and self._fresh(got) else None
 
     def put(self, key: Any, values: Any) -> None:
         if key is None:
@@ -74,14 +74,15 @@ class KeptValues:
         if self._fresh(self._values.get(key)):
             return
         disk = self._disk_key(key)
-        got = diskcache.load_process(disk, self.part, "kept values") if disk else None
+        got = diskcache.load_process(disk, self.part, "kept values") \
+            if disk and self.part else None
         if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], float) and \
                 self._fresh(got):
             self._keep(key, got)
 
     def store(self) -> None:
         """Write the values put since the last store to disk."""
-        while self._unstored:
+        while self._unstored and self.part:
             key, got = self._unstored.popitem()
             diskcache.store_process(self._disk_key(key), self.part, got, "kept values")
 

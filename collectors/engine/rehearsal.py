@@ -36,6 +36,7 @@ import threading
 import time
 
 from collectors.engine import memory
+from collectors.engine.arch import Arch
 from collectors.engine.callframe import Caller, Stats
 from collectors.engine.stackbounds import StackMaps
 from collectors.engine.tracee import Skip, Tracer, read_bytes
@@ -61,7 +62,7 @@ START_WAIT_S = 0.05
 class Understudy:
     """The ``cat`` child and the engine objects that stop it."""
 
-    def __init__(self, arch: object, procfs: str = "/proc") -> None:
+    def __init__(self, arch: Arch, procfs: str = "/proc") -> None:
         exe = shutil.which(PROGRAM)
         if exe is None:
             raise OSError(f"{PROGRAM} not found")
@@ -137,7 +138,7 @@ def enabled() -> bool:
     return _broken is None and os.environ.get(ENV_OFF, "") in ("", "0")
 
 
-def _get(arch: object) -> tuple[Understudy, bool]:
+def _get(arch: Arch) -> tuple[Understudy, bool]:
     """This process's understudy (started now if it has none: a forked
     allocdiag worker does not use its parent's), and whether it is new."""
     global _understudy
@@ -148,7 +149,7 @@ def _get(arch: object) -> tuple[Understudy, bool]:
     return _understudy, True
 
 
-def prepare(arch: object) -> None:
+def prepare(arch: Arch) -> None:
     """Start the understudy ahead of the first stop (it needs a moment to
     block in its read); nothing when rehearsals are off."""
     global _broken
@@ -163,7 +164,7 @@ def prepare(arch: object) -> None:
         _lock.release()
 
 
-def rehearse(arch: object) -> bool:
+def rehearse(arch: Arch) -> bool:
     """Run one rehearsal now.  False when rehearsals are off or broken, or
     another thread of this process is rehearsing."""
     global _broken
