@@ -424,37 +424,56 @@ def test_jemalloc_per_call_fallback_gives_the_same_document():
     assert slow.native["side_effects"] == []
 
 
-def test_mimalloc_options_are_read_again_only_after_their_refresh_or_a_set():
-    # 26 mi_option_get calls a snapshot on 2.0: a TUI, record or exporter
-    # reads them once per OPTIONS_REFRESH_S, and allocdiag's own set forgets
-    # them so the next snapshot shows the new value.
+def test_mimalloc_options_are_read_from_its_option_table_without_calls():
+    # 26 mi_option_get calls a snapshot on 2.0 are replaced by one read of
+    # mimalloc's own option table (optiontable): the values equal the
+    # calls' (the oracle: the same gather with the table not found), every
+    # snapshot sees allocdiag's own set at once, and no call is made for
+    # them.  Without the table the calls are kept per OPTIONS_REFRESH_S.
     from collectors import allocators
     from diag import cli
     mi = allocators.module("mimalloc")
     mi.forget_options()
     exe = build_c("capture_mimalloc.c", "-lmimalloc", "-lpthread")
-    with start([exe, "--serve"], allocator="mimalloc") as t:
+    with start([exe, "--serve"], allocator="mimalloc",
+               env={"MIMALLOC_EAGER_COMMIT_DELAY": "3"}) as t:
         image = ProcessImage(t.pid)
         det = detect(image)
         rp = livestats.open_remote(image, det, stack_need=mi.STACK_NEED)
 
-        def gather():
+        def gather(table=True):
             a = mi.plan(livestats.Resolver(image), det.serving, det.allocator, {})
+            if not table:
+                a["option_table"] = None
             with rp.borrow() as c:
                 raw = mi.gather(c, a, {})
             native = mi.parse(raw, det.allocator)
-            return native["options"], rp.last["calls"], native["gathered_by"]
+            return native["options"], rp.last["calls"], native["gathered_by"], a
 
-        first, calls_first, how_first = gather()
-        again, calls_again, how_again = gather()
-        assert again == first
-        # the provenance says which values were read earlier
-        assert "read <" not in how_first and "options (mi_option_get) read < 10 s ago" in how_again
-        assert calls_first - calls_again == len(mi.OPTIONS_2_0)
-        assert cli.main(["set", "--yes", str(t.pid), f"decommit_delay={first['decommit_delay'] + 7}"]) == 0
-        after, calls_after, _ = gather()
-        assert calls_after == calls_first
-        assert after["decommit_delay"] == first["decommit_delay"] + 7
+        by_table, calls_table, how_table, a = gather()
+        assert a["option_table"] is not None
+        # another version's names (2.1 renamed options) find no table: calls then
+        from collectors.allocators.mimalloc import optiontable
+        from collectors.engine.memory import MemoryReader
+        lib = det.serving
+        maps = [(m.start, m.end, m.perms) for m in image.maps if m.path == lib.path]
+        with MemoryReader(t.pid) as mem:
+            assert optiontable.locate(mem.read, maps, mi.OPTIONS_2_0) == a["option_table"]
+            renamed = ("show_errors", "show_stats", "verbose", "eager_commit", "arena_eager_commit")
+            assert optiontable.locate(mem.read, maps, renamed) is None
+        by_call, calls_call, how_call, _ = gather(table=False)
+        assert by_table == by_call and by_table["eager_commit_delay"] == 3
+        assert "option table (no call)" in how_table and "option table" not in how_call
+        assert calls_call - calls_table == len(mi.OPTIONS_2_0)
+        # without the table the calls are kept for their refresh time
+        again, calls_again, how_again, _ = gather(table=False)
+        assert again == by_call and "options (mi_option_get) read < 10 s ago" in how_again
+        assert calls_call - calls_again == len(mi.OPTIONS_2_0)
+        assert cli.main(["set", "--yes", str(t.pid),
+                         f"decommit_delay={by_table['decommit_delay'] + 7}"]) == 0
+        after, calls_after, _, _ = gather()
+        assert calls_after == calls_table
+        assert after["decommit_delay"] == by_table["decommit_delay"] + 7
         assert t.alive()
 
 

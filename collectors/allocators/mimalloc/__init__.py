@@ -19,8 +19,10 @@ if TYPE_CHECKING:
 
 import struct
 
+from collectors.allocators.mimalloc import optiontable
 from collectors.allocators.mimalloc import stats as mimalloc_stats
 from collectors.allocators import common
+from collectors.engine.memory import MemoryReader
 from diag.model.errors import AllocdiagError, Unsupported
 from collectors.allocators.native import BYTES, COUNT, FLAG, MS, NativeField, RATIO, TEXT
 
@@ -203,10 +205,29 @@ def plan(res: Any, obj: Any, alloc: Any, opts: dict[str, Any]) -> dict[str, Any]
         a.update(common.libc_stdio(res))
     a["options"] = option_names(getattr(alloc, "version", None))
     a["process_key"] = res.process_key(obj)
-    log.debug("mimalloc: stats as %s, %d options",
+    a["option_table"] = _option_table(res, obj, a["options"])
+    log.debug("mimalloc: stats as %s, %d options%s",
               "JSON (mi_stats_get_json)" if a["mi_stats_get_json"] else "text (mi_stats_print_out)",
-              len(a["options"] or ()))
+              len(a["options"] or ()),
+              f", option table at {a['option_table']:#x}" if a["option_table"] else "")
     return a
+
+
+def _option_table(res: Any, obj: Any, names: Any) -> int | None:
+    """Where mimalloc's option table is (optiontable), found before any
+    stop in the library's own mappings; None when not found (or not a
+    live process: then the options are read with mi_option_get)."""
+    image = getattr(res, "image", None)
+    if not names or obj is None or image is None or not getattr(obj, "path", None):
+        return None
+    mappings = [(m.start, m.end, m.perms) for m in image.maps
+                if m.path == obj.path and m.inode == obj.inode]
+    try:
+        with MemoryReader(image.pid, image.procfs.root) as mem:
+            return optiontable.locate(mem.read, mappings, names)
+    except AllocdiagError as exc:
+        log.debug("mimalloc option table not read: %s", exc)
+        return None
 
 
 def gather(c: Any, a: Any, opts: Any) -> Any:
@@ -219,7 +240,16 @@ def gather(c: Any, a: Any, opts: Any) -> Any:
         c.write(block, b"\0" * (8 * n))
         c.call(a["mi_process_info"], *(block + 8 * i for i in range(n)))
         raw["process_info"] = list(struct.unpack(f"<{n}Q", c.read(block, 8 * n)))
-    if a["mi_option_get"] and a["options"]:
+    if a.get("option_table") and a["options"]:
+        # one read of mimalloc's own table; an entry not yet initialised
+        # (never seen in a running process) by its call
+        n = len(a["options"])
+        table = optiontable.values(c.read(a["option_table"], n * optiontable.DESC.size), n)
+        raw["options"] = [c.call(a["mi_option_get"], i) if init == optiontable.UNINIT
+                          and a["mi_option_get"] else value & common.U64
+                          for i, (value, init) in enumerate(table)]
+        raw["options_from_table"] = True
+    elif a["mi_option_get"] and a["options"]:
         raw["options"] = _options.get(a["process_key"])
         raw["options_cached"] = raw["options"] is not None
         if raw["options"] is None:
@@ -262,6 +292,8 @@ def parse(raw: Any, alloc: Any) -> Any:
             native["stats"] = mimalloc_stats.parse_stats_text(raw["stats_text"].decode(errors="replace"))
         except AllocdiagError as exc:
             native["stats_error"] = str(exc)
+    if raw.get("options_from_table") and native.get("gathered_by"):
+        native["gathered_by"] += "; options read from mimalloc's option table (no call)"
     if raw.get("options_cached") and native.get("gathered_by"):
         native["gathered_by"] += f"; options (mi_option_get) read < {OPTIONS_REFRESH_S:g} s ago"
     return native
