@@ -830,3 +830,28 @@ def test_the_tracers_timer_slack_is_given_back(waits):
     with pytest.raises(RemoteCallError):
         RemoteProcess(t.pid, deadline_s=0.2, boost=False).borrow(tid=999_999_999).__enter__()
     assert libc.prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) == 50_000
+
+
+def test_writes_go_with_the_next_call_in_one_syscall(waits, monkeypatch):
+    """Call.write bytes are made with the next call's frame, in one
+    process_vm_writev, or before the next read of them: the stop makes one
+    syscall per call for its scratch, not one per value."""
+    from collectors.engine import memory
+    t, a = waits("read")
+    rp = RemoteProcess(t.pid)
+    writes = []
+    real = memory._pvw
+    monkeypatch.setattr(memory, "_pvw", lambda *args: (writes.append(args[4]), real(*args))[1])
+    with rp.borrow(tid=a["tid"]) as c:
+        writes.clear()                    # the rehearsal's, before the stop
+        first, second = c.scratch(16), c.scratch(16)
+        c.write(first, b"abc\0")
+        c.write(second, b"wxyz\0")
+        assert writes == []
+        assert c.call(a["strlen"], first) == 3 and c.call(a["strlen"], second) == 4
+        assert writes == [3, 1]           # scratch + frame together, then the frame alone
+        c.write(first, b"hello\0")
+        assert c.read(first, 6) == b"hello\0"
+        assert writes == [3, 1, 1]
+    assert stat(t, a, BAD) == 0
+    assert_released(t.pid)

@@ -127,8 +127,9 @@ class Caller:
             raise RemoteCallError(f"thread {th.tid} is no longer usable", pid=self.pid)
         new, writes, lowest = self.arch.prepare_call(th.regs, func, args, th.frame.scratch_low)
         self.check_frame(th, writes, lowest - th.frame.callee_need)
-        for addr, data in writes:
-            memory.write(self.pid, addr, data)
+        # the scratch the call reads and its frame: one syscall
+        memory.write_many(self.pid, [*th.frame.pending, *writes])
+        th.frame.pending.clear()
         mask = self.call_mask(th)
         if not th.mask_changed and mask != th.sigmask:
             self.set_call_mask(th, mask)
@@ -208,6 +209,12 @@ class Caller:
             th.at = At.DELIVERY
         raise RemoteCallError(why + " (thread restored and released)", pid=self.pid)
 
+    def flush(self, th: Thread) -> None:
+        """Make the pending Call.write bytes now (before a read of them)."""
+        if th.frame.pending:
+            memory.write_many(self.pid, th.frame.pending)
+            th.frame.pending.clear()
+
     # ---- output buffers --------------------------------------------------------------
     # Stack left free below an output buffer put on a roomy stack.
     STACK_BUFFER_SPARE = 16 * 1024
@@ -223,7 +230,7 @@ class Caller:
                 low - fr.callee_need - self.STACK_BUFFER_SPARE >= fr.bounds.floor:
             fr.stack_buffers += fr.scratch_low - low
             fr.scratch_low = low
-            memory.write(self.pid, low, b"\0")
+            fr.pending.append((low, b"\0"))
             return low
         return self.map_buffer(th, n)
 
@@ -387,6 +394,7 @@ class Call:
         return self._caller.call(self._th, int(func_addr), tuple(args), timeout_s)
 
     def read(self, addr: int, n: int) -> bytes:
+        self._caller.flush(self._th)
         return memory.read(self._pid, addr, n)
 
     def write(self, addr: int, data: bytes) -> None:
@@ -399,7 +407,10 @@ class Call:
         if not inside:
             raise RemoteCallError(f"refusing to write {n} bytes at {addr:#x}: not in this "
                                   "call's scratch or buffers", pid=self._pid)
-        memory.write(self._pid, addr, data)
+        # made with the next call's frame (or before the next read): one
+        # process_vm_writev for all; bytes no call or read follows are not
+        # written at all (the thread is released without reading them)
+        fr.pending.append((addr, bytes(data)))
 
     def scratch(self, n: int) -> int:
         """Address of N bytes (16-aligned) on the thread's stack below the red
@@ -429,6 +440,7 @@ class Call:
         (up to CSTRING_CHUNK) ends on a page boundary, so it can fault only on
         a page past the string's end; such a read is retried up to its first
         page boundary."""
+        self._caller.flush(self._th)
         out, total = [], 0
         while total < limit:
             n = min(CSTRING_CHUNK - addr % PAGE_SIZE, limit - total)

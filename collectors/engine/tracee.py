@@ -186,6 +186,9 @@ class FrameState:
     buffers: list[tuple[int, int]] = field(default_factory=list)   # Call.buffer mappings
     stack_buffers: int = 0           # bytes of Call.buffer carved from a roomy stack
     calls: int = 0
+    # Call.write/Call.buffer bytes not yet written: made with the next call's
+    # frame, or before the next read, in one process_vm_writev
+    pending: list[tuple[int, bytes]] = field(default_factory=list)
 
 
 @dataclass
