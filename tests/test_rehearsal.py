@@ -86,15 +86,18 @@ def test_a_missing_understudy_program_turns_rehearsals_off_not_the_stop(idle, mo
     assert "not found" in rehearsal.broken()
 
 
-def test_a_killed_understudy_turns_rehearsals_off_not_the_stop(idle):
+@pytest.mark.parametrize("after", [0, 2])
+def test_a_killed_understudy_turns_rehearsals_off_not_the_stop(idle, after):
     rp = RemoteProcess(idle.pid)
-    pid = rehearsal.understudy_pid()
-    os.kill(pid, signal.SIGKILL)
+    for _ in range(after):
+        with rp.borrow():
+            pass
+    os.kill(rehearsal.understudy_pid(), signal.SIGKILL)
     for _ in range(3):
         with rp.borrow():
             pass
-    assert rp.stats["borrows"] == 3
-    assert rehearsal.broken() is not None and rehearsal.rehearsals() == 0
+    assert rp.stats["borrows"] == after + 3
+    assert rehearsal.broken() is not None and rehearsal.rehearsals() == after
 
 
 @pytest.mark.parametrize("how", ["exit", "SIGKILL"])

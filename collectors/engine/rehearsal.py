@@ -171,8 +171,10 @@ def rehearse(arch: Arch) -> bool:
     if not enabled() or not _lock.acquire(blocking=False):
         return False
     try:
-        understudy, new = _get(arch)
-        if not understudy.ready(START_WAIT_S if new or understudy.rehearsals == 0 else 0.0):
+        understudy, _ = _get(arch)
+        # until the first rehearsal, wait for it to block in its read; after
+        # that a vanished understudy shows in the stop itself
+        if understudy.rehearsals == 0 and not understudy.ready(START_WAIT_S):
             return False
         understudy.rehearse()
         understudy.rehearsals += 1
