@@ -252,6 +252,15 @@ class RemoteProcess:
             else:
                 parked_rounds = 0
             for c in rnd.candidates:
+                # The same requests and code on allocdiag's own understudy
+                # just before the stop, so it runs on warm caches.  For an
+                # epoll waiter, before prepare: its reading of when the
+                # thread went to sleep must stay next to the stop (a wait
+                # that ended and started again in between would be given
+                # back too little time: seen once, 858 ms for a 1 s wait).
+                since_first = c.category == safepoints.EPOLL
+                if since_first:
+                    rehearsal.rehearse(self.arch)
                 t0 = time.monotonic()
                 worked, pre = ch.prepare(c, fresh_maps)
                 if worked:
@@ -262,9 +271,8 @@ class RemoteProcess:
                     log.debug("pid %d tid %d refused before the stop: %s", self.pid, c.tid,
                               pre.code.value)
                     continue
-                # the same requests and code on allocdiag's own understudy
-                # just before: the stop then runs on warm caches
-                rehearsal.rehearse(self.arch)
+                if not since_first:
+                    rehearsal.rehearse(self.arch)
                 # read now, not at the borrow's start: a just-started
                 # understudy was still runnable then
                 self._tracer.spin_s = self._tracer.spin_budget()
