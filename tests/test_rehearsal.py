@@ -17,6 +17,7 @@ from targets import build_c, start
 
 from collectors.engine import rehearsal
 from collectors.engine.remote import RemoteProcess
+from collectors.engine.tracee import Tracer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,6 +39,8 @@ def syscall_line(pid):
 @pytest.fixture(autouse=True)
 def fresh_understudy(monkeypatch):
     monkeypatch.delenv(rehearsal.ENV_OFF, raising=False)
+    # a CPU is free (on a busy CI box it may not be; that case has its test)
+    monkeypatch.setattr(Tracer, "free_cpu", lambda self: True)
     rehearsal.reset()
     yield
     rehearsal.reset()
@@ -67,6 +70,18 @@ def test_each_stop_is_rehearsed_on_the_understudy_which_is_left_as_it_was(idle):
     assert syscall_line(pid)[0] == "0"               # back in its read(2)
     # cat reads to end-of-file and exits 0: the rehearsals disturbed nothing
     assert rehearsal.reset() == 0
+
+
+def test_no_rehearsal_when_no_cpu_is_free(idle, monkeypatch):
+    # on a saturated host allocdiag's own CPU is what the host pays: the
+    # stop then goes unrehearsed (and SCHED_FIFO shortens it instead)
+    monkeypatch.setattr(Tracer, "free_cpu", lambda self: False)
+    rp = RemoteProcess(idle.pid)
+    for _ in range(3):
+        with rp.borrow():
+            pass
+    assert rp.stats["borrows"] == 3
+    assert rehearsal.rehearsals() == 0 and rehearsal.broken() is None
 
 
 def test_without_rehearsals_stops_still_work(idle, monkeypatch):

@@ -13,8 +13,11 @@ stop the engine runs the same code on an understudy -- a ``cat`` child
 reading a pipe allocdiag holds -- stopping it, making one call in it (to
 address 0: the return trap at once), reading its stack and giving it back,
 with the same functions the real stop uses.  That costs allocdiag
-~0.1-0.3 ms of its own CPU per stop and nothing to the target
-(bench/pause.py --snapshots prints the stop with and without it).
+~0.45 ms of its own CPU per stop (cold) and nothing to the target
+(bench/pause.py --snapshots prints the stop with and without it).  Only
+when a CPU is free (the engine asks ``Tracer.free_cpu``): on a saturated
+host allocdiag's own CPU per snapshot is what the host's requests pay, more
+than the stop (issue 23), so there the stop goes unrehearsed.
 
 The understudy never outlives allocdiag: it blocks reading a pipe whose only
 writer is this process, so it sees end-of-file and exits when allocdiag
@@ -34,6 +37,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 
 from collectors.engine import memory
 from collectors.engine.arch import Arch
@@ -164,9 +168,11 @@ def prepare(arch: Arch) -> None:
         _lock.release()
 
 
-def rehearse(arch: Arch) -> bool:
-    """Run one rehearsal now.  False when rehearsals are off or broken, or
-    another thread of this process is rehearsing."""
+def rehearse(arch: Arch, worth_it: Callable[[], bool] | None = None) -> bool:
+    """Run one rehearsal now, if WORTH_IT() (asked once the understudy is
+    blocked in its read, so it does not count itself).  False when
+    rehearsals are off or broken, another thread of this process is
+    rehearsing, or it was not worth it."""
     global _broken
     if not enabled() or not _lock.acquire(blocking=False):
         return False
@@ -175,6 +181,8 @@ def rehearse(arch: Arch) -> bool:
         # until the first rehearsal, wait for it to block in its read; after
         # that a vanished understudy shows in the stop itself
         if understudy.rehearsals == 0 and not understudy.ready(START_WAIT_S):
+            return False
+        if worth_it is not None and not worth_it():
             return False
         understudy.rehearse()
         understudy.rehearsals += 1

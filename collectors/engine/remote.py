@@ -260,7 +260,7 @@ class RemoteProcess:
                 # back too little time: seen once, 858 ms for a 1 s wait).
                 since_first = c.category == safepoints.EPOLL
                 if since_first:
-                    rehearsal.rehearse(self.arch)
+                    rehearsal.rehearse(self.arch, self._tracer.free_cpu)
                 t0 = time.monotonic()
                 worked, pre = ch.prepare(c, fresh_maps)
                 if worked:
@@ -272,7 +272,7 @@ class RemoteProcess:
                               pre.code.value)
                     continue
                 if not since_first:
-                    rehearsal.rehearse(self.arch)
+                    rehearsal.rehearse(self.arch, self._tracer.free_cpu)
                 # read now, not at the borrow's start: a just-started
                 # understudy was still runnable then
                 self._tracer.spin_s = self._tracer.spin_budget()

@@ -427,18 +427,21 @@ class Tracer:
 
     def spin_budget(self) -> float:
         """SPIN_FREE_CPU_S when a CPU is free besides this tracer (so the
-        tracee runs on its own while we spin), else SPIN_S.  Read before the
-        stop: /proc/loadavg's runnable count includes this thread, so fewer
-        runnable tasks than usable CPUs leaves one free."""
+        tracee runs on its own while we spin), else SPIN_S."""
+        self.cpu_free = self.free_cpu()
+        return self.SPIN_FREE_CPU_S if self.cpu_free else self.SPIN_S
+
+    def free_cpu(self) -> bool:
+        """True when a CPU is free besides this tracer: /proc/loadavg's
+        runnable count includes this thread, so fewer runnable tasks than
+        usable CPUs leaves one free."""
         try:
             with open(f"{self.procfs}/loadavg", "rb") as f:
                 running = int(f.read().split()[3].split(b"/")[0])
             cpus = len(os.sched_getaffinity(0))
         except (OSError, ValueError, IndexError):
-            self.cpu_free = False
-            return self.SPIN_S
-        self.cpu_free = running < cpus
-        return self.SPIN_FREE_CPU_S if self.cpu_free else self.SPIN_S
+            return False
+        return running < cpus
 
     # ---- waiting --------------------------------------------------------------
     def wait(self, th: Thread, deadline: float) -> int | None:
