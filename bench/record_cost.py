@@ -23,9 +23,11 @@ server's requests.  Printed:
    every --refresh seconds).  Goal: <= 5 ms after the first.
 3. redis-benchmark's p99.9 latency (GET and SET on 127.0.0.1, a bounded
    number of requests) with and without ``allocdiag record --interval 1``
-   running (started before, so its start-up is outside the run), alternated
-   --runs times: each run, and whether the runs with record lie within the
-   spread of the runs without it.
+   running (started before, so its start-up is outside the run), and with
+   the anchor: the least any observer of the kernel's view does, one `cat`
+   of the server's smaps_rollup a second.  Alternated --runs times: each
+   run, whether the runs with record lie within the spread of the runs
+   without it, and within the anchor's.
 4. The peak RSS (VmHWM) of a process that records --long snapshots of
    redis-server back to back (``diag.recording.record`` with no pause: an
    hour of ``--interval 1`` is 3,600), read after snapshot 50, half-way and
@@ -223,13 +225,20 @@ def written(path):
         return 0
 
 
+# The anchor of section 3: the least any observer of the kernel's view of
+# the server does once a second (one `cat` of its smaps_rollup).
+ANCHOR = "while :; do cat /proc/{pid}/smaps_rollup > /dev/null; sleep 1; done"
+
+
 def latency(srv, runs, requests):
     print(f"3. redis-benchmark p99.9 ({requests} requests per test, {CLIENTS} clients), "
-          f"without / with `allocdiag record --interval 1`, alternated")
-    got = {"without": [], "with": []}
+          f"without / with `allocdiag record --interval 1` / with the anchor (a `cat` of "
+          f"its smaps_rollup once a second), alternated")
+    modes = ("without", "with", "anchor")
+    got = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(runs):
-            for mode in ("without", "with"):
+            for mode in modes:
                 rec = None
                 if mode == "with":
                     path = os.path.join(tmp, f"r{i}.jsonl")
@@ -239,23 +248,32 @@ def latency(srv, runs, requests):
                     deadline = time.monotonic() + 30
                     while written(path) < 2 and time.monotonic() < deadline:
                         time.sleep(0.1)     # its start-up and first snapshot are over
+                elif mode == "anchor":
+                    rec = subprocess.Popen(["sh", "-c", ANCHOR.format(pid=srv.pid)],
+                                           start_new_session=True)
+                    time.sleep(0.5)
                 try:
                     res = p999(srv.port, requests)
                 finally:
-                    if rec:
+                    if rec and mode == "anchor":
+                        os.killpg(rec.pid, signal.SIGKILL)      # the shell and its sleep
+                        rec.wait()
+                    elif rec:
                         stop(rec)
                 got[mode].append(res)
                 print(f"  run {i + 1} {mode:7s} " +
                       "  ".join(f"{k} {v:.3f} ms" for k, v in sorted(res.items())), flush=True)
     for test in sorted({k for r in got["without"] for k in r}):
-        off = [r[test] for r in got["without"] if test in r]
-        on = [r[test] for r in got["with"] if test in r]
+        off, on, anchor = ([r[test] for r in got[m] if test in r] for m in modes)
         if not off or not on:
             continue
         inside = statistics.median(on) <= max(off)
+        near = anchor and statistics.median(on) <= max(anchor)
         print(f"  {test}: without {min(off):.3f}..{max(off):.3f} ms (median "
               f"{statistics.median(off):.3f}); with median {statistics.median(on):.3f} ms "
-              f"({min(on):.3f}..{max(on):.3f})  [{'within the spread' if inside else 'ABOVE'}]")
+              f"({min(on):.3f}..{max(on):.3f})  [{'within the spread' if inside else 'ABOVE'}]; "
+              f"anchor median {statistics.median(anchor):.3f} ms ({min(anchor):.3f}.."
+              f"{max(anchor):.3f})  [{'record within it' if near else 'record ABOVE it'}]")
 
 
 # The long recording, in a process of its own (its RSS is the figure).
