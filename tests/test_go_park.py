@@ -41,14 +41,15 @@ def _threads(pid):
     return out
 
 
-def _wait_for_thread(pid, pred, timeout=5.0, only=None):
+def _wait_for_thread(pid, pred, timeout=5.0, only=None, with_facts=False):
     """The first tid (ONLY, if given) whose (nr, args, sp, pc) satisfies
-    PRED, within TIMEOUT."""
+    PRED, within TIMEOUT; with WITH_FACTS, (tid, those facts) as read then
+    (a second read may find the thread running again)."""
     t_end = time.monotonic() + timeout
     while time.monotonic() < t_end:
         for tid, facts in sorted(_threads(pid).items()):
             if only in (None, tid) and pred(facts):
-                return tid
+                return (tid, facts) if with_facts else tid
         time.sleep(0.05)
     raise AssertionError(f"no such thread in {pid}: {_threads(pid)}")
 
@@ -123,7 +124,7 @@ def test_timed_note_sleep_resumed_by_restart_syscall_is_borrowed_again():
                 seen.append((c.category, c.syscall))
         # right after the release the thread may still be on its way back
         # into the kernel ("running" in its syscall file): wait for it
-        nr = _threads(t.pid)[_wait_for_thread(t.pid, lambda f: True, only=sysmon)][0]
+        nr = _wait_for_thread(t.pid, lambda f: True, only=sysmon, with_facts=True)[1][0]
         assert _echo(t, "x") == "ECHO x"
     assert all(cat == safepoints.GO_RUNTIME for cat, _ in seen), seen
     assert seen[0][1] == "Go runtime note sleep in runtime.futex"
@@ -191,9 +192,9 @@ def test_judgement_of_a_parked_m_on_the_real_binary():
     outside the stubs is not for this rule to judge."""
     exe = build_go("gocgo", cgo=True)
     with start([exe]) as t:
-        tid = _wait_for_thread(t.pid, lambda f: f[0] == NR_futex and f[1][2] == 0
-                               and _stack_kind(t.pid, f[2]) == "thread")
-        nr, args, _sp, pc = _threads(t.pid)[tid]
+        tid, (nr, args, _sp, pc) = _wait_for_thread(
+            t.pid, lambda f: f[0] == NR_futex and f[1][2] == 0
+            and _stack_kind(t.pid, f[2]) == "thread", with_facts=True)
         go = safepoints.GoRuntime.of(process_image.ProcessImage(t.pid).exe)
     restart = remote._load_arch().RESTART_SYSCALL
     assert go.why is None and go.stubs(pc) == "runtime.futex"
