@@ -855,3 +855,24 @@ def test_writes_go_with_the_next_call_in_one_syscall(waits, monkeypatch):
         assert writes == [3, 1, 1]
     assert stat(t, a, BAD) == 0
     assert_released(t.pid)
+
+
+def test_the_pause_counts_from_the_interrupt(waits, monkeypatch):
+    """From PTRACE_INTERRUPT on the thread runs none of its own code, so
+    its pause starts there, not when the tracer first sees the stop (a
+    tracee queued behind the tracer's CPU once took 2 ms to get there)."""
+    from collectors.engine import ptrace as requests
+    t, a = waits("read")
+    rp = RemoteProcess(t.pid)
+    real = requests.interrupt
+
+    def slow_interrupt(tid, pid):
+        real(tid, pid)
+        if tid == a["tid"]:
+            time.sleep(0.02)        # the stop is reached, the tracer looks later
+
+    monkeypatch.setattr(requests, "interrupt", slow_interrupt)
+    with rp.borrow(tid=a["tid"]):
+        pass
+    assert rp.pause_us[0] >= 20_000
+    assert_released(t.pid)

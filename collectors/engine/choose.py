@@ -81,6 +81,7 @@ class Facts:
     room: int | None = None
     words: str = "waiting"
     since: float | None = None
+    slept_at: float | None = None    # se.exec_start (s, its CPU's task clock) behind SINCE
 
 
 @dataclass
@@ -346,7 +347,7 @@ class Chooser:
             # when it last ran, for the time left of its timeout: read only
             # for the epoll waiter about to be stopped (clock_offset moves
             # this thread to that CPU and sleeps there), not for every one
-            c.facts.since = self.last_ran(c.tid)
+            c.facts.since, c.facts.slept_at = self.last_ran(c.tid)
             return False, None
         if c.category == safepoints.GO_RUNTIME:
             return False, None      # proven by its stub's range: no walk
@@ -365,20 +366,35 @@ class Chooser:
             return True, None
         return False, None
 
-    def last_ran(self, tid: int) -> float | None:
-        """CLOCK_MONOTONIC seconds at which TID last ran (it went to sleep
-        then), or None: se.exec_start of /proc/PID/task/TID/sched, the
-        scheduler's task clock of the CPU it slept on, moved onto
-        CLOCK_MONOTONIC by that CPU's offset (clock_offset)."""
+    def last_ran(self, tid: int) -> tuple[float | None, float | None]:
+        """(CLOCK_MONOTONIC seconds at which TID last ran (it went to sleep
+        then), or None; its se.exec_start as read): se.exec_start of
+        /proc/PID/task/TID/sched, the scheduler's task clock of the CPU it
+        slept on, moved onto CLOCK_MONOTONIC by that CPU's offset
+        (clock_offset)."""
         try:
             sched = read_bytes(self.tracer.task(tid, "sched"), self.pid, tid)
             stat = read_bytes(self.tracer.task(tid, "stat"), self.pid, tid)
             cpu = int(stat.rsplit(b")", 1)[1].split()[STAT_PROCESSOR_FIELD])
         except (AllocdiagError, ValueError, IndexError):
-            return None
+            return None, None
         theirs = exec_start(sched)
         offset = clock_offset(cpu)
-        return None if theirs is None or offset is None else theirs + offset
+        return (None if theirs is None or offset is None else theirs + offset), theirs
+
+    def still_asleep(self, c: Candidate) -> bool:
+        """True when C has not run since prepare read when it went to sleep
+        (its se.exec_start unchanged), so that reading still holds for the
+        wait about to be stopped; a wait that ended and began again in
+        between would otherwise be given back too little time (seen once:
+        858 ms for a 1 s wait, with a rehearsal in between)."""
+        if c.facts.slept_at is None:
+            return True
+        try:
+            sched = read_bytes(self.tracer.task(c.tid, "sched"), self.pid, c.tid)
+        except AllocdiagError:
+            return False
+        return exec_start(sched) == c.facts.slept_at
 
     # ---- the stopped thread -------------------------------------------------------
     def judge(self, th: Thread) -> Refusal | None:
@@ -620,6 +636,15 @@ def clock_offset(cpu: int) -> float | None:
         return None
     finally:
         with contextlib.suppress(OSError):
+            # Off that CPU first, then the old mask back: the scheduler
+            # would leave this thread where it is, on the CPU of the
+            # thread it is about to stop, and spinning there it kept that
+            # thread from reaching its stop (measured on redis: 2 ms
+            # between PTRACE_INTERRUPT and the stop, the event loop
+            # runnable and not running all that time).
+            others = old - {cpu}
+            if others:
+                os.sched_setaffinity(0, others)
             os.sched_setaffinity(0, old)
 
 

@@ -27,8 +27,8 @@ call_timeout_s=1.0, block_signals=True)``
     jemalloc_bg_thd: the allocator's own background thread").
     SIGINT/TERM/HUP/QUIT to this process are blocked while a
     thread is stopped and take effect after the detach.
-    After it: ``.pause_us`` (µs each stopped thread was stopped, rejected
-    candidates included), ``.held_signals`` (signals that arrived during the
+    After it: ``.pause_us`` (µs each stopped thread was stopped, from the
+    PTRACE_INTERRUPT to the detach, rejected candidates included), ``.held_signals`` (signals that arrived during the
     window and were re-delivered), ``.last`` (dict: tid, kind, syscall,
     category, restarted_eintr -- the wait was given back as -ERESTARTNOHAND --,
     boundary, calls).
@@ -252,15 +252,6 @@ class RemoteProcess:
             else:
                 parked_rounds = 0
             for c in rnd.candidates:
-                # The same requests and code on allocdiag's own understudy
-                # just before the stop, so it runs on warm caches.  For an
-                # epoll waiter, before prepare: its reading of when the
-                # thread went to sleep must stay next to the stop (a wait
-                # that ended and started again in between would be given
-                # back too little time: seen once, 858 ms for a 1 s wait).
-                since_first = c.category == safepoints.EPOLL
-                if since_first:
-                    rehearsal.rehearse(self.arch, self._tracer.free_cpu)
                 t0 = time.monotonic()
                 worked, pre = ch.prepare(c, fresh_maps)
                 if worked:
@@ -271,8 +262,13 @@ class RemoteProcess:
                     log.debug("pid %d tid %d refused before the stop: %s", self.pid, c.tid,
                               pre.code.value)
                     continue
-                if not since_first:
-                    rehearsal.rehearse(self.arch, self._tracer.free_cpu)
+                # the same requests and code on allocdiag's own understudy
+                # just before the stop, so it runs on warm caches
+                rehearsal.rehearse(self.arch, self._tracer.free_cpu)
+                if not ch.still_asleep(c):
+                    # an epoll waiter that ran meanwhile: when it went to
+                    # sleep is no longer known; the next round reads it again
+                    continue
                 # read now, not at the borrow's start: a just-started
                 # understudy was still runnable then
                 self._tracer.spin_s = self._tracer.spin_budget()
