@@ -1,7 +1,7 @@
 """A rehearsal of the stop, on a process of allocdiag's own, a moment before
 the target's thread is stopped.
 
-Why: a stop's cost to the target is the time between the interrupt-stop and
+Why: a stop's cost to the target is the time between the interrupt and
 the detach, and on an idle machine most of it is not the work but caches
 gone cold.  Measured on the 2-vCPU KVM guest this was built on (2026-11-26,
 the seven ptrace/process_vm requests of a stop's save, frame write, output
