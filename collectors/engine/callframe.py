@@ -127,9 +127,7 @@ class Caller:
             raise RemoteCallError(f"thread {th.tid} is no longer usable", pid=self.pid)
         new, writes, lowest = self.arch.prepare_call(th.regs, func, args, th.frame.scratch_low)
         self.check_frame(th, writes, lowest - th.frame.callee_need)
-        # the scratch the call reads and its frame: one syscall
-        memory.write_many(self.pid, [*th.frame.pending, *writes])
-        th.frame.pending.clear()
+        self.flush(th, writes)        # the scratch the call reads and its frame: one syscall
         mask = self.call_mask(th)
         if not th.mask_changed and mask != th.sigmask:
             self.set_call_mask(th, mask)
@@ -209,10 +207,11 @@ class Caller:
             th.at = At.DELIVERY
         raise RemoteCallError(why + " (thread restored and released)", pid=self.pid)
 
-    def flush(self, th: Thread) -> None:
-        """Make the pending Call.write bytes now (before a read of them)."""
-        if th.frame.pending:
-            memory.write_many(self.pid, th.frame.pending)
+    def flush(self, th: Thread, then: Sequence[tuple[int, bytes]] = ()) -> None:
+        """Make the pending Call.write bytes now (before a read of them),
+        and THEN's after them, in one process_vm_writev."""
+        if th.frame.pending or then:
+            memory.write_many(self.pid, [*th.frame.pending, *then])
             th.frame.pending.clear()
 
     # ---- output buffers --------------------------------------------------------------

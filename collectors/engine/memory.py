@@ -65,15 +65,21 @@ def _vm(fn: Callable[..., int], pid: int, addr: int, buf: ctypes.Array[ctypes.c_
     remote = _iovec(addr, n)
     ctypes.set_errno(0)
     got: int = fn(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    return _transferred(got, n, pid, what, f"{n} bytes at {addr:#x}")
+
+
+def _transferred(got: int, n: int, pid: int, what: str, where: str) -> int:
+    """GOT, what process_vm_readv/writev returned for N bytes (WHERE names
+    them), when it is all of them; else the error: MemoryFault when not all
+    bytes were accessible, the translated errno otherwise."""
     if got == -1:
         err = ctypes.get_errno()
         if err == errno.EFAULT:
-            raise MemoryFault(f"{what} {n} bytes at {addr:#x}: address not mapped "
+            raise MemoryFault(f"{what} {where}: address not mapped "
                               "or not accessible in the target", pid=pid)
         raise oserror.translate(err, pid, what, traced=True)
     if got != n:
-        raise MemoryFault(f"{what} {n} bytes at {addr:#x}: only {got} bytes "
-                          "accessible", pid=pid)
+        raise MemoryFault(f"{what} {where}: only {got} bytes accessible", pid=pid)
     return got
 
 
@@ -134,16 +140,8 @@ def write_many(pid: int, writes: Sequence[tuple[int, bytes]]) -> None:
         remote[i].iov_base, remote[i].iov_len = a, len(d)
     ctypes.set_errno(0)
     got: int = _pvw(pid, ctypes.byref(local), 1, remote, len(writes), 0)
-    if got == -1:
-        err = ctypes.get_errno()
-        if err == errno.EFAULT:
-            raise MemoryFault(f"process_vm_writev of {len(writes)} ranges from "
-                              f"{writes[0][0]:#x}: address not mapped or not accessible "
-                              "in the target", pid=pid)
-        raise oserror.translate(err, pid, "process_vm_writev", traced=True)
-    if got != len(data):
-        raise MemoryFault(f"process_vm_writev of {len(writes)} ranges from {writes[0][0]:#x}: "
-                          f"only {got} of {len(data)} bytes accessible", pid=pid)
+    _transferred(got, len(data), pid, "process_vm_writev",
+                 f"{len(data)} bytes in {len(writes)} ranges from {writes[0][0]:#x}")
 
 
 class ProcessMemory:
