@@ -27,6 +27,8 @@ from collectors.proc import oserror
 from diag.model.errors import AllocdiagError
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_prctl = _libc.prctl
+_prctl.restype = ctypes.c_long      # PR_GET_TIMERSLACK returns the slack itself
 
 
 def set_timerslack_ns(ns: int) -> int | None:
@@ -36,9 +38,8 @@ def set_timerslack_ns(ns: int) -> int | None:
     (children started later by this thread inherit its slack: a 1 us slack
     left behind made a test target's 1 us nanosleep loop never sleep), or
     None.  Best effort."""
-    _libc.prctl.restype = ctypes.c_long
-    old = _libc.prctl(abi.PR_GET_TIMERSLACK, 0, 0, 0, 0)
-    _libc.prctl(abi.PR_SET_TIMERSLACK, ctypes.c_ulong(ns), 0, 0, 0)
+    old = _prctl(abi.PR_GET_TIMERSLACK, 0, 0, 0, 0)
+    _prctl(abi.PR_SET_TIMERSLACK, ctypes.c_ulong(ns), 0, 0, 0)
     return old if old > 0 else None
 
 

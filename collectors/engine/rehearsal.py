@@ -142,15 +142,14 @@ def enabled() -> bool:
     return _broken is None and os.environ.get(ENV_OFF, "") in ("", "0")
 
 
-def _get(arch: Arch) -> tuple[Understudy, bool]:
+def _get(arch: Arch) -> Understudy:
     """This process's understudy (started now if it has none: a forked
-    allocdiag worker does not use its parent's), and whether it is new."""
+    allocdiag worker does not use its parent's)."""
     global _understudy
-    if _understudy is not None and _understudy.owner == os.getpid():
-        return _understudy, False
-    _understudy = Understudy(arch)
-    atexit.register(_understudy.close)
-    return _understudy, True
+    if _understudy is None or _understudy.owner != os.getpid():
+        _understudy = Understudy(arch)
+        atexit.register(_understudy.close)
+    return _understudy
 
 
 def prepare(arch: Arch) -> None:
@@ -177,7 +176,7 @@ def rehearse(arch: Arch, worth_it: Callable[[], bool] | None = None) -> bool:
     if not enabled() or not _lock.acquire(blocking=False):
         return False
     try:
-        understudy, _ = _get(arch)
+        understudy = _get(arch)
         # until the first rehearsal, wait for it to block in its read; after
         # that a vanished understudy shows in the stop itself
         if understudy.rehearsals == 0 and not understudy.ready(START_WAIT_S):

@@ -28,8 +28,9 @@ call_timeout_s=1.0, block_signals=True)``
     SIGINT/TERM/HUP/QUIT to this process are blocked while a
     thread is stopped and take effect after the detach.
     After it: ``.pause_us`` (µs each stopped thread was stopped, from the
-    PTRACE_INTERRUPT to the detach, rejected candidates included), ``.held_signals`` (signals that arrived during the
-    window and were re-delivered), ``.last`` (dict: tid, kind, syscall,
+    PTRACE_INTERRUPT to the detach, rejected candidates included),
+    ``.held_signals`` (signals that arrived during the window and were
+    re-delivered), ``.last`` (dict: tid, kind, syscall,
     category, restarted_eintr -- the wait was given back as -ERESTARTNOHAND --,
     boundary, calls).
 
@@ -338,9 +339,9 @@ class RemoteProcess:
             if th.verdict.boundary:
                 self._stats.boundary_stops += 1
             self._stats.borrows += 1
-            # SCHED_FIFO only when no CPU was free at the start of the
-            # borrow: with one free the tracee is not kept waiting for a
-            # CPU, and the two policy changes cost ~25 us of the stop
+            # SCHED_FIFO only when no CPU was free just before the stop
+            # (spin_budget): with one free the tracee is not kept waiting
+            # for a CPU, and the two policy changes cost ~25 us of the stop
             boosted = boost(th.tid) if self.boost and not self._tracer.cpu_free else None
             yield Call(self._caller, th, self.MAX_SCRATCH)
         finally:
