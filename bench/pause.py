@@ -205,9 +205,7 @@ class Stopper:
             # A fresh `allocdiag inspect` has none of the per-process caches.
             je_module._constant_cache.clear()
             je_module._ifunc_cache.clear()
-            je_module.forget_general()
-            tc_module.forget_knobs()
-            mi_module.forget_options()
+            forget_kept()
         with self.rp.borrow() as c:
             raws = [self.mod.gather(c, a, self.opts) for a in self.plans]
         for raw in raws:

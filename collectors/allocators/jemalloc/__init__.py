@@ -207,10 +207,10 @@ _print_broken: dict[Any, str] = {}    # process key -> why its malloc_stats_prin
 STACK_NEED = 18 * 1024
 
 
-def forget_general(process_key: Any = None) -> Any:
+def forget_general() -> None:
     """Drop the kept general values, every process's, in memory and on disk:
     after a write such as `allocdiag set`, the next snapshot prints them
-    again.  (PROCESS_KEY is accepted for callers naming one process.)"""
+    again."""
     _general.clear()
 
 

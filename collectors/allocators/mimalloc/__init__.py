@@ -178,10 +178,11 @@ STACK_NEED = 6 * 1024
 STATS_READ_FIRST = 8 * 1024
 
 
-# Within one allocdiag process (TUI, record, exporter) the options, one
-# mi_option_get call each (26 on 2.0), are read again only every
-# OPTIONS_REFRESH_S, as gperftools' knob properties are; allocdiag's own
-# `set` forgets them.  A program's own mi_option_set shows within that time.
+# Where mimalloc's option table is not found (optiontable: another version or
+# layout), the options are read with one mi_option_get call each (26 on 2.0),
+# again only every OPTIONS_REFRESH_S within one allocdiag process (TUI,
+# record, exporter) and across CLI runs; allocdiag's own `set` forgets them.
+# A program's own mi_option_set shows within that time.
 OPTIONS_REFRESH_S = 10.0
 # process key -> [mi_option_get values], in memory and on disk (next CLI run)
 _options = common.KeptValues(OPTIONS_REFRESH_S, part="mimalloc-options-1")
