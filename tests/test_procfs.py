@@ -6,7 +6,7 @@ import pytest
 
 import unpriv
 
-from diag.model.errors import NoSuchProcess
+from diag.model.errors import MalformedData, NoSuchProcess
 from collectors.proc.cgroup import cgroup_memory
 from collectors.proc.environ import is_allocator_var
 from collectors.proc.maps import parse_maps
@@ -256,3 +256,37 @@ def test_maps_read_to_the_end():
         with open(f"/proc/{t.pid}/maps", "rb") as f:
             expected = f.read().count(b"\n")
     assert len(maps) == expected and expected > 20000
+
+
+def test_read_all_whole_files_and_errors(tmp_path):
+    from collectors.proc.readall import READ_CHUNK, read_all
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    big = tmp_path / "big"
+    data = bytes(range(256)) * (3 * READ_CHUNK // 256 + 7)      # several reads
+    big.write_bytes(data)
+    assert read_all(str(empty)) == b""
+    assert read_all(str(big)) == data
+    with open("/proc/self/status", "rb") as f:
+        head = f.read().split(b"\n", 1)[0]
+    assert read_all("/proc/self/status").split(b"\n", 1)[0] == head
+    with pytest.raises(FileNotFoundError):
+        read_all(str(tmp_path / "missing"))
+    with pytest.raises(IsADirectoryError):
+        read_all(str(tmp_path))
+
+
+def test_parsed_maps_are_kept_by_their_bytes_and_handed_out_as_copies():
+    a = b"7f00-7f10 r-xp 00000000 fd:01 7 /lib/a.so\n"
+    b = a + b"7f10-7f20 rw-p 00000000 00:00 0 \n"
+    from collectors.proc import maps as maps_mod
+    first = parse_maps(a)
+    first.append("scribbled")                  # a caller's list is its own
+    hits = maps_mod._parsed.cache_info().hits
+    again = parse_maps(bytes(bytearray(a)))    # equal bytes, another object
+    assert maps_mod._parsed.cache_info().hits == hits + 1
+    assert again == [first[0]] and again is not first
+    assert len(parse_maps(b)) == 2             # other bytes: parsed anew
+    for _ in range(2):                         # a malformed line raises each time
+        with pytest.raises(MalformedData):
+            parse_maps(b"not a mapping at all\n")

@@ -22,6 +22,7 @@ from collectors.engine.arch import Arch
 from collectors.engine.safepoints import Reason, Refusal, refusal
 from collectors.engine.tracee import At, Thread, Tracer, read_bytes
 from collectors.proc.maps import parse_maps
+from collectors.proc.readall import read_all
 from diag.model.errors import AccessDenied, AllocdiagError, NoSuchProcess, RemoteCallError
 
 log = logging.getLogger("collectors.engine")
@@ -626,8 +627,7 @@ def clock_offset(cpu: int) -> float | None:
         best = None
         for _ in range(CLOCK_OFFSET_TRIES):
             time.sleep(CLOCK_OFFSET_SLEEP_S)
-            with open("/proc/thread-self/sched", "rb") as f:
-                ours = exec_start(f.read())
+            ours = exec_start(read_all("/proc/thread-self/sched"))
             now = time.monotonic()
             if ours is not None and (best is None or now - ours < best):
                 best = now - ours

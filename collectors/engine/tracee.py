@@ -32,6 +32,7 @@ from collectors.engine import abi, memory, ptrace
 from collectors.engine.arch import Arch, Regs
 from collectors.engine.safepoints import Reason, Refusal, refusal
 from collectors.engine.stackbounds import Bounds
+from collectors.proc.readall import read_all
 from collectors.proc.stat import start_time
 from diag.model.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,
                                RemoteCallError)
@@ -340,8 +341,7 @@ atexit.register(_reap_orphans_at_exit)
 
 def read_bytes(path: str, pid: int, tid: int | None = None) -> bytes:
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return read_all(path)
     except OSError as e:
         raise ptrace.translate_errno(e.errno or 0, pid, f"read {path}", tid) from None
 
@@ -436,8 +436,7 @@ class Tracer:
         runnable count includes this thread, so fewer runnable tasks than
         usable CPUs leaves one free."""
         try:
-            with open(f"{self.procfs}/loadavg", "rb") as f:
-                running = int(f.read().split()[3].split(b"/")[0])
+            running = int(read_all(f"{self.procfs}/loadavg").split()[3].split(b"/")[0])
             cpus = len(os.sched_getaffinity(0))
         except (OSError, ValueError, IndexError):
             return False

@@ -6,6 +6,8 @@
   one start-time, state and flags reader), ``status``, ``smaps``, ``auxv``,
   ``environ`` (allocator variables only), ``cgroup`` (and the memory cgroup);
 - ``pagemap``: resident pages of address ranges;
+- ``readall``: the one raw read of a whole /proc or /sys file (four system
+  calls, where ``open().read()`` makes nine);
 - ``oserror``: the one place an ``OSError`` about a target becomes the
   project's error (diag.model.errors).
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from collectors.proc.readall import read_all
 from diag.model import CgroupMemory
 
 # mm/memcontrol.c: v1 reports "no limit" as PAGE_COUNTER_MAX pages, a huge
@@ -73,8 +74,7 @@ def cgroup_memory(paths: dict[str, str], cgroup_root: str = "/sys/fs/cgroup") ->
 
 def _read_int(path: str) -> int | None:
     try:
-        with open(path, "rb") as f:
-            v = f.read().strip()
+        v = read_all(path).strip()
     except OSError:
         return None
     if v == b"max":
@@ -88,13 +88,12 @@ def _read_int(path: str) -> int | None:
 def _read_kv(path: str) -> dict[bytes, int]:
     out: dict[bytes, int] = {}
     try:
-        with open(path, "rb") as f:
-            for line in f:
-                k, _, v = line.partition(b" ")
-                try:
-                    out[k] = int(v)
-                except ValueError:
-                    pass
+        for line in read_all(path).splitlines():
+            k, _, v = line.partition(b" ")
+            try:
+                out[k] = int(v)
+            except ValueError:
+                pass
     except OSError:
         pass
     return out

@@ -25,6 +25,7 @@ from collectors.proc.auxv import parse_auxv
 from collectors.proc.cgroup import parse_cgroup
 from collectors.proc.environ import parse_allocator_environ
 from collectors.proc.maps import Mapping, parse_maps
+from collectors.proc.readall import read_all
 from collectors.proc.smaps import sum_kb_lines, sum_present
 from collectors.proc.stat import (PF_KTHREAD, STAT_FLAGS_AFTER_COMM, ZOMBIE_STATES,
                                   fields_after_comm)
@@ -33,7 +34,6 @@ from diag.model import ProcessMemory
 
 log = logging.getLogger("collectors.proc")
 
-_READ_CHUNK = 1 << 17
 # Files whose ESRCH means the pid is gone: every live task has them (a
 # kernel thread or a zombie has no mm, so the others fail with ESRCH).
 _ALWAYS_READABLE = ("status", "stat")
@@ -60,16 +60,7 @@ class ProcFS:
         self.reads[name] += 1
         try:
             # (an f-string: os.path.join costs more than the open on a host scan)
-            with open(f"{self.root}/{pid}/{name}", "rb", buffering=0) as f:
-                # Read to EOF: a short read is not the end for seq_file
-                # (maps of a process with 20k mappings comes in pieces).
-                chunks = []
-                while True:
-                    b = f.read(_READ_CHUNK)
-                    if not b:
-                        break
-                    chunks.append(b)
-                return b"".join(chunks)
+            return read_all(f"{self.root}/{pid}/{name}")
         except OSError as exc:
             # A vanished pid surfaces as ENOENT, ESRCH or even EACCES:
             # translate() decides by whether the pid directory still exists.

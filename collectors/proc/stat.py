@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
+from collectors.proc.readall import read_all
+
 # Fields counted from field 3 (``state``), the first after "(comm)" (proc(5) numbering - 3)
 STAT_STATE_AFTER_COMM = 0        # field 3
 STAT_FLAGS_AFTER_COMM = 6        # field 9, task->flags
@@ -61,8 +63,7 @@ def start_time(pid: int, procfs: str = "/proc") -> int | None:
     """PID's start time (clock ticks since boot), or None when it is gone or
     unreadable."""
     try:
-        with open(f"{procfs}/{pid}/stat", "rb") as f:
-            return parse_start_time(f.read())
+        return parse_start_time(read_all(f"{procfs}/{pid}/stat"))
     except OSError:
         return None
 

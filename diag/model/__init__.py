@@ -57,16 +57,23 @@ class Value:
         return out
 
 
+# Leaves _plain returns as they are, tested first: most of a snapshot's
+# ~400 values are these, and hasattr() on them raises and catches twice.
+_SCALARS = frozenset({int, str, float, bool, type(None)})
+
+
 def _plain(obj: Any) -> Any:
     """Dataclass -> JSON-ready dict, recursively (tuples become lists)."""
+    if type(obj) in _SCALARS:
+        return obj
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
     if hasattr(obj, "to_json"):
         return obj.to_json()
     if hasattr(obj, "__dataclass_fields__"):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dc_fields(obj)}
+        return _plain_fields(obj)
     if isinstance(obj, (list, tuple)):
         return [_plain(x) for x in obj]
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
     return obj
 
 
@@ -254,7 +261,16 @@ class Snapshot:
 
 
 def _plain_fields(obj: Any) -> JSON:
-    return {f.name: _plain(getattr(obj, f.name)) for f in dc_fields(obj)}
+    cls = type(obj)
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dc_fields(obj))
+    return {name: _plain(getattr(obj, name)) for name in names}
+
+
+# {dataclass: its field names}, asked once per class (dataclasses.fields
+# builds its answer anew at every call)
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 # -- invariants -------------------------------------------------------------------

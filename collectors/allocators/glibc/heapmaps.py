@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import bisect
 import os
 import struct
 
@@ -159,10 +160,12 @@ def anon_present_outside_stacks(procfs: Any, pid: Any) -> Any:
         maps = procfs.maps(pid)
     except (OSError, AllocdiagError):
         return None
-    sps = _thread_sps(procfs, pid)
+    sps = sorted(_thread_sps(procfs, pid))
     spans, stacks = [], 0
     for m in maps:
-        if m.path == "[stack]" or any(m.start <= sp < m.end for sp in sps):
+        # the first stack pointer at or above the start lies below the end
+        i = bisect.bisect_left(sps, m.start)
+        if m.path == "[stack]" or (i < len(sps) and sps[i] < m.end):
             stacks += 1
             continue
         anon = not m.inode and (m.path is None or m.path == "[heap]"
