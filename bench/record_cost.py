@@ -14,20 +14,19 @@ server's requests.  Printed:
    (``record --interval 0.2``, its CPU from /proc).  Goal: <= 5 ms after
    the first.
 2. CPU of one exporter scrape of a procfs holding redis-server alone, with
-   and without it as live target (re-read at every scrape here; the real
-   exporter re-reads it every --refresh seconds).  Goal: <= 5 ms after the
-   first.
-2. CPU of one exporter scrape with redis-server as its live target, minus
-   the same scrape with no live target: what a target adds per scrape (the
-   target is re-read at every scrape here; the real exporter re-reads it
-   every --refresh seconds).  Goal: <= 5 ms after the first.
+   and without it as live target, and the difference: what a live target
+   adds per scrape (re-read at every scrape here; the real exporter
+   re-reads it every --refresh seconds).  Goal: <= 5 ms after the first.
 3. redis-benchmark's p99.9 latency (GET and SET on 127.0.0.1, a bounded
    number of requests) with and without ``allocdiag record --interval 1``
-   running (started before, so its start-up is outside the run), and with
-   the anchor: the least any observer of the kernel's view does, one `cat`
-   of the server's smaps_rollup a second.  Alternated --runs times: each
-   run, whether the runs with record lie within the spread of the runs
-   without it, and within the anchor's.
+   running (started before, so its start-up is outside the run), with the
+   anchor: the least any observer of the kernel's view does, one `cat` of
+   the server's smaps_rollup a second, and with the null observer: one
+   `cat` of /proc/self/status a second, a process woken on the saturated
+   host that touches nothing of the server.  Alternated --runs times:
+   whether the median with record lies within the spread of the runs
+   without it, within the null observer's and within the anchor's, and
+   whether the null observer's own median lies within the spread without.
 4. The peak RSS (VmHWM) of a process that records --long snapshots of
    redis-server back to back (``diag.recording.record`` with no pause: an
    hour of ``--interval 1`` is 3,600), read after snapshot 50, half-way and
@@ -225,16 +224,22 @@ def written(path):
         return 0
 
 
-# The anchor of section 3: the least any observer of the kernel's view of
-# the server does once a second (one `cat` of its smaps_rollup).
-ANCHOR = "while :; do cat /proc/{pid}/smaps_rollup > /dev/null; sleep 1; done"
+# The anchors of section 3, each once a second: the least any observer of
+# the kernel's view of the server does (one `cat` of its smaps_rollup), and
+# the least any observer at all does (one `cat` of a file of its own, that
+# touches nothing of the server: a process woken on a saturated host).
+ANCHORS = {
+    "anchor": "while :; do cat /proc/{pid}/smaps_rollup > /dev/null; sleep 1; done",
+    "null": "while :; do cat /proc/self/status > /dev/null; sleep 1; done",
+}
 
 
 def latency(srv, runs, requests):
     print(f"3. redis-benchmark p99.9 ({requests} requests per test, {CLIENTS} clients), "
           f"without / with `allocdiag record --interval 1` / with the anchor (a `cat` of "
-          f"its smaps_rollup once a second), alternated")
-    modes = ("without", "with", "anchor")
+          f"its smaps_rollup once a second) / with the null observer (a `cat` of "
+          f"/proc/self/status once a second), alternated")
+    modes = ("without", "with", "anchor", "null")
     got = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(runs):
@@ -248,14 +253,14 @@ def latency(srv, runs, requests):
                     deadline = time.monotonic() + 30
                     while written(path) < 2 and time.monotonic() < deadline:
                         time.sleep(0.1)     # its start-up and first snapshot are over
-                elif mode == "anchor":
-                    rec = subprocess.Popen(["sh", "-c", ANCHOR.format(pid=srv.pid)],
+                elif mode in ANCHORS:
+                    rec = subprocess.Popen(["sh", "-c", ANCHORS[mode].format(pid=srv.pid)],
                                            start_new_session=True)
                     time.sleep(0.5)
                 try:
                     res = p999(srv.port, requests)
                 finally:
-                    if rec and mode == "anchor":
+                    if rec and mode in ANCHORS:
                         os.killpg(rec.pid, signal.SIGKILL)      # the shell and its sleep
                         rec.wait()
                     elif rec:
@@ -264,16 +269,23 @@ def latency(srv, runs, requests):
                 print(f"  run {i + 1} {mode:7s} " +
                       "  ".join(f"{k} {v:.3f} ms" for k, v in sorted(res.items())), flush=True)
     for test in sorted({k for r in got["without"] for k in r}):
-        off, on, anchor = ([r[test] for r in got[m] if test in r] for m in modes)
+        off, on, anchor, null = ([r[test] for r in got[m] if test in r] for m in modes)
         if not off or not on:
             continue
-        inside = statistics.median(on) <= max(off)
-        near = anchor and statistics.median(on) <= max(anchor)
-        print(f"  {test}: without {min(off):.3f}..{max(off):.3f} ms (median "
-              f"{statistics.median(off):.3f}); with median {statistics.median(on):.3f} ms "
-              f"({min(on):.3f}..{max(on):.3f})  [{'within the spread' if inside else 'ABOVE'}]; "
-              f"anchor median {statistics.median(anchor):.3f} ms ({min(anchor):.3f}.."
-              f"{max(anchor):.3f})  [{'record within it' if near else 'record ABOVE it'}]")
+        with_ = statistics.median(on)
+
+        def spread(xs):
+            return (f"median {statistics.median(xs):.3f} ms ({min(xs):.3f}..{max(xs):.3f})"
+                    if xs else "not measured")
+
+        def verdict(xs, inside, above):
+            return (inside if xs and with_ <= max(xs) else above) if xs else "-"
+        print(f"  {test}: without {spread(off)}; with record {spread(on)}  "
+              f"[{verdict(off, 'within the spread', 'ABOVE')}]")
+        print(f"  {test}: null observer {spread(null)}  "
+              f"[{'itself ABOVE the spread without' if null and statistics.median(null) > max(off) else 'within the spread without'}; "
+              f"{verdict(null, 'record within it', 'record ABOVE it')}]; anchor {spread(anchor)}  "
+              f"[{verdict(anchor, 'record within it', 'record ABOVE it')}]")
 
 
 # The long recording, in a process of its own (its RSS is the figure).
