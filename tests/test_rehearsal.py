@@ -84,6 +84,22 @@ def test_no_rehearsal_when_no_cpu_is_free(idle, monkeypatch):
     assert rehearsal.rehearsals() == 0 and rehearsal.broken() is None
 
 
+def test_a_rehearsed_stop_keeps_the_free_cpu_the_rehearsal_saw(idle, monkeypatch):
+    # Read after the rehearsal, /proc/loadavg counts the understudy on its
+    # way back into read(2) as runnable (1 running before, 2 after, seen in
+    # every new CLI run): the stop must keep the answer read with the
+    # understudy blocked, not boost the target with SCHED_FIFO.
+    from collectors.engine import remote
+    answers = iter([True] + [False] * 10)
+    monkeypatch.setattr(Tracer, "free_cpu", lambda self: next(answers))
+    boosted = []
+    monkeypatch.setattr(remote, "boost", lambda tid: boosted.append(tid))
+    rp = RemoteProcess(idle.pid)
+    with rp.borrow():
+        assert rp._tracer.cpu_free is True
+    assert rehearsal.rehearsals() == 1 and boosted == []
+
+
 def test_without_rehearsals_stops_still_work(idle, monkeypatch):
     monkeypatch.setenv(rehearsal.ENV_OFF, "1")
     rp = RemoteProcess(idle.pid)

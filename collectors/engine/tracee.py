@@ -425,10 +425,11 @@ class Tracer:
         """True when the process executed a new program since it was opened."""
         return self._read_auxv() != self._auxv
 
-    def spin_budget(self) -> float:
+    def spin_budget(self, cpu_free: bool | None = None) -> float:
         """SPIN_FREE_CPU_S when a CPU is free besides this tracer (so the
-        tracee runs on its own while we spin), else SPIN_S."""
-        self.cpu_free = self.free_cpu()
+        tracee runs on its own while we spin), else SPIN_S.  CPU_FREE: that
+        answer when the caller has just read it (None: read it now)."""
+        self.cpu_free = self.free_cpu() if cpu_free is None else cpu_free
         return self.SPIN_FREE_CPU_S if self.cpu_free else self.SPIN_S
 
     def free_cpu(self) -> bool:
