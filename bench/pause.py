@@ -22,7 +22,8 @@ work done in-process (measured in the same run).
       repeat   the same with the per-process caches an allocdiag process
                keeps between snapshots (TUI, record): jemalloc prints the
                general section only every 10 s ("Jgdablxeh" between),
-               gperftools reads its two knob properties and mimalloc its
+               gperftools reads its knob property (the thread-cache limit
+               is read from memory at every stop) and mimalloc its
                options every 10 s
       percall  the per-call path: glibc mallinfo2 + malloc_info (two heap
                walks); jemalloc epoch + one mallctl per name; gperftools

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from collectors.allocators import gperftools as gperftools_module
 from collectors import livestats
 from collectors.detect import detect
 from collectors.binary.image import ProcessImage
@@ -130,7 +131,7 @@ def test_tcmalloc_properties_match_target(allocator, lib):
     for key, value in p.items():
         assert props[key] == value, key
     # A plain snapshot: GetStats (the printed properties derived exactly from
-    # it) + the two knob properties; the cumulative counters are unknown.
+    # it) + the two knobs (one read from memory); the cumulative counters are unknown.
     assert quick.native["properties"]["tcmalloc.max_total_thread_cache_bytes"] == \
         p["tcmalloc.max_total_thread_cache_bytes"]
     assert quick.native["properties"]["generic.current_allocated_bytes"] == \
@@ -139,6 +140,30 @@ def test_tcmalloc_properties_match_target(allocator, lib):
     assert ls.stats["allocated"].value == p["generic.current_allocated_bytes"]
     assert ls.stats["resident"].value == p["generic.total_physical_bytes"]
     assert ls.native["getstats"]["summary"]["bytes_in_use_by_app"] == p["generic.current_allocated_bytes"]
+
+
+@pytest.mark.parametrize("limit", [None, 64 << 20])
+def test_tcmalloc_thread_cache_limit_is_read_from_memory_and_is_the_getters(limit):
+    # GetNumericProperty("tcmalloc.max_total_thread_cache_bytes") returns the
+    # exported overall_thread_cache_size_: read from memory, no call for it,
+    # and the value is the target's own answer (default and set by env).
+    exe = build_c("capture_tcmalloc.c", "-ltcmalloc", "-lpthread", name="capture_tcmalloc")
+    env = {"TCMALLOC_MAX_TOTAL_THREAD_CACHE_BYTES": str(limit)} if limit else None
+    gperftools_module.forget_knobs()
+    with start([exe, "--serve"], allocator="tcmalloc", env=env) as t:
+        det, first = live(t.pid)
+        det, again = live(t.pid)
+        assert t.alive()
+    want = truth(t.lines)["tcmalloc.max_total_thread_cache_bytes"]
+    if limit:
+        assert want == limit
+    for ls in (first, again):
+        assert ls.native["properties"]["tcmalloc.max_total_thread_cache_bytes"] == want
+        assert "max_total_thread_cache_bytes read from memory" in ls.native["gathered_by"]
+    # the first snapshot calls for the other knob only; the second keeps it
+    assert "GetNumericProperty for tcmalloc.aggressive_memory_decommit (" in \
+        first.native["gathered_by"]
+    assert "read < 10 s ago" in again.native["gathered_by"]
 
 
 def test_mimalloc_stats_match_target():
@@ -490,7 +515,8 @@ def _inspect(pid, *extra):
 
 @pytest.mark.parametrize("allocator, kept_note, calls_saved", [
     ("jemalloc", "general section from a print < 10 s ago", 0),
-    ("tcmalloc", "read < 10 s ago", 2),
+    # (the thread cache limit is read from memory on every run: one knob call kept)
+    ("tcmalloc", "read < 10 s ago", 1),
 ])
 def test_the_next_cli_run_reuses_values_kept_on_disk_until_a_set(allocator, kept_note, calls_saved,
                                                                    tmp_path):

@@ -111,6 +111,16 @@ NOT_PRINTED = tuple(n for n, _, _ in PROPERTIES if n not in FROM_GETSTATS)
 # (opts["per_arena"], the CLI's --arenas "more detail" switch): each is one
 # more call, ~0.1 ms of stop.  Not read, they are None (unknown).
 EVERY_SNAPSHOT = ("tcmalloc.max_total_thread_cache_bytes", "tcmalloc.aggressive_memory_decommit")
+# The first of them is a variable the library exports: GetNumericProperty
+# answers tcmalloc::ThreadCache::overall_thread_cache_size() (src/tcmalloc.cc),
+# which returns the static size_t overall_thread_cache_size_
+# (src/thread_cache.h), in .dynsym of Debian's libtcmalloc.so.4 and
+# libtcmalloc_minimal.so.4.  Read from memory inside the stop (one aligned
+# 8-byte read: what the locked getter would return), it spares a call; a
+# build that does not export it (static, hidden) is asked by the call.
+THREAD_CACHE_LIMIT = "tcmalloc.max_total_thread_cache_bytes"
+THREAD_CACHE_LIMIT_SYMBOL = "_ZN8tcmalloc11ThreadCache26overall_thread_cache_size_E"
+SIZE_T = struct.Struct("<Q")
 GETSTATS_BUF = common.SCRATCH_TEXT     # >= 10000: DumpStats level 2 (size classes, spans); Call.buffer
 GETSTATS_READ_FIRST = 16 * 1024        # read first; later stops read what the last one printed
 
@@ -139,6 +149,7 @@ def plan(res: Any, obj: Any, alloc: Any, opts: dict[str, Any]) -> dict[str, Any]
     get = "MallocExtension_GetNumericProperty"
     a = {"get": common.need(res.address(obj, get), get, "tcmalloc"),
          "stats": res.address(obj, "MallocExtension_GetStats"),
+         "limit_at": res.address(obj, THREAD_CACHE_LIMIT_SYMBOL),
          "process_key": res.process_key(obj)}
     if not a["stats"] or opts.get("tcmalloc_per_call"):
         a["props"] = tuple(n for n, _, _ in PROPERTIES)
@@ -175,12 +186,19 @@ def gather(c: Any, a: Any, opts: Any) -> Any:
     names = a["props"]
     cached = _knobs.get(a.get("process_key"))
     raw: dict[str, Any] = {}
+    limit_at = a.get("limit_at") if THREAD_CACHE_LIMIT in names else None
     if names == EVERY_SNAPSHOT and cached:
         raw["properties"], raw["knobs_cached"] = dict(cached), True
     else:
-        raw["properties"] = properties(c, a["get"], names)
-        if a.get("process_key") and all(n in raw["properties"] for n in EVERY_SNAPSHOT):
-            _knobs.put(a["process_key"], {n: raw["properties"][n] for n in EVERY_SNAPSHOT})
+        raw["properties"] = properties(c, a["get"], [n for n in names if not (
+            limit_at and n == THREAD_CACHE_LIMIT)])
+    if limit_at:
+        # every snapshot: one read, fresher than the kept value
+        raw["properties"][THREAD_CACHE_LIMIT] = SIZE_T.unpack(c.read(limit_at, SIZE_T.size))[0]
+        raw["limit_read"] = True
+    if not raw.get("knobs_cached") and a.get("process_key") and \
+            all(n in raw["properties"] for n in EVERY_SNAPSHOT):
+        _knobs.put(a["process_key"], {n: raw["properties"][n] for n in EVERY_SNAPSHOT})
     if a["stats"]:
         raw["getstats"] = stats_text(c, a["stats"], process_key=a.get("process_key"))
     return raw
@@ -214,12 +232,17 @@ def parse(raw: Any, alloc: Any) -> Any:
         except AllocdiagError as exc:
             error = str(exc)
     native = _document(raw["properties"], stats, alloc)
+    called = sorted(n for n in raw["properties"]
+                    if not (raw.get("limit_read") and n == THREAD_CACHE_LIMIT))
     native["gathered_by"] = ("MallocExtension_GetStats + GetNumericProperty for "
-                             f"{', '.join(sorted(raw['properties']))} (not printed"
+                             f"{', '.join(called)} (not printed"
                              + (f"; read < {KNOBS_REFRESH_S:g} s ago" if raw.get("knobs_cached")
                                 else "") + "); the printed properties derived from GetStats"
                              if stats is not None and len(raw["properties"]) < len(PROPERTIES)
                              else "MallocExtension_GetNumericProperty, one call per property")
+    if raw.get("limit_read"):
+        native["gathered_by"] += (f"; {THREAD_CACHE_LIMIT} read from memory "
+                                  "(tcmalloc::ThreadCache::overall_thread_cache_size_)")
     if error:
         native["getstats_error"] = error
     return native
