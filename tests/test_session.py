@@ -220,3 +220,26 @@ def test_record_rss_bounded(tmp_path):
 def test_record_rss_soak(tmp_path):
     first, last = record_rss(20000, tmp_path / "r.jsonl.gz")
     assert last - first < RSS_GROWTH_KIB, (first, last)
+
+
+def test_a_snapshot_gives_its_cpu_away_between_steps_never_inside_a_stop(monkeypatch):
+    # On a saturated host a snapshot's ~3 ms run delays the requests of the CPU
+    # it lands on (bench/record_cost.py section 3): it yields between its
+    # steps, and at none of them is a thread of the target stopped.
+    tracers = []
+
+    def give_way():
+        for tid in os.listdir(f"/proc/{t.pid}/task"):
+            with open(f"/proc/{t.pid}/task/{tid}/status") as f:
+                tracers.append(next(line.split()[1] for line in f
+                                    if line.startswith("TracerPid:")))
+
+    monkeypatch.setattr(snapshot, "give_way", give_way)
+    with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
+        session = snapshot.Session(t.pid)
+        for _ in range(2):
+            snap, _col = session.take()
+            assert snap.collectors["remote"].ok and snap.collectors["remote"].pause_us
+    # start, after the build check, after the live stats, after the kernel's
+    # view, after the fit: five a snapshot
+    assert len(tracers) >= 2 * 5 and set(tracers) == {"0"}
