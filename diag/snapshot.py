@@ -350,21 +350,17 @@ class Session:
         return built
 
 
-# A snapshot gives its CPU away between its steps (GIVE_WAY: on), never
-# inside a stop: before and after the build check, the live stats, the
-# kernel's view and the fit against it.  On a saturated host a snapshot
+# A snapshot gives its CPU away between its steps, never inside a stop:
+# before and after the build check, the live stats, the kernel's view and
+# the fit against it.  On a saturated host a snapshot
 # that runs ~3 ms at a time delays the requests of the CPU it lands on:
 # redis-benchmark's GET p99.9 with `record --interval 1` was 1.29-1.43 ms
 # against 0.72-0.93 ms without; yielding around those steps, 1.14-1.16 ms
 # (10 runs each, three times, 2-core KVM guest, 2026-11-27).  With nothing
 # else runnable a yield returns at once (~1 us).
-GIVE_WAY = True
-
-
 def give_way() -> None:
     """Let the other runnable tasks of this CPU run first (sched_yield(2))."""
-    if GIVE_WAY:
-        os.sched_yield()
+    os.sched_yield()
 
 
 # The collectors whose answers a Session keeps with the mappings they came from.

@@ -23,17 +23,9 @@ def read_all(path: str) -> bytes:
     pieces)."""
     fd = os.open(path, _FLAGS)
     try:
-        first = os.read(fd, READ_CHUNK)
-        if not first:
-            return first
-        more = os.read(fd, READ_CHUNK)
-        if not more:
-            return first
-        chunks = [first, more]
-        while True:
-            b = os.read(fd, READ_CHUNK)
-            if not b:
-                return b"".join(chunks)
-            chunks.append(b)
+        chunks = []
+        while chunk := os.read(fd, READ_CHUNK):
+            chunks.append(chunk)
+        return b"".join(chunks)     # one chunk: returned as it is, not copied
     finally:
         os.close(fd)
