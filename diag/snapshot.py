@@ -15,12 +15,11 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
-import os
 import threading
 import time
 from typing import Any
 
-from collectors import livestats
+from collectors import giveway, livestats
 
 from collectors.allocators.glibc import heapmaps
 
@@ -228,7 +227,7 @@ class Session:
         """(Snapshot, Collected) of the process now.  DEADLINE_S: this read's
         wait for a safe thread (default: the session's).  Raises as ``take``."""
         pid, procfs = self.pid, self.procfs
-        give_way()
+        giveway.give_way()
         col = Collected()
         taken_at = time.time()
         status = procfs.status(pid)
@@ -239,7 +238,7 @@ class Session:
             col.status["cgroup"] = CollectorStatus(True, cgroup.error,
                                                    col.status["cgroup"].duration_s)
         built = self._current(col, status)
-        give_way()
+        giveway.give_way()
         image = built.image if built is not None else None
         det = built.det if built is not None else None
         allocator = det.allocator if det is not None else Allocator()
@@ -262,7 +261,7 @@ class Session:
                 stats.update(live.stats)
                 native = live.native
                 native["borrowed_thread"] = live.thread
-            give_way()
+            giveway.give_way()
         # Runtime heaps (CPython's pymalloc) and mimalloc's live bytes are read
         # from memory with no stop, so they run with or without ``attach``.
         runtime = None
@@ -275,9 +274,9 @@ class Session:
             process = kernel_first
         else:
             kernel = self._memory(col)
-            give_way()
+            giveway.give_way()
             process = _fit_to_kernel(procfs, pid, allocator.kind, stats, kernel)
-        give_way()
+        giveway.give_way()
         if det is not None:
             native["config"] = copy.deepcopy(built.config)     # a snapshot's own
             native["knobs"] = {k: v.to_json() for k, v in
@@ -348,19 +347,6 @@ class Session:
         # that cannot be read stay unreadable: that answer is kept)
         built.complete = det is not None and preload is not None and steps["config"].ok
         return built
-
-
-# A snapshot gives its CPU away between its steps, never inside a stop:
-# before and after the build check, the live stats, the kernel's view and
-# the fit against it.  On a saturated host a snapshot
-# that runs ~3 ms at a time delays the requests of the CPU it lands on:
-# redis-benchmark's GET p99.9 with `record --interval 1` was 1.29-1.43 ms
-# against 0.72-0.93 ms without; yielding around those steps, 1.14-1.16 ms
-# (10 runs each, three times, 2-core KVM guest, 2026-11-27).  With nothing
-# else runnable a yield returns at once (~1 us).
-def give_way() -> None:
-    """Let the other runnable tasks of this CPU run first (sched_yield(2))."""
-    os.sched_yield()
 
 
 # The collectors whose answers a Session keeps with the mappings they came from.

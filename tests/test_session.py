@@ -7,12 +7,13 @@ the exporter's live targets take their snapshots through sessions."""
 
 import os
 import subprocess
+import sys
 import time
 import traceback
 
 import pytest
 
-from collectors import livestats
+from collectors import giveway, livestats
 from diag import exporter, recording, snapshot
 from diag.recording import read_recording
 from servers import redis
@@ -225,21 +226,26 @@ def test_record_rss_soak(tmp_path):
 def test_a_snapshot_gives_its_cpu_away_between_steps_never_inside_a_stop(monkeypatch):
     # On a saturated host a snapshot's ~3 ms run delays the requests of the CPU
     # it lands on (bench/record_cost.py section 3): it yields between its
-    # steps, and at none of them is a thread of the target stopped.
-    tracers = []
+    # steps and between choosing a thread and stopping it, and at none of
+    # these is a thread of the target stopped.
+    tracers, where = [], []
 
     def give_way():
+        where.append(sys._getframe(1).f_code.co_name)
         for tid in os.listdir(f"/proc/{t.pid}/task"):
             with open(f"/proc/{t.pid}/task/{tid}/status") as f:
                 tracers.append(next(line.split()[1] for line in f
                                     if line.startswith("TracerPid:")))
 
-    monkeypatch.setattr(snapshot, "give_way", give_way)
+    monkeypatch.setattr(giveway, "give_way", give_way)
     with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
         session = snapshot.Session(t.pid)
         for _ in range(2):
             snap, _col = session.take()
             assert snap.collectors["remote"].ok and snap.collectors["remote"].pause_us
-    # start, after the build check, after the live stats, after the kernel's
-    # view, after the fit: five a snapshot
-    assert len(tracers) >= 2 * 5 and set(tracers) == {"0"}
+    # the snapshot: at its start, after the build check, after the live stats,
+    # after the kernel's view, after the fit; the engine: before preparing the
+    # chosen thread and before stopping it
+    assert where.count("take") == 2 * 5
+    assert where.count("_acquire") >= 2 * 2
+    assert set(tracers) == {"0"}

@@ -75,6 +75,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from collectors import giveway
 from collectors.engine import abi, arch, ptrace, rehearsal, safepoints
 from collectors.engine.callframe import MAX_SCRATCH, Call, Caller, Stats
 from collectors.engine.choose import FRAME_BUDGET, Chooser
@@ -253,6 +254,9 @@ class RemoteProcess:
             else:
                 parked_rounds = 0
             for c in rnd.candidates:
+                # between reading the threads, preparing one and stopping
+                # it (collectors.giveway): none of the target's is stopped
+                giveway.give_way()
                 t0 = time.monotonic()
                 worked, pre = ch.prepare(c, fresh_maps)
                 if worked:
@@ -263,6 +267,7 @@ class RemoteProcess:
                     log.debug("pid %d tid %d refused before the stop: %s", self.pid, c.tid,
                               pre.code.value)
                     continue
+                giveway.give_way()
                 # the same requests and code on allocdiag's own understudy
                 # just before the stop, so it runs on warm caches
                 rehearsed = rehearsal.rehearse(self.arch, self._tracer.free_cpu)
