@@ -125,7 +125,8 @@ static void stats_calls(int percall) {
             }
         } else {
             buf[0] = 0;
-            print((void (*)(void *, const char *))strcat, buf, percall == 2 ? "Jgdablxeh" : "Jdablxeh");
+            /* now: a first snapshot's print, the general section as a table */
+            print((void (*)(void *, const char *))strcat, buf, percall == 2 ? "Jgdablxeh" : "dablxeh");
         }
     } else if (getprop) {
         size_t v;

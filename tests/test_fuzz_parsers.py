@@ -1,7 +1,7 @@
 """Parsers of outside data never crash (issue 21, item 7).
 
 Property-based (hypothesis): every parser of data allocdiag reads from
-outside -- malloc_info XML, jemalloc stats JSON, gperftools and mimalloc stats
+outside -- malloc_info XML, jemalloc stats JSON and table, gperftools and mimalloc stats
 text, heap profiles, recordings (plain and gzip), captured /proc trees, ELF
 notes and ``.eh_frame`` -- gives a parsed result or the project's error
 (diag.model.errors; ``UnwindError`` for the unwinder, whose API stays) with a
@@ -186,6 +186,24 @@ def test_stats_json_documents(kind, name, budget):
         native = outcome(mod.parse_file, text)
         if native is not None:
             outcome(mod.normalise, native)
+
+
+@BUDGET
+def test_jemalloc_stats_table(budget):
+    """The table form a first live snapshot prints (jemalloc's parse of
+    raw["table"]): the values, or MalformedData (a Retry: print JSON)."""
+    from collectors import allocators
+    mod = allocators.module("jemalloc")
+    capture = fixture("jemalloc-5.3.0-stats.dablxeh.txt")
+    seed = capture.split(b"=== BEGIN jemalloc_stats_table_dablxeh\n")[1].split(b"=== END")[0]
+
+    @check(budget, mutations([seed]))
+    def prop(data):
+        native = outcome(mod.parse, {"table": data, "mallctl": {}}, None)
+        if native is not None:
+            json.dumps(native)
+            for v in (outcome(mod.normalise, native) or {}).values():
+                assert v.value is None or isinstance(v.value, int)
 
 
 @BUDGET

@@ -378,18 +378,22 @@ def test_live_self_and_file_have_the_same_native_keys(allocator):
 
 
 def _stats_print_bytes(pid):
-    """Length of the JSON one snapshot's malloc_stats_print wrote."""
+    """Lengths of what a first snapshot's malloc_stats_print writes: JSON
+    with the general section, and the table."""
     from collectors import allocators
     image = ProcessImage(pid)
     det = detect(image)
     mod = allocators.module("jemalloc")
-    mod.forget_general()
-    opts = {"per_arena": False}
-    a = mod.plan(livestats.Resolver(image), det.serving, det.allocator, opts)
-    rp = livestats.open_remote(image, det, stack_need=mod.STACK_NEED)
-    with rp.borrow() as c:
-        raw = mod.gather(c, a, opts)
-    return len(raw["json"])
+    sizes = []
+    for form, opts in (("json", {"per_arena": False, "jemalloc_json_general": True}),
+                       ("table", {"per_arena": False})):
+        mod.forget_general()
+        a = mod.plan(livestats.Resolver(image), det.serving, det.allocator, opts)
+        rp = livestats.open_remote(image, det, stack_need=mod.STACK_NEED)
+        with rp.borrow() as c:
+            raw = mod.gather(c, a, opts)
+        sizes.append(len(raw[form]))
+    return tuple(sizes)
 
 
 def test_jemalloc_stats_print_output_is_bounded():
@@ -411,6 +415,9 @@ def test_jemalloc_stats_print_output_is_bounded():
         # A string the emitter cut leaves the JSON broken: that process is
         # read one mallctl at a time instead (one more stop, this once).
         assert ("malloc_stats_print" in ls.native["gathered_by"]) == (n != 65)
+    # the table (a first snapshot's print) is the smaller
+    assert all(table < json_ for json_, table in sizes.values())
+    sizes = {n: json_ for n, (json_, _) in sizes.items()}
     assert max(sizes.values()) < je.STATS_BOUND < je.STATS_BUF
     # The arena count does not change the size (numbers may get a digit or
     # two; a long string adds at most its 255 printed bytes).
@@ -429,6 +436,62 @@ def test_snapshot_native_is_declared_in_the_schema(allocator):
     assert col.status["remote"].ok
     doc = json.loads(json.dumps(snap.native, default=str))
     assert undeclared(snap.allocator.kind, doc) == []
+
+
+def test_jemalloc_first_snapshot_prints_the_table_and_it_says_what_json_says():
+    # A first snapshot of a process prints the general section; as a table
+    # (no per-size-class arrays) it is the cheaper print of the same values.
+    # The snapshots after it print JSON without the general section.
+    from collectors.allocators import jemalloc as je
+    exe = build_c("capture_jemalloc.c", "-ljemalloc", "-lpthread")
+    with start([exe, "--serve"], allocator="jemalloc") as t:
+        je.forget_general()
+        det, first = live(t.pid)
+        det, kept = live(t.pid)
+        det, json_ = live(t.pid, jemalloc_full_print=True, jemalloc_json_general=True)
+        assert t.alive()
+    m = truth(t.lines, "LIVE")
+    assert '"dablxeh") (the table' in first.native["gathered_by"]
+    assert '"Jgdablxeh") (general section from a print' in kept.native["gathered_by"]
+    assert '"Jdablxeh");' in json_.native["gathered_by"]
+    assert len(first.pause_us) == len(kept.pause_us) == len(json_.pause_us) == 1
+    general = {k: v for k, v in json_.native["mallctl"].items() if not k.startswith("stats.")}
+    assert sum(v is not None for v in general.values()) >= 25     # opt.lg_tcache_max: 5.2 only
+    assert {k: first.native["mallctl"][k] for k in general} == general
+    assert {k: kept.native["mallctl"][k] for k in general} == general
+    # the stats of a quiet process: the table's are JSON's, and the target's own
+    for name in ("stats.allocated", "stats.active", "stats.arenas.4096.pactive",
+                 "stats.arenas.4096.pdirty", "stats.mapped", "stats.retained"):
+        assert first.native["mallctl"][name] == json_.native["mallctl"][name], name
+    assert first.native["mallctl"]["stats.allocated"] == m["stats.allocated"]
+    assert first.native["side_effects"] == json_.native["side_effects"] != []
+
+
+def test_jemalloc_table_it_cannot_read_is_printed_again_as_json(monkeypatch):
+    # A table this version prints differently: one more stop, JSON, and JSON
+    # from then on for that process; the snapshot is whole.
+    from collectors.allocators import jemalloc as je
+    from collectors.allocators.jemalloc import table
+    from diag.model.errors import MalformedData
+    seen = []
+
+    def unreadable(text):
+        seen.append(text)
+        raise MalformedData("jemalloc stats table: line 3 not understood: 'a layout of 5.4'")
+
+    monkeypatch.setattr(table, "parse_stats_table", unreadable)
+    exe = build_c("capture_jemalloc.c", "-ljemalloc", "-lpthread")
+    with start([exe, "--serve"], allocator="jemalloc") as t:
+        je.forget_general()
+        det, ls = live(t.pid)
+        je.forget_general()
+        det, again = live(t.pid)
+        assert t.alive()
+    assert len(seen) == 1 and b"Begin jemalloc statistics" in seen[0]
+    assert len(ls.pause_us) == 2 and len(again.pause_us) == 1
+    for doc in (ls, again):
+        assert '"Jdablxeh");' in doc.native["gathered_by"]
+        assert doc.native["mallctl"]["stats.allocated"] == truth(t.lines, "LIVE")["stats.allocated"]
 
 
 def test_jemalloc_per_call_fallback_gives_the_same_document():

@@ -286,7 +286,7 @@ def test_stack_need_measured(allocator):
     used = {name: int(n) for name, n in (line.split() for line in out.stdout.splitlines())}
     stats = {"glibc": ["glibc.fmemopen", "glibc.malloc_info", "glibc.fclose", "glibc.mallinfo2"],
              "jemalloc": ["jemalloc.malloc_stats_print", "jemalloc.malloc_stats_print_no_general",
-                          "jemalloc.mallctl"],
+                          "jemalloc.malloc_stats_print_table", "jemalloc.mallctl"],
              "tcmalloc": ["tcmalloc.GetStats", "tcmalloc.GetNumericProperty"],
              "mimalloc": ["mimalloc.mi_stats_print_out", "mimalloc.mi_process_info",
                           "mimalloc.mi_option_get", "glibc.fmemopen", "glibc.fclose"]}[allocator]

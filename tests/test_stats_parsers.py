@@ -3,6 +3,7 @@ from real targets that print their own numbers next to their stats output."""
 
 import json
 import os
+import re
 import struct
 
 import pytest
@@ -249,6 +250,54 @@ def test_jemalloc_malformed(text, match):
         text = fixture("jemalloc-5.3.0-stats.truncated.json")
     with pytest.raises(MalformedData, match=match):
         jemalloc_stats.parse_stats_json(text)
+
+
+def _section(text, name):
+    return text.split(f"=== BEGIN {name}\n", 1)[1].split(f"=== END {name}\n", 1)[0]
+
+
+def test_jemalloc_table_reads_what_json_says():
+    # capture_jemalloc --table: "Jdablxeh" and then "dablxeh" of the same
+    # quiet moment, two arenas; the table (a first snapshot's print) gives
+    # every value JSON does, under the same names.
+    from collectors.allocators import jemalloc
+    from collectors.allocators.jemalloc import table
+    text = fixture("jemalloc-5.3.0-stats.dablxeh.txt")
+    js = jemalloc_stats.parse_stats_json(_section(text, "jemalloc_stats_json_dablxeh"))
+    tb = jemalloc_stats.checked(table.parse_stats_table(
+        _section(text, "jemalloc_stats_table_dablxeh")), "table")
+    names = [n for n, _, _, _ in jemalloc.MALLCTLS]
+    assert jemalloc_stats.mallctls(tb, names) == jemalloc_stats.mallctls(js, names)
+    assert len(jemalloc_stats.mallctls(tb, names)) >= 55
+    for key in ("version", "config", "opt", "arenas", "stats", "merged_from"):
+        assert tb[key] == js[key], key
+    # between the two prints one more print ran: its 64 KiB output buffer is
+    # one more large allocation and free in the cumulative counters
+    merged_t, merged_j = tb["arenas_stats"]["merged"], js["arenas_stats"]["merged"]
+    assert {k: v for k, v in merged_t.items() if k != "large"} == \
+        {k: v for k, v in merged_j.items() if k != "large"}
+    assert merged_t["large"] == dict(merged_j["large"], **{
+        k: merged_j["large"][k] + 1 for k in ("nmalloc", "ndalloc", "nrequests", "nfills")})
+    assert tb["mallctl"]["stats.arenas.4096.pdirty"] > 0 and tb["arenas"]["narenas"] >= 2
+    assert tb["opt"]["dirty_decay_ms"] == 10000 and tb["opt"]["dss"] == "secondary"
+
+
+@pytest.mark.parametrize("cut,error,match", [
+    (lambda t: t[:len(t) // 2], "MalformedData", "begin or end"),
+    (lambda t: t.replace("Page size: 4096", "Page size: four"), "MalformedData", "Page size"),
+    (lambda t: t.replace("Arenas:", "Arenae:"), "MalformedData", "Arenae"),
+    (lambda t: t.replace("dirty:   N/A", "dirty:"), "MalformedData", "dirty"),
+    (lambda t: t.replace('opt.dss: "secondary"', 'opt.dss: "second'), "CutString", "cut at 255"),
+    (lambda t: re.sub(r"^active:(\s+)(\d+)$", lambda m: f"active:{m[1]}{int(m[2]) + 1}", t,
+                      flags=re.M), "MalformedData", "whole number"),
+])
+def test_jemalloc_table_malformed(cut, error, match):
+    from collectors.allocators.jemalloc import table
+    text = cut(_section(fixture("jemalloc-5.3.0-stats.dablxeh.txt"),
+                        "jemalloc_stats_table_dablxeh"))
+    with pytest.raises(MalformedData, match=match) as info:
+        jemalloc_stats.checked(table.parse_stats_table(text), "table")
+    assert type(info.value).__name__ == error
 
 
 def test_jemalloc_missing_values_are_unknown():

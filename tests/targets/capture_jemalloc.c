@@ -9,7 +9,12 @@
  * writing epoch, i.e. from exactly the snapshot the JSON was printed from.
  * The callback copies into a static buffer (no allocation).
  *
- * Usage: capture_jemalloc [--serve] [--one-arena]
+ * --table: also print, after a discarded print that settles where the
+ * print's own output buffer comes from, "Jdablxeh" and then "dablxeh" (the
+ * same options as a table, allocdiag's first-snapshot print) of the same
+ * quiet moment.
+ *
+ * Usage: capture_jemalloc [--serve] [--one-arena] [--table]
  */
 #include <jemalloc/jemalloc.h>
 #include <pthread.h>
@@ -71,8 +76,9 @@ static void *worker(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    int serve = 0, one_arena = 0;
+    int serve = 0, one_arena = 0, table = 0;
     for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--table") == 0) table = 1;
         if (strcmp(argv[i], "--serve") == 0) serve = 1;
         if (strcmp(argv[i], "--one-arena") == 0) one_arena = 1;
     }
@@ -114,6 +120,20 @@ int main(int argc, char **argv) {
     printf("TRUTH stats.arenas.4096.pactive %zu\n", t_pactive);
     printf("TRUTH arenas.page %zu\n", t_page);
     printf("TRUTH arenas.narenas %u\n", t_narenas);
+    if (table) {
+        static const char *forms[][2] = {{"Jdablxeh", "jemalloc_stats_json_dablxeh"},
+                                         {"dablxeh", "jemalloc_stats_table_dablxeh"}};
+        used = 0;
+        malloc_stats_print(write_cb, NULL, "Jdablxeh");
+        for (int f = 0; f < 2; f++) {
+            used = 0;
+            malloc_stats_print(write_cb, NULL, forms[f][0]);
+            printf("=== BEGIN %s\n", forms[f][1]);
+            fwrite(out, 1, used, stdout);
+            if (used && out[used - 1] != '\n') putchar('\n');
+            printf("=== END %s\n", forms[f][1]);
+        }
+    }
     if (serve) {
         /* Same-moment truth for live readers: refresh the epoch and read
            the mallctls again here, after every allocation above (including

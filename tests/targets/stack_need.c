@@ -69,6 +69,12 @@ static void c_je_print_nogeneral(void)
     memset(outbuf, 0, 64 * 1024);
     p((void (*)(void *, const char *))strcat, outbuf, "Jgdablxeh");
 }
+static void c_je_print_table(void)
+{
+    void (*p)(void (*)(void *, const char *), void *, const char *) = sym("malloc_stats_print");
+    memset(outbuf, 0, 64 * 1024);
+    p((void (*)(void *, const char *))strcat, outbuf, "dablxeh");
+}
 static void c_je_mallctl(void)
 {
     int (*m)(const char *, void *, size_t *, void *, size_t) = sym("mallctl");
@@ -120,6 +126,7 @@ static const struct entry entries[] = {
     {"glibc.malloc_trim", NULL, c_malloc_trim},
     {"jemalloc.malloc_stats_print", "mallctl", c_je_print},
     {"jemalloc.malloc_stats_print_no_general", "mallctl", c_je_print_nogeneral},
+    {"jemalloc.malloc_stats_print_table", "mallctl", c_je_print_table},
     {"jemalloc.mallctl", "mallctl", c_je_mallctl},
     {"jemalloc.purge", "mallctl", c_je_purge},
     {"tcmalloc.GetStats", "MallocExtension_GetStats", c_tc_getstats},

@@ -107,17 +107,24 @@ def parse_stats_json(text: Any) -> Any:
                          for k, v in arenas_stats.items()},
         "merged_from": merged_from,
     }
+    return checked(out, "JSON")
+
+
+def checked(out: dict[str, Any], form: str) -> dict[str, Any]:
+    """OUT (a parsed stats print, FORM "JSON" or "table") with its
+    ``mallctl`` values, once the ones every snapshot needs are there and
+    sane; MalformedData if not."""
     names = _NORMALISED + tuple(f"stats.arenas.{MALLCTL_ARENAS_ALL}.{k}" for k in _ARENA_SUMMABLE)
     mallctl = mallctls(out, names)
     for name in _REQUIRED:
         val = mallctl.get(name)
         if not isinstance(val, int) or isinstance(val, bool) or val < 0:
-            raise MalformedData(f"jemalloc stats JSON: {name} missing or not a "
+            raise MalformedData(f"jemalloc stats {form}: {name} missing or not a "
                                 f"non-negative integer ({val!r})")
     for key in ("pdirty", "pmuzzy", "pactive"):
         val = mallctl.get(f"stats.arenas.{MALLCTL_ARENAS_ALL}.{key}")
         if val is not None and (not isinstance(val, int) or val < 0):
-            raise MalformedData(f"jemalloc stats JSON: {key} is not a non-negative integer")
+            raise MalformedData(f"jemalloc stats {form}: {key} is not a non-negative integer")
     out["mallctl"] = mallctl
     return out
 
