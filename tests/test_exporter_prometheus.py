@@ -102,7 +102,9 @@ def poll(base, promql, timeout=20):
 def inspect_resident(pid):
     r = subprocess.run([sys.executable, "-m", "diag", "inspect", "--json", str(pid)],
                        capture_output=True, text=True, cwd=ROOT, timeout=30)
-    assert r.returncode == 0, r.stderr
+    failed = {} if not r.stdout.startswith("{") else {
+        name: c for name, c in json.loads(r.stdout)["collectors"].items() if not c["ok"]}
+    assert r.returncode == 0, (r.stderr, failed)
     return json.loads(r.stdout)["stats"]["resident"]["value"]
 
 

@@ -876,3 +876,43 @@ def test_the_pause_counts_from_the_interrupt(waits, monkeypatch):
         pass
     assert rp.pause_us[0] >= 20_000
     assert_released(t.pid)
+
+
+def _hold_traced(pid, hold_s):
+    """A process of its own that PTRACE_SEIZEs PID's main thread (it keeps
+    running) and exits after HOLD_S, which detaches it: another tracer."""
+    code = ("import sys, time\n"
+            "from collectors.engine import ptrace\n"
+            f"ptrace.seize({pid}, {pid})\n"
+            "print('seized', flush=True)\n"
+            f"time.sleep({hold_s})\n")
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE)
+    assert p.stdout.readline() == b"seized\n"
+    return p
+
+
+def test_another_allocdiag_s_short_stop_is_waited_for_a_debugger_is_not():
+    # Another allocdiag (an exporter, a recording) holds a thread of the
+    # same process for its stop, under a millisecond: a snapshot that meets
+    # it waits; a tracer that stays (a debugger) is said after 50 ms.
+    from diag import snapshot
+    with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
+        helper = _hold_traced(t.pid, 0.02)
+        try:
+            snap, col = snapshot.take(t.pid)
+        finally:
+            helper.wait(timeout=10)
+        assert col.status["remote"].ok, col.status["remote"].error
+        helper = _hold_traced(t.pid, 5)
+        try:
+            t0 = time.monotonic()
+            snap, col = snapshot.take(t.pid)
+            took = time.monotonic() - t0
+        finally:
+            helper.kill()
+            helper.wait(timeout=10)
+        assert not col.status["remote"].ok and took < 1.5
+        assert f"already traced by pid {helper.pid}" in col.status["remote"].error
+        assert "still traced after 50 ms" in col.status["remote"].error
+        snap, col = snapshot.take(t.pid)
+        assert col.status["remote"].ok and t.alive()

@@ -379,6 +379,11 @@ class Tracer:
     SPIN_FREE_CPU_S = 0.002
     # How often a waiting tracer checks the tracee is still ours.
     CHECK_EVERY_S = 0.05
+    # Another tracer is waited for this long before the process is called
+    # traced: another allocdiag (an exporter, a recording) holds a thread
+    # for its stop, under a millisecond; a debugger stays.  An `inspect`
+    # that met an exporter's stop of the same thread failed without it.
+    OTHER_TRACER_GRACE_S = 0.05
 
     def __init__(self, pid: int, procfs: str, arch: Arch, start: int | None,
                  auxv: Callable[[], bytes]) -> None:
@@ -405,10 +410,11 @@ class Tracer:
             raise NoSuchProcess(self.pid, "the process exited (zombie)")
         if state == "T":
             raise RemoteCallError(STOPPED_MSG, pid=self.pid)
-        tracer = int(st.get("TracerPid", "0") or 0)
-        if tracer and tracer not in our_ids():
+        tracer = self._other_tracer(st)
+        if tracer:
             raise RemoteCallError(f"the process is already traced by pid {tracer} "
-                                  "(a debugger?)", pid=self.pid)
+                                  f"(a debugger? still traced after "
+                                  f"{self.OTHER_TRACER_GRACE_S * 1000:.0f} ms)", pid=self.pid)
         if int(st.get("SigIgn", "0"), 16) & abi.sigbit(signal.SIGSEGV):
             raise RemoteCallError(
                 "the process ignores SIGSEGV; the return trap of a remote call "
@@ -527,6 +533,18 @@ class Tracer:
             time.sleep(0.005)
 
     # ---- attach -----------------------------------------------------------------
+    def _other_tracer(self, st: dict[str, str]) -> int:
+        """The pid of a tracer of the process that is not allocdiag's, once
+        OTHER_TRACER_GRACE_S has passed with it there; 0 when none (ST:
+        the process's status fields, read again while waiting)."""
+        t_end = time.monotonic() + self.OTHER_TRACER_GRACE_S
+        while True:
+            tracer = int(st.get("TracerPid", "0") or 0)
+            if not tracer or tracer in our_ids() or time.monotonic() >= t_end:
+                return 0 if tracer in our_ids() else tracer
+            time.sleep(0.001)
+            st = status_fields(read_bytes(f"{self.procfs}/{self.pid}/status", self.pid))
+
     def stop(self, tid: int, kind: str, wait_s: float) -> Thread:
         """SEIZE + INTERRUPT TID and wait (at least WAIT_S) for the
         interrupt-stop.  Returns the Thread (state saved) or raises Skip."""
