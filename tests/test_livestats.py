@@ -467,6 +467,19 @@ def test_jemalloc_first_snapshot_prints_the_table_and_it_says_what_json_says():
     assert first.native["side_effects"] == json_.native["side_effects"] != []
 
 
+@pytest.mark.parametrize("conf,said", [(None, True), ("background_thread:true", False)])
+def test_jemalloc_snapshot_says_its_print_is_a_decay_event(conf, said):
+    # Without the background thread the print's buffer (a malloc and a free)
+    # drives jemalloc's decay: the snapshot says so, with it on it does not.
+    from collectors.allocators import jemalloc as je
+    env = {"MALLOC_CONF": conf} if conf else {}
+    with start([build_c("idle.c"), "1"], allocator="jemalloc", env=env) as t:
+        det, ls = live(t.pid)
+        assert t.alive()
+    assert ls.native["mallctl"]["background_thread"] is (not said)
+    assert (je.DECAY_EVENTS in ls.native["side_effects"]) is said
+
+
 def test_jemalloc_table_it_cannot_read_is_printed_again_as_json(monkeypatch):
     # A table this version prints differently: one more stop, JSON, and JSON
     # from then on for that process; the snapshot is whole.

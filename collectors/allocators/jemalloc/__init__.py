@@ -405,6 +405,8 @@ def parse(raw: Any, alloc: Any) -> Any:
         threads = values.get("stats.background_thread.num_threads")
         if isinstance(threads, int):
             values["background_thread"] = threads > 0
+        if values.get("background_thread") is False:
+            native["side_effects"].append(DECAY_EVENTS)
         printed = (STATS_OPTS_NO_GENERAL if "general" in raw else
                    STATS_OPTS_TABLE if "table" in raw else STATS_OPTS).decode()
         native["gathered_by"] = ("malloc_stats_print(strcat, buf, \"%s\")%s; background_thread "
@@ -427,6 +429,16 @@ def parse(raw: Any, alloc: Any) -> Any:
         native["arenas"] = raw["arenas"]
     return native
 
+
+# Without the background thread, jemalloc purges dirty pages on its own
+# allocation events (arena_decay_ticks; 5.3's ticker_geom fires after a random
+# number of them, 1,000 on average), and the print's output buffer is two.
+# Once, 48 snapshots 0.5 s apart of an idle process purged a third of its dirty
+# pages (tests/test_knob_effects.py).
+DECAY_EVENTS = ("background_thread is off: jemalloc purges dirty pages on its own allocation "
+                "events, and the print buffer's malloc and free are two of them (the decay "
+                "ticker fires after ~1,000 on average): frequent snapshots of an idle process "
+                "may purge its dirty pages sooner than it would alone")
 
 # jemalloc >= 5.3 je_malloc_stats_print (src/jemalloc.c, src/buf_writer.c)
 # allocates a STATS_PRINT_BUFSIZE output buffer from arena 0 as an internal
