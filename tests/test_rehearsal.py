@@ -74,14 +74,18 @@ def test_each_stop_is_rehearsed_on_the_understudy_which_is_left_as_it_was(idle):
 
 def test_no_rehearsal_when_no_cpu_is_free(idle, monkeypatch):
     # on a saturated host allocdiag's own CPU is what the host pays: the
-    # stop then goes unrehearsed (and SCHED_FIFO shortens it instead)
-    monkeypatch.setattr(Tracer, "free_cpu", lambda self: False)
+    # stop then goes unrehearsed (and SCHED_FIFO shortens it instead), and
+    # the answer the rehearsal got is the stop's: /proc/loadavg is asked
+    # once a stop, not again after the rehearsal declined
+    asked = []
+    monkeypatch.setattr(Tracer, "free_cpu", lambda self: asked.append(1) is not None)
     rp = RemoteProcess(idle.pid)
     for _ in range(3):
         with rp.borrow():
-            pass
+            assert rp._tracer.cpu_free is False
     assert rp.stats["borrows"] == 3
     assert rehearsal.rehearsals() == 0 and rehearsal.broken() is None
+    assert len(asked) == 3
 
 
 def test_a_rehearsed_stop_keeps_the_free_cpu_the_rehearsal_saw(idle, monkeypatch):

@@ -167,20 +167,21 @@ def prepare(arch: Arch) -> None:
         _lock.release()
 
 
-def rehearse(arch: Arch, worth_it: Callable[[], bool] | None = None) -> bool:
+def rehearse(arch: Arch, worth_it: Callable[[], bool] | None = None) -> bool | None:
     """Run one rehearsal now, if WORTH_IT() (asked once the understudy is
-    blocked in its read, so it does not count itself).  False when
-    rehearsals are off or broken, another thread of this process is
-    rehearsing, or it was not worth it."""
+    blocked in its read, so it does not count itself).  What WORTH_IT said,
+    so the caller need not ask again: True (it ran), False (not worth it);
+    None when it was not asked (rehearsals off or broken, another thread of
+    this process rehearsing, the understudy not ready)."""
     global _broken
     if not enabled() or not _lock.acquire(blocking=False):
-        return False
+        return None
     try:
         understudy = _get(arch)
         # until the first rehearsal, wait for it to block in its read; after
         # that a vanished understudy shows in the stop itself
         if understudy.rehearsals == 0 and not understudy.ready(START_WAIT_S):
-            return False
+            return None
         if worth_it is not None and not worth_it():
             return False
         understudy.rehearse()
@@ -189,7 +190,7 @@ def rehearse(arch: Arch, worth_it: Callable[[], bool] | None = None) -> bool:
     except (AllocdiagError, OSError, Skip) as e:
         _broken = str(e)
         log.debug("rehearsals off for this run: %s", e)
-        return False
+        return None
     finally:
         _lock.release()
 

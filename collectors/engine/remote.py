@@ -275,14 +275,14 @@ class RemoteProcess:
                     # an epoll waiter that ran meanwhile: when it went to
                     # sleep is no longer known; the next round reads it again
                     continue
-                # Whether a CPU is free: after a rehearsal, the answer it read
-                # a moment ago with the understudy blocked (read again now, the
-                # understudy on its way back into read(2) counts as runnable:
-                # /proc/loadavg said 1 running before and 2 after in 10 of 10
-                # new CLI runs, and every rehearsed stop boosted the target);
-                # without one, read now (at the borrow's start a just-started
-                # understudy was still runnable).
-                self._tracer.spin_s = self._tracer.spin_budget(True if rehearsed else None)
+                # Whether a CPU is free: the answer the rehearsal read a moment
+                # ago with the understudy blocked, whether it then ran or not
+                # (read again now, the understudy on its way back into read(2)
+                # counts as runnable: /proc/loadavg said 1 running before and 2
+                # after in 10 of 10 new CLI runs, and every rehearsed stop
+                # boosted the target); when it was not asked, read now (at the
+                # borrow's start a just-started understudy was still runnable).
+                self._tracer.spin_s = self._tracer.spin_budget(rehearsed)
                 old = self._block()
                 th = None
                 try:
