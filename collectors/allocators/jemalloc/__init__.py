@@ -153,6 +153,11 @@ GENERAL_REFRESH_S = 10.0
 # The table is smaller than the JSON bound below (the same keys, no arrays).
 STATS_OPTS_TABLE = STATS_OPTS.replace(b"J", b"")
 TABLE_VERSIONS = ("5.3.",)
+# what gathered_by says of each print
+PRINTED_NOTE = {STATS_OPTS: "",
+                STATS_OPTS_TABLE: " (the table: general section without the size-class arrays)",
+                STATS_OPTS_NO_GENERAL: " (general section from a print "
+                                       f"< {GENERAL_REFRESH_S:g} s ago)"}
 
 # strcat has no bound, so BUF must hold any output these options can
 # produce.  With per-arena tables off the output does not grow with the
@@ -408,14 +413,9 @@ def parse(raw: Any, alloc: Any) -> Any:
         if values.get("background_thread") is False:
             native["side_effects"].append(DECAY_EVENTS)
         printed = (STATS_OPTS_NO_GENERAL if "general" in raw else
-                   STATS_OPTS_TABLE if "table" in raw else STATS_OPTS).decode()
+                   STATS_OPTS_TABLE if "table" in raw else STATS_OPTS)
         native["gathered_by"] = ("malloc_stats_print(strcat, buf, \"%s\")%s; background_thread "
-                                 "derived: %s" % (printed,
-                                                  " (general section from a print "
-                                                  f"< {GENERAL_REFRESH_S:g} s ago)"
-                                                  if "general" in raw else
-                                                  " (the table: general section without the "
-                                                  "size-class arrays)" if "table" in raw else "",
+                                 "derived: %s" % (printed.decode(), PRINTED_NOTE[printed],
                                                   DERIVED["background_thread"]))
         native["side_effects"].extend(_remove_print_buffer(values, parsed))
     else:
