@@ -14,12 +14,16 @@ bench/README.md):
 - glibc: one heap walk: ``malloc_info`` into an unbuffered ``fmemopen``
   stream over scratch memory (``mallinfo2`` is derived from it exactly;
   called only where malloc_info is unavailable).  fmemopen mallocs its FILE.
-- jemalloc: one ``malloc_stats_print(strcat, buf, "Jdablxeh")`` (JSON, no
-  per-arena/bin tables) and one ``mallctl`` for what it does not print.
+- jemalloc: one ``malloc_stats_print(strcat, buf, OPTIONS)``: a process's
+  first snapshot prints the general section as a table ("dablxeh", JSON
+  "Jdablxeh" where the table's layout is not known), later ones within
+  GENERAL_REFRESH_S the stats alone as JSON ("Jgdablxeh").
 - gperftools: ``MallocExtension_GetStats`` and a property call for each
-  property it does not print.
-- mimalloc: ``mi_process_info``, ``mi_option_get`` per option, and
-  ``mi_stats_print_out(fputs, FILE*)`` through an ``fmemopen`` stream;
+  knob it does not print and memory does not give (kept for a while).
+- mimalloc: ``mi_process_info``, then ``mi_stats_print_out(fputs, FILE*)``
+  through a buffered ``fmemopen`` stream (fmemopen, the print, fclose); the
+  options come from mimalloc's option table, read before the stop
+  (``mi_option_get`` per option where the table is not found);
   ``mi_stats_get_json`` where the version has it.
 """
 
@@ -259,10 +263,13 @@ class LiveReader:
         t0 = time.perf_counter()
         pauses = []
         key = self.addrs.get("process_key") if isinstance(self.addrs, dict) else None
+        prefetch = getattr(mod, "prefetch", None)
         for attempt in range(2):
             common.before_stop(mod, key)
+            # what the module reads of the target before the stop, for this gather only
+            addrs = {**self.addrs, **prefetch(image, self.addrs)} if prefetch else self.addrs
             with rp.borrow() as c:
-                raw = mod.gather(c, self.addrs, self.opts)
+                raw = mod.gather(c, addrs, self.opts)
                 thread = {"tid": c.tid, "kind": c.kind, "syscall": c.syscall}
             pauses.extend(rp.pause_us)
             try:

@@ -578,6 +578,48 @@ def test_mimalloc_options_are_read_from_its_option_table_without_calls():
         assert t.alive()
 
 
+def test_mimalloc_snapshot_is_four_calls_and_reads_its_options_before_the_stop(monkeypatch):
+    # The stop holds mi_process_info, fmemopen, the print and fclose: the
+    # stream keeps stdio's own buffer (no setvbuf call), and the option
+    # table is read before the stop, not inside it.  Values as before: the
+    # options equal the table read alone, the committed bytes the target's
+    # own mi_process_info, the text parses.
+    from collectors import allocators
+    from collectors.engine import callframe
+    from collectors.allocators.mimalloc import optiontable
+    from collectors.engine.memory import MemoryReader
+    mi = allocators.module("mimalloc")
+    inside = []
+    real_read = callframe.Call.read
+
+    def spy(self, addr, n):
+        inside.append(addr)
+        return real_read(self, addr, n)
+
+    monkeypatch.setattr(callframe.Call, "read", spy)
+    exe = build_c("capture_mimalloc.c", "-lmimalloc", "-lpthread")
+    with start([exe, "--serve"], allocator="mimalloc",
+               env={"MIMALLOC_EAGER_COMMIT_DELAY": "3"}) as t:
+        image = ProcessImage(t.pid)
+        det = detect(image)
+        reader = livestats.LiveReader(image, det)
+        ls = reader.collect()
+        table = reader.addrs["option_table"]
+        assert table is not None and reader.rp.last["calls"] == 4
+        assert table not in inside and inside           # the text and out-values only
+        with MemoryReader(t.pid) as mem:
+            entries = optiontable.values(
+                mem.read(table, len(mi.OPTIONS_2_0) * optiontable.DESC.size),
+                len(mi.OPTIONS_2_0))
+        assert list(ls.native["options"].values()) == [v for v, _ in entries]
+        assert ls.native["options"]["eager_commit_delay"] == 3
+        assert any("stdio buffer" in e for e in ls.native["side_effects"])
+        assert ls.native["stats"]["rows"]["committed"]["current"]["min"] <= \
+            ls.native["process_info"]["current_commit"] <= \
+            ls.native["stats"]["rows"]["committed"]["current"]["max"]
+        assert t.alive()
+
+
 def _inspect(pid, *extra):
     r = subprocess.run([sys.executable, "-m", "diag", "-v", "inspect", "--json", *extra, str(pid)],
                        capture_output=True, text=True, timeout=120,

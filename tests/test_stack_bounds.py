@@ -289,7 +289,7 @@ def test_stack_need_measured(allocator):
                           "jemalloc.malloc_stats_print_table", "jemalloc.mallctl"],
              "tcmalloc": ["tcmalloc.GetStats", "tcmalloc.GetNumericProperty"],
              "mimalloc": ["mimalloc.mi_stats_print_out", "mimalloc.mi_process_info",
-                          "mimalloc.mi_option_get", "glibc.fmemopen", "glibc.fclose"]}[allocator]
+                          "mimalloc.mi_option_get", "glibc.fmemopen", "mimalloc.fclose"]}[allocator]
     for name in stats:
         assert 0 < used[name] <= NEED[allocator], (name, used[name])
     release = {"glibc": "glibc.malloc_trim", "jemalloc": "jemalloc.purge",

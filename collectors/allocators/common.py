@@ -121,16 +121,19 @@ def mapper(res: Any) -> tuple[int | None, int | None]:
     return (res.libc("mmap"), res.libc("munmap"))
 
 
-def fmemopen(c: Any, addrs: dict[str, int], buf: int, size: int) -> int:
-    """FILE* of an unbuffered fmemopen stream writing into SIZE bytes at
-    BUF.  glibc's fmemopen keeps the written text NUL-terminated while there
-    is room.  Caller must fclose."""
+def fmemopen(c: Any, addrs: dict[str, int], buf: int, size: int, buffered: bool = False) -> int:
+    """FILE* of an fmemopen stream writing into SIZE bytes at BUF:
+    unbuffered (one more call, setvbuf) unless BUFFERED, when stdio
+    mallocs its own BUFSIZ buffer at the first write and fclose writes it
+    out and frees it.  glibc's fmemopen keeps the written text
+    NUL-terminated while there is room.  Caller must fclose."""
     mode = c.scratch(16)
     c.write(mode, b"w\0")
     f = c.call(addrs["fmemopen"], buf, size, mode)
     if f == 0:
         raise RemoteCallError("fmemopen failed in the target")
-    c.call(addrs["setvbuf"], f, 0, IONBF, 0)
+    if not buffered:
+        c.call(addrs["setvbuf"], f, 0, IONBF, 0)
     return f
 
 

@@ -170,8 +170,9 @@ OPTIONS_2_0 = (
 # (collectors.engine.remote stack_need): the high-water mark measured by
 # tests/targets/stack_need.c (pattern-filled 1 MiB stack, the larger of two calls,
 # Debian 12 packages; tests/test_stack_bounds.py re-measures and checks it):
-#   mi_stats_print_out(fputs, fmemopen stream) 3,375 B, mi_process_info 1,671 B,
-#   mi_option_get 1,607 B (and fmemopen 3,303 B, fclose 512 B as for glibc).
+#   mi_stats_print_out(fputs, buffered fmemopen stream: stdio's malloc at the
+#   first write included) 3,359 B, mi_process_info 1,671 B, mi_option_get 1,607 B,
+#   fmemopen 3,303 B, fclose writing the buffer out and freeing it 512 B.
 STACK_NEED = 6 * 1024
 # Bytes of the stats text read first (2.0.9 prints ~3 KiB; later stops read
 # what the last one printed, common.text_at).
@@ -231,6 +232,25 @@ def _option_table(res: Any, obj: Any, names: Any) -> int | None:
         return None
 
 
+def prefetch(image: Any, a: Any) -> dict[str, Any]:
+    """What the gather reads before the stop rather than inside it: the
+    option table's entries.  They are mimalloc's memory, which the other
+    threads go on using during the stop anyway, so reading them inside it
+    bought no consistency; it cost two reads and a parse (~30 us of a new
+    allocdiag process's stop, bench/pause.py --snapshots).  {} when not
+    read (the gather then reads the table in the stop)."""
+    if not (a.get("option_table") and a["options"]) or image is None:
+        return {}
+    n = len(a["options"])
+    try:
+        with MemoryReader(image.pid, image.procfs.root) as mem:
+            got = mem.read(a["option_table"], n * optiontable.DESC.size)
+    except AllocdiagError as exc:
+        log.debug("mimalloc option table not read before the stop: %s", exc)
+        return {}
+    return {"option_entries": optiontable.values(got, n)} if got else {}
+
+
 def gather(c: Any, a: Any, opts: Any) -> Any:
     raw: dict[str, Any] = {}
     if a["mi_process_info"] and getattr(c, "max_args", 6) >= 8:
@@ -245,7 +265,8 @@ def gather(c: Any, a: Any, opts: Any) -> Any:
         # one read of mimalloc's own table; an entry not yet initialised
         # (never seen in a running process) by its call
         n = len(a["options"])
-        table = optiontable.values(c.read(a["option_table"], n * optiontable.DESC.size), n)
+        table = a.get("option_entries") or \
+            optiontable.values(c.read(a["option_table"], n * optiontable.DESC.size), n)
         raw["options"] = [c.call(a["mi_option_get"], i) if init == optiontable.UNINIT
                           and a["mi_option_get"] else value & common.U64
                           for i, (value, init) in enumerate(table)]
@@ -264,7 +285,10 @@ def gather(c: Any, a: Any, opts: Any) -> Any:
                 c.call(a["mi_free"], ptr)
             return raw
     buf = c.buffer(common.SCRATCH_TEXT)     # outside the borrowed stack
-    f = common.fmemopen(c, a, buf, common.SCRATCH_TEXT)
+    # A buffered stream (stdio's BUFSIZ buffer malloc'd by mimalloc, freed
+    # by fclose): one call fewer than setvbuf, ~45 us of a new allocdiag
+    # process's stop.  The text (~3 KiB on 2.0.9) reaches BUF at fclose.
+    f = common.fmemopen(c, a, buf, common.SCRATCH_TEXT, buffered=True)
     c.call(a["mi_stats_print_out"], a["fputs"], f)
     c.call(a["fclose"], f)
     raw["stats_text"] = common.text_at(c, buf, common.SCRATCH_TEXT, first=STATS_READ_FIRST,
@@ -288,7 +312,8 @@ def parse(raw: Any, alloc: Any) -> Any:
                                       "freed with mi_free")
     elif "stats_text" in raw:
         native["gathered_by"] = "mi_stats_print_out(fputs, fmemopen stream)"
-        native["side_effects"].append("fmemopen: one FILE malloc'd and freed (by mimalloc)")
+        native["side_effects"].append("fmemopen: one FILE and its stdio buffer (BUFSIZ) "
+                                      "malloc'd and freed (by mimalloc)")
         try:
             native["stats"] = mimalloc_stats.parse_stats_text(raw["stats_text"].decode(errors="replace"))
         except AllocdiagError as exc:
