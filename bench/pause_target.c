@@ -138,16 +138,17 @@ static void stats_calls(int percall) {
         void (*gs)(char *, int) = (void (*)(char *, int))dlsym(RTLD_DEFAULT, "MallocExtension_GetStats");
         if (gs) gs(buf, 48 * 1024);
     } else if (dlsym(RTLD_DEFAULT, "mi_stats_print_out")) {
-        /* mimalloc: mi_process_info, its 26 options (2.0; repeat: cached),
-         * mi_stats_print_out(fputs, fmemopen stream) */
+        /* mimalloc: mi_stats_print_out(fputs, fmemopen stream); the
+         * per-call path also mi_process_info and its 26 options (2.0), which
+         * a snapshot reads from memory (_mi_stats_main, the option table) */
         void (*info)(size_t *, size_t *, size_t *, size_t *, size_t *, size_t *, size_t *,
                      size_t *) = dlsym(RTLD_DEFAULT, "mi_process_info");
         long (*option_get)(int) = (long (*)(int))dlsym(RTLD_DEFAULT, "mi_option_get");
         void (*print_out)(void (*)(const char *, void *), void *) =
             dlsym(RTLD_DEFAULT, "mi_stats_print_out");
         size_t v[8];
-        if (info) info(&v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]);
-        for (int i = 0; percall != 2 && option_get && i < MI_OPTIONS_2_0; i++)
+        if (info && percall == 1) info(&v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]);
+        for (int i = 0; percall == 1 && option_get && i < MI_OPTIONS_2_0; i++)
             (void)option_get(i);
         FILE *f = fmemopen(buf, sizeof buf, "w");
         print_out((void (*)(const char *, void *))fputs, f);

@@ -20,11 +20,12 @@ bench/README.md):
   GENERAL_REFRESH_S the stats alone as JSON ("Jgdablxeh").
 - gperftools: ``MallocExtension_GetStats`` and a property call for each
   knob it does not print and memory does not give (kept for a while).
-- mimalloc: ``mi_process_info``, then ``mi_stats_print_out(fputs, FILE*)``
-  through a buffered ``fmemopen`` stream (fmemopen, the print, fclose); the
-  options come from mimalloc's option table, read before the stop
-  (``mi_option_get`` per option where the table is not found);
-  ``mi_stats_get_json`` where the version has it.
+- mimalloc: ``mi_stats_print_out(fputs, FILE*)`` through a buffered
+  ``fmemopen`` stream (fmemopen, the print, fclose).  The committed bytes
+  and the options are read before the stop (``_mi_stats_main`` once checked
+  against one ``mi_process_info`` call; mimalloc's option table, else
+  ``mi_option_get`` per option); ``mi_stats_get_json`` where the version
+  has it.
 """
 
 from __future__ import annotations

@@ -169,7 +169,8 @@ def test_tcmalloc_thread_cache_limit_is_read_from_memory_and_is_the_getters(limi
 def test_mimalloc_stats_match_target():
     exe = build_c("capture_mimalloc.c", "-lmimalloc", "-lpthread")
     with start([exe, "--serve"], allocator="mimalloc") as t:
-        det, ls = live(t.pid)
+        # the call itself (a snapshot may read its committed word from memory instead)
+        det, ls = live(t.pid, mimalloc_process_info=True)
         assert t.alive()
     p = truth(t.lines)
     rows = ls.native["stats"]["rows"]
@@ -356,7 +357,8 @@ def test_live_self_and_file_have_the_same_native_keys(allocator):
     kind, source, flags, fixture = SHAPES[allocator]
     exe = build_c(source, *flags)
     with start([exe, "--serve"], allocator=allocator) as t:
-        det, ls = live(t.pid)
+        # (mimalloc: with mi_process_info, as in-process; stats_main is None there)
+        det, ls = live(t.pid, mimalloc_process_info=True)
         assert t.alive()
     live_doc = json.loads(json.dumps(ls.native, default=str))
     own = self_native(allocator)
@@ -578,17 +580,15 @@ def test_mimalloc_options_are_read_from_its_option_table_without_calls():
         assert t.alive()
 
 
-def test_mimalloc_snapshot_is_four_calls_and_reads_its_options_before_the_stop(monkeypatch):
-    # The stop holds mi_process_info, fmemopen, the print and fclose: the
-    # stream keeps stdio's own buffer (no setvbuf call), and the option
-    # table is read before the stop, not inside it.  Values as before: the
-    # options equal the table read alone, the committed bytes the target's
-    # own mi_process_info, the text parses.
+@pytest.fixture
+def mimalloc_fresh(monkeypatch):
+    """The mimalloc module with nothing known of _mi_stats_main (memory and
+    disk cache off), the test's spy on the reads made inside a stop."""
     from collectors import allocators
     from collectors.engine import callframe
-    from collectors.allocators.mimalloc import optiontable
-    from collectors.engine.memory import MemoryReader
     mi = allocators.module("mimalloc")
+    monkeypatch.setenv("ALLOCDIAG_NO_CACHE", "1")
+    monkeypatch.setattr(mi, "_stats_main_facts", {})
     inside = []
     real_read = callframe.Call.read
 
@@ -597,26 +597,94 @@ def test_mimalloc_snapshot_is_four_calls_and_reads_its_options_before_the_stop(m
         return real_read(self, addr, n)
 
     monkeypatch.setattr(callframe.Call, "read", spy)
+    return mi, inside
+
+
+def test_mimalloc_snapshot_reads_committed_from_memory_once_checked(mimalloc_fresh):
+    # mi_process_info is called only for _mi_stats_main.committed: its
+    # address is found in the library's code (statsmain), checked once
+    # against the call in the same stop, and from then on the two words are
+    # read before the stop.  So: the first stop is four calls (the check:
+    # mi_process_info, fmemopen, the print, fclose), the next ones three; the
+    # committed bytes equal the target's own mi_process_info (idle target);
+    # the option table and the committed word are never read inside a stop;
+    # the stream keeps stdio's buffer (no setvbuf).  A wall window's reader
+    # still calls mi_process_info (its page faults and CPU are deltas).
+    from collectors.allocators.mimalloc import optiontable
+    from collectors.engine.memory import MemoryReader
+    mi, inside = mimalloc_fresh
     exe = build_c("capture_mimalloc.c", "-lmimalloc", "-lpthread")
     with start([exe, "--serve"], allocator="mimalloc",
                env={"MIMALLOC_EAGER_COMMIT_DELAY": "3"}) as t:
         image = ProcessImage(t.pid)
         det = detect(image)
         reader = livestats.LiveReader(image, det)
-        ls = reader.collect()
+        addr, _ = reader.addrs["stats_main"]
+        first = reader.collect()
+        assert reader.rp.last["calls"] == 4 and first.native["stats_main"] is None
+        assert "checked against mi_process_info: the same committed bytes" in \
+            first.native["gathered_by"]
+        inside.clear()
+        second = reader.collect()
+        assert reader.rp.last["calls"] == 3 and second.native["process_info"] is None
         table = reader.addrs["option_table"]
-        assert table is not None and reader.rp.last["calls"] == 4
-        assert table not in inside and inside           # the text and out-values only
+        assert inside and table not in inside and \
+            not any(addr <= a < addr + 128 for a in inside)     # the print's text only
+        want = truth(t.lines)["current_commit"]
+        assert first.native["process_info"]["current_commit"] == want
+        sm = second.native["stats_main"]
+        assert sm["committed"]["current"] == want == second.stats["committed"].value
+        assert sm["committed"]["allocated"] - sm["committed"]["freed"] == want
+        assert "_mi_stats_main.committed.current" in second.stats["committed"].source
+        assert "no mi_process_info call" in second.native["gathered_by"]
+        cur = second.native["stats"]["rows"]["committed"]["current"]
+        assert cur["min"] <= want <= cur["max"]
         with MemoryReader(t.pid) as mem:
             entries = optiontable.values(
                 mem.read(table, len(mi.OPTIONS_2_0) * optiontable.DESC.size),
                 len(mi.OPTIONS_2_0))
-        assert list(ls.native["options"].values()) == [v for v, _ in entries]
-        assert ls.native["options"]["eager_commit_delay"] == 3
-        assert any("stdio buffer" in e for e in ls.native["side_effects"])
-        assert ls.native["stats"]["rows"]["committed"]["current"]["min"] <= \
-            ls.native["process_info"]["current_commit"] <= \
-            ls.native["stats"]["rows"]["committed"]["current"]["max"]
+        assert list(second.native["options"].values()) == [v for v, _ in entries]
+        assert second.native["options"]["eager_commit_delay"] == 3
+        assert any("stdio buffer" in e for e in second.native["side_effects"])
+        walled = livestats.collect(image, det, mimalloc_process_info=True)
+        assert walled.native["process_info"]["current_commit"] == want
+        assert walled.native["stats_main"] is None
+        assert t.alive()
+
+
+def test_mimalloc_committed_address_that_disagrees_is_not_used(mimalloc_fresh):
+    # An address that is not _mi_stats_main's committed counter (here:
+    # the counter before it, as a wrong layout would give) fails the check
+    # in every stop; after
+    # STATS_MAIN_DISAGREE_MAX stops it is dropped, and every snapshot calls
+    # mi_process_info, whose value is the one shown.
+    from collectors.allocators.mimalloc import statsmain
+    mi, _ = mimalloc_fresh
+    exe = build_c("capture_mimalloc.c", "-lmimalloc", "-lpthread")
+    real = mi._find_stats_main
+
+    def another_counter(obj):
+        # the counter before committed in mi_stats_t (reserved): a wrong layout
+        facts = real(obj)
+        facts["vaddr"] -= statsmain.COUNT.size
+        return facts
+
+    with start([exe, "--serve"], allocator="mimalloc") as t:
+        image = ProcessImage(t.pid)
+        det = detect(image)
+        want = truth(t.lines)["current_commit"]
+        import unittest.mock
+        with unittest.mock.patch.object(mi, "_find_stats_main", another_counter):
+            for i in range(mi.STATS_MAIN_DISAGREE_MAX):
+                ls = livestats.collect(image, det)
+                assert "different (not used)" in ls.native["gathered_by"]
+                assert ls.native["stats_main"] is None
+            last = livestats.LiveReader(image, det)
+            assert last.addrs["stats_main"] is None
+            ls = last.collect()
+        assert last.rp.last["calls"] == 4 and ls.native["stats_main"] is None
+        assert ls.stats["committed"].value == want
+        assert "mi_process_info" in ls.stats["committed"].source
         assert t.alive()
 
 
@@ -629,6 +697,40 @@ def _inspect(pid, *extra):
     calls = [int(line.split(" for ")[1].split()[0]) for line in r.stderr.splitlines()
              if "borrowed: stopped" in line]
     return doc, calls
+
+
+def test_mimalloc_check_of_its_committed_word_is_kept_on_disk_for_the_next_cli_run(tmp_path):
+    # The first `allocdiag inspect` of a mimalloc process checks where
+    # _mi_stats_main lies (four calls); the detection cache keeps the
+    # verdict with the library's file identity, so the next run reads the
+    # committed word from memory (three calls) and shows the same bytes;
+    # --no-cache checks again.
+    exe = build_c("capture_mimalloc.c", "-lmimalloc", "-lpthread")
+    old = os.environ.get("XDG_CACHE_HOME")
+    no_cache = os.environ.pop("ALLOCDIAG_NO_CACHE", None)
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path)
+    try:
+        with start([exe, "--serve"], allocator="mimalloc") as t:
+            first, calls_first = _inspect(t.pid)
+            again, calls_again = _inspect(t.pid)
+            os.environ["ALLOCDIAG_NO_CACHE"] = "1"         # what --no-cache sets
+            nocache, calls_nocache = _inspect(t.pid)
+            want = truth(t.lines)["current_commit"]
+    finally:
+        os.environ.pop("ALLOCDIAG_NO_CACHE", None)
+        if no_cache is not None:
+            os.environ["ALLOCDIAG_NO_CACHE"] = no_cache
+        if old is None:
+            os.environ.pop("XDG_CACHE_HOME", None)
+        else:
+            os.environ["XDG_CACHE_HOME"] = old
+    assert calls_first == [4] and calls_again == [3] and calls_nocache == [4]
+    assert "checked against mi_process_info: the same" in first["native"]["gathered_by"]
+    assert "no mi_process_info call" in again["native"]["gathered_by"]
+    assert "checked against" in nocache["native"]["gathered_by"]
+    for doc in (first, again, nocache):
+        assert doc["stats"]["committed"]["value"] == want
+    assert again["native"]["stats_main"]["committed"]["current"] == want
 
 
 @pytest.mark.parametrize("allocator, kept_note, calls_saved", [

@@ -51,7 +51,11 @@ class Reader:
     def native(self):
         """The allocator's native document, read once per read() with the
         snapshot reader (collectors.livestats)."""
-        live = livestats.collect(self.image, self.det, deadline_s=self.deadline_s)
+        # mimalloc: its mi_process_info figures (page faults, CPU time) are
+        # deltas of a window, so the call is made even where a snapshot
+        # reads the committed counter from memory instead
+        live = livestats.collect(self.image, self.det, deadline_s=self.deadline_s,
+                                 mimalloc_process_info=True)
         self.pause_us.extend(live.pause_us or [])
         return live.native
 

@@ -6,6 +6,8 @@ Native document::
                                     # ("format": "text") or parse_stats_json ("json")
      "process_info": {...} | None,  # mi_process_info's eight out-parameters
      "options": {name: int} | None, # mi_option_get, names of the running version
+     "stats_main": {...} | None,    # _mi_stats_main.committed read from memory
+                                    # (statsmain), when that replaced mi_process_info
      "version": str | None}         # e.g. "2.0.9" (detection, or mi_version())
 """
 
@@ -19,9 +21,10 @@ if TYPE_CHECKING:
 
 import struct
 
-from collectors.allocators.mimalloc import optiontable
+from collectors.allocators.mimalloc import optiontable, statsmain
 from collectors.allocators.mimalloc import stats as mimalloc_stats
 from collectors.allocators import common
+from collectors.binary import diskcache
 from collectors.engine.memory import MemoryReader
 from diag.model.errors import AllocdiagError, Unsupported
 from collectors.allocators.native import BYTES, COUNT, FLAG, MS, NativeField, RATIO, TEXT
@@ -32,6 +35,7 @@ _ST = "mimalloc src/stats.c _mi_stats_print (mi_stats_print_out)"
 _JS = "mimalloc src/stats.c mi_stats_get_json"
 _PI = "mimalloc src/stats.c mi_process_info"
 _WK = "collectors/allocators/mimalloc/segments.py (segment walk from memory)"
+_SM = "collectors/allocators/mimalloc/statsmain.py (mimalloc 2.0 src/stats.c _mi_stats_main)"
 
 # Rows of the text report (mimalloc 2.0.9 _mi_stats_print) and counts of
 # the JSON one, with their unit: mi_stat_print's unit argument (1 = bytes,
@@ -109,6 +113,12 @@ FIELDS = (
                     ("block_size", BYTES, "block size of the bin"),
                     ("page_size", BYTES, "page size of the bin"))) + (
     NativeField("process_info", TEXT, "none when mi_process_info was not called", _PI),
+    NativeField("stats_main", TEXT, "none unless the committed counter was read from memory", _SM),
+) + tuple(NativeField(f"stats_main.committed.{k}", BYTES, f"_mi_stats_main.committed.{k}", _SM)
+          for k in ("allocated", "freed", "peak", "current")) + (
+    NativeField("stats_main.address", TEXT, "where _mi_stats_main was read", _SM),
+    NativeField("stats_main.found_by", TEXT, "the symbol, or the lea in mi_process_info's callee",
+                _SM),
     NativeField("options", TEXT, "none when option names are not known for this version", "mi_option_get"),
     NativeField("options.?", COUNT, "an mi_option value (mi_option_get)",
                 "mimalloc include/mimalloc.h mi_option_t"),
@@ -208,6 +218,8 @@ def plan(res: Any, obj: Any, alloc: Any, opts: dict[str, Any]) -> dict[str, Any]
     a["options"] = option_names(getattr(alloc, "version", None))
     a["process_key"] = res.process_key(obj)
     a["option_table"] = _option_table(res, obj, a["options"])
+    a["stats_main"] = _stats_main(obj, getattr(alloc, "version", None)) \
+        if a["mi_process_info"] else None
     log.debug("mimalloc: stats as %s, %d options%s",
               "JSON (mi_stats_get_json)" if a["mi_stats_get_json"] else "text (mi_stats_print_out)",
               len(a["options"] or ()),
@@ -232,6 +244,89 @@ def _option_table(res: Any, obj: Any, names: Any) -> int | None:
         return None
 
 
+# Where _mi_stats_main lies, per library file: memory key -> {"vaddr": int |
+# None, "found_by": str, "checked": bool, "disagreed": int}, and in the
+# detection cache (by file identity) for the next CLI run.  The committed
+# counter is read from memory only once a snapshot found it equal to what
+# mi_process_info returned in the same stop; after STATS_MAIN_DISAGREE_MAX
+# disagreements (another layout) the address is not tried again.
+_stats_main_facts: dict[Any, dict[str, Any]] = {}
+STATS_MAIN_PART = "mimalloc-stats-main-1"
+STATS_MAIN_DISAGREE_MAX = 3
+PF_X, PF_W = 1, 2                       # ELF p_flags
+
+
+def _stats_main(obj: Any, version: Any) -> Any:
+    """(runtime address of _mi_stats_main, facts key) for the library OBJ,
+    or None: layout known for 2.0 only, symbol or code pattern not found,
+    or refuted."""
+    elf = getattr(obj, "elf", None)
+    if elf is None or getattr(obj, "bias", None) is None or \
+            not (version or "").startswith("2.0"):
+        return None
+    mkey = elf.key or (obj.path, getattr(obj, "dev", None), getattr(obj, "inode", None))
+    facts = _stats_main_facts.get(mkey)
+    if facts is None and elf.key is not None:
+        stored = diskcache.load(elf.key, STATS_MAIN_PART, obj.path)
+        if isinstance(stored, dict) and set(stored) == {"vaddr", "found_by", "checked",
+                                                        "disagreed"}:
+            facts = stored
+    if facts is None:
+        facts = _find_stats_main(obj)
+        if elf.key is not None:
+            diskcache.store(elf.key, STATS_MAIN_PART, facts, obj.path)
+    facts["disk"] = (elf.key, obj.path)
+    _stats_main_facts[mkey] = facts
+    if facts["vaddr"] is None or facts["disagreed"] >= STATS_MAIN_DISAGREE_MAX:
+        return None
+    return obj.bias + facts["vaddr"], mkey
+
+
+def _find_stats_main(obj: Any) -> dict[str, Any]:
+    elf, opener = obj.elf, obj.opener.open
+    facts: dict[str, Any] = {"vaddr": None, "found_by": None, "checked": False, "disagreed": 0}
+    sym = elf.lookup(statsmain.SYMBOL, opener)
+    if sym is not None and sym.defined:
+        facts.update(vaddr=sym.st_value, found_by=f"symbol {statsmain.SYMBOL}")
+        return facts
+    entry = elf.lookup("mi_process_info", opener)
+    if entry is None:
+        return facts
+
+    def in_load(flag: int) -> Any:
+        return lambda v: any(p_vaddr <= v < p_vaddr + memsz and flags & flag
+                             for p_vaddr, _, memsz, flags in elf.loads)
+    try:
+        found = statsmain.locate(lambda v, n: elf.text_bytes(v, n, opener), entry.st_value,
+                                 in_load(PF_X), in_load(PF_W))
+    except OSError as exc:
+        log.debug("mimalloc: code of mi_process_info not read: %s", exc)
+        return facts
+    if found is not None:
+        facts.update(vaddr=found, found_by="lea in the function mi_process_info calls")
+    return facts
+
+
+def _stats_main_checked(a: Any) -> bool:
+    sm = a.get("stats_main")
+    return bool(sm) and _stats_main_facts.get(sm[1], {}).get("checked", False)
+
+
+def _stats_main_verdict(mkey: Any, agreed: bool) -> None:
+    """Keep what one check found, in memory and on disk."""
+    facts = _stats_main_facts.get(mkey)
+    if facts is None:
+        return
+    if agreed:
+        facts["checked"] = True
+    else:
+        facts["disagreed"] += 1
+    disk_key, path = facts.get("disk", (None, None))
+    if disk_key is not None:
+        diskcache.store(disk_key, STATS_MAIN_PART,
+                        {k: v for k, v in facts.items() if k != "disk"}, path)
+
+
 def prefetch(image: Any, a: Any) -> dict[str, Any]:
     """What the gather reads before the stop rather than inside it: the
     option table's entries.  They are mimalloc's memory, which the other
@@ -239,27 +334,45 @@ def prefetch(image: Any, a: Any) -> dict[str, Any]:
     bought no consistency; it cost two reads and a parse (~30 us of a new
     allocdiag process's stop, bench/pause.py --snapshots).  {} when not
     read (the gather then reads the table in the stop)."""
-    if not (a.get("option_table") and a["options"]) or image is None:
+    table = bool(a.get("option_table") and a["options"])
+    committed = _stats_main_checked(a)
+    if image is None or not (table or committed):
         return {}
-    n = len(a["options"])
+    out: dict[str, Any] = {}
     try:
         with MemoryReader(image.pid, image.procfs.root) as mem:
-            got = mem.read(a["option_table"], n * optiontable.DESC.size)
+            if table:
+                n = len(a["options"])
+                got = mem.read(a["option_table"], n * optiontable.DESC.size)
+                if got:
+                    out["option_entries"] = optiontable.values(got, n)
+            if committed:
+                got = mem.read(a["stats_main"][0] + statsmain.COMMITTED, statsmain.COUNT.size)
+                if got:
+                    out["committed_count"] = statsmain.COUNT.unpack(got)
     except AllocdiagError as exc:
-        log.debug("mimalloc option table not read before the stop: %s", exc)
-        return {}
-    return {"option_entries": optiontable.values(got, n)} if got else {}
+        log.debug("mimalloc: memory not read before the stop: %s", exc)
+    return out
 
 
 def gather(c: Any, a: Any, opts: Any) -> Any:
     raw: dict[str, Any] = {}
-    if a["mi_process_info"] and getattr(c, "max_args", 6) >= 8:
+    if a.get("committed_count") is not None and not opts.get("mimalloc_process_info"):
+        # the committed counter was read before the stop (prefetch): no call
+        raw["committed_count"] = a["committed_count"]
+        raw["stats_main_at"] = a["stats_main"]
+    elif a["mi_process_info"] and getattr(c, "max_args", 6) >= 8:
         # one zeroed block for the eight out-values: one write and one read
         # inside the stop instead of eight of each
         n = len(mimalloc_stats.PROCESS_INFO_FIELDS)
         block = c.scratch(8 * n)
         c.write(block, b"\0" * (8 * n))
         c.call(a["mi_process_info"], *(block + 8 * i for i in range(n)))
+        sm = a.get("stats_main")
+        if sm and not _stats_main_checked(a):
+            # the check: the same two words, right after the call
+            raw["stats_main_check"] = (sm, statsmain.CHECKED.unpack(
+                c.read(sm[0] + statsmain.COMMITTED + statsmain.PEAK, statsmain.CHECKED.size)))
         raw["process_info"] = list(struct.unpack(f"<{n}Q", c.read(block, 8 * n)))
     if a.get("option_table") and a["options"]:
         # one read of mimalloc's own table; an entry not yet initialised
@@ -300,9 +413,24 @@ def parse(raw: Any, alloc: Any) -> Any:
     version = getattr(alloc, "version", None)
     names = option_names(version)
     native: dict[str, Any] = {"stats": None, "process_info": None, "options": None, "version": version,
-              "side_effects": []}
+              "side_effects": [], "stats_main": None}
+    checked = ""
     if "process_info" in raw:
-        native["process_info"] = mimalloc_stats.process_info_dict(raw["process_info"])
+        native["process_info"] = pi = mimalloc_stats.process_info_dict(raw["process_info"])
+        if "stats_main_check" in raw:
+            (addr, mkey), words = raw["stats_main_check"]
+            agreed = words == (pi["peak_commit"], pi["current_commit"])
+            _stats_main_verdict(mkey, agreed)
+            checked = (f"; _mi_stats_main at {addr:#x} checked against mi_process_info: "
+                       + ("the same committed bytes (read from memory from now on)" if agreed
+                          else "different (not used)"))
+    if "committed_count" in raw:
+        addr, mkey = raw["stats_main_at"]
+        native["stats_main"] = {
+            "committed": dict(zip(("allocated", "freed", "peak", "current"),
+                                  raw["committed_count"])),
+            "address": f"{addr:#x}",
+            "found_by": _stats_main_facts.get(mkey, {}).get("found_by")}
     if "options" in raw:
         native["options"] = {n: common.signed(v) for n, v in zip(names, raw["options"])}
     if "stats_json" in raw:
@@ -318,6 +446,11 @@ def parse(raw: Any, alloc: Any) -> Any:
             native["stats"] = mimalloc_stats.parse_stats_text(raw["stats_text"].decode(errors="replace"))
         except AllocdiagError as exc:
             native["stats_error"] = str(exc)
+    if native["stats_main"] and native.get("gathered_by"):
+        native["gathered_by"] += ("; committed bytes read from _mi_stats_main before the stop "
+                                  "(no mi_process_info call)")
+    if native.get("gathered_by"):
+        native["gathered_by"] += checked
     if raw.get("options_from_table") and native.get("gathered_by"):
         native["gathered_by"] += "; options read from mimalloc's option table (no call)"
     if raw.get("options_cached") and native.get("gathered_by"):
@@ -326,7 +459,8 @@ def parse(raw: Any, alloc: Any) -> Any:
 
 
 def normalise(native: dict[str, Any]) -> dict[str, Value]:
-    return mimalloc_stats.normalise_mimalloc(native.get("stats"), native.get("process_info"))
+    return mimalloc_stats.normalise_mimalloc(native.get("stats"), native.get("process_info"),
+                                             native.get("stats_main"))
 
 
 def parse_file(data: bytes) -> dict[str, Any]:
@@ -336,7 +470,8 @@ def parse_file(data: bytes) -> dict[str, Any]:
     stats = (mimalloc_stats.parse_stats_json(text) if text.lstrip().startswith("{")
              else mimalloc_stats.parse_stats_text(text))
     return {"stats": stats, "process_info": None, "options": None, "version": None,
-            "side_effects": [], "gathered_by": "file: mimalloc stats " + stats["format"]}
+            "side_effects": [], "stats_main": None,
+            "gathered_by": "file: mimalloc stats " + stats["format"]}
 
 
 def looks_like(head: bytes) -> bool:

@@ -239,14 +239,17 @@ def process_info_dict(values: Any) -> Any:
     return d
 
 
-def normalise_mimalloc(native: Any = None, process_info: Any = None) -> Any:
-    """Text/JSON native dict and/or mi_process_info dict -> {field: Value}.
+def normalise_mimalloc(native: Any = None, process_info: Any = None,
+                       stats_main: Any = None) -> Any:
+    """Text/JSON native dict and/or mi_process_info dict (or the committed
+    counter read from memory, STATS_MAIN) -> {field: Value}.
 
       allocated = malloc_normal.current + malloc_huge.current   (JSON, if tracked)
                 | "total" row current (text, debug/MI_STAT builds only)
                 | unknown (release builds do not count program allocations)
       committed = committed current bytes: mi_process_info current_commit
-                  (exact) | stats committed.current.  Not resident: committed
+                  or _mi_stats_main.committed.current read from memory (the
+                  same word: exact) | stats committed.current.  Not resident: committed
                   pages may be untouched or reset (MADV_FREE), so the host
                   view of a burst-then-idle process showed 160 MiB against an
                   RSS of 100.9 MiB.  mi_process_info's current_rss on Linux is
@@ -287,10 +290,19 @@ def normalise_mimalloc(native: Any = None, process_info: Any = None) -> Any:
             out["allocated"] = text_value("total", "current", "")
         out["mapped"] = text_value("reserved", "current", "")
         out["committed"] = text_value("committed", "current", "")
+    exact = None
     if process_info is not None and process_info.get("current_commit") is not None:
+        exact = "mi_process_info current_commit"
         out["committed"] = Value.measured(
             process_info["current_commit"],
             "mi_process_info current_commit (current_rss is the same counter on Linux)")
+    elif stats_main is not None:
+        exact = "_mi_stats_main.committed.current"
+        out["committed"] = Value.measured(
+            stats_main["committed"]["current"],
+            f"_mi_stats_main.committed.current read from memory at {stats_main['address']} "
+            "(what mi_process_info returns as current_commit; address checked against it)")
+    if exact is not None:
         amt = (native or {}).get("rows", {}).get("reserved", {}).get("current") \
             if fmt == "text" else None
         if amt is not None and amt["min"] < out["committed"].value <= amt["max"]:
@@ -299,5 +311,5 @@ def normalise_mimalloc(native: Any = None, process_info: Any = None) -> Any:
             out["mapped"] = Value.derived(
                 out["committed"].value,
                 f"mi_stats_print reserved current, printed as {amt['text']!r} (true value in "
-                f"[{amt['min']}, {amt['max']}]): at least mi_process_info current_commit")
+                f"[{amt['min']}, {amt['max']}]): at least {exact}")
     return out

@@ -1,0 +1,128 @@
+"""collectors.allocators.mimalloc.statsmain: finding _mi_stats_main in the code
+of mi_process_info.  Synthetic code for each rule of the pattern, Debian's
+library for the real thing (the live check against mi_process_info is in
+tests/test_livestats.py), and random bytes that must give None or an address
+in writable data, never an exception."""
+
+import struct
+
+from hypothesis import given, settings, strategies as st
+
+from collectors.allocators.mimalloc import statsmain
+from collectors.binary import elf as elfmod
+
+ENTRY, CALLEE, DATA = 0x1000, 0x2000, 0x9000
+TEXT_END, DATA_END = 0x3000, 0xA000
+NOP, RET = b"\x90", b"\xc3"
+
+
+def rel32(target, end):
+    return struct.pack("<i", target - end)
+
+
+def call_at(at, target):
+    return b"\xe8" + rel32(target, at + 5)
+
+
+def lea(at, rex, modrm, target):
+    return bytes([rex, 0x8D, modrm]) + rel32(target, at + statsmain.LEA_LEN)
+
+
+def image(caller, callee):
+    segs = {ENTRY: caller, CALLEE: callee}
+
+    def code_at(v, n):
+        for start, data in segs.items():
+            if start <= v < start + len(data):
+                return data[v - start: v - start + n]
+        return None
+    return code_at
+
+
+def executable(v):
+    return ENTRY <= v < TEXT_END
+
+
+def writable(v):
+    return DATA <= v < DATA_END
+
+
+def locate(callee, caller=None, target_ok=writable):
+    caller = caller if caller is not None else NOP * 8 + call_at(ENTRY + 8, CALLEE) + RET
+    return statsmain.locate(image(caller, callee), ENTRY, executable, target_ok)
+
+
+def callee_with(rex=0x48, modrm=0x05, loads=(b"\x48\x8b\x50\x70", b"\x48\x8b\x40\x78"),
+                target=DATA):
+    at = CALLEE + 4
+    return NOP * 4 + lea(at, rex, modrm, target) + b"".join(loads) + RET
+
+
+def test_the_pattern_of_debians_build_is_found():
+    # lea 0x..(%rip),%rax; mov 0x70(%rax),%rdx; mov 0x78(%rax),%rax
+    assert locate(callee_with()) == DATA
+
+
+def test_a_high_register_is_followed_through_rex():
+    # lea 0x..(%rip),%r8 (REX.R); mov 0x70(%r8),%rdx; mov 0x78(%r8),%rax (REX.B)
+    assert locate(callee_with(rex=0x4C, loads=(b"\x49\x8b\x50\x70", b"\x49\x8b\x40\x78"))) == DATA
+
+
+def test_what_is_not_the_pattern_gives_none():
+    # the loads from another register than the lea's
+    assert locate(callee_with(loads=(b"\x48\x8b\x51\x70", b"\x48\x8b\x41\x78"))) is None
+    # only the peak is loaded
+    assert locate(callee_with(loads=(b"\x48\x8b\x50\x70",))) is None
+    # other offsets (another layout)
+    assert locate(callee_with(loads=(b"\x48\x8b\x50\x50", b"\x48\x8b\x40\x58"))) is None
+    # the lea's target is not writable data
+    assert locate(callee_with(target=TEXT_END - 0x10)) is None
+    # not RIP-relative (lea 0x0(%rax),%rax: mod 01)
+    assert locate(callee_with(modrm=0x40)) is None
+    # the call goes outside the code
+    assert locate(callee_with(), caller=NOP * 8 + call_at(ENTRY + 8, DATA) + RET) is None
+    # no call at all, no code
+    assert locate(callee_with(), caller=NOP * 16 + RET) is None
+    assert statsmain.locate(lambda v, n: None, ENTRY, executable, writable) is None
+    assert locate(b"") is None
+
+
+def test_the_second_call_is_followed_when_the_first_leads_nowhere():
+    other = 0x2800
+    caller = call_at(ENTRY, other) + call_at(ENTRY + 5, CALLEE) + RET
+    code = {ENTRY: caller, CALLEE: callee_with(), other: NOP * 32 + RET}
+
+    def code_at(v, n):
+        for start, data in code.items():
+            if start <= v < start + len(data):
+                return data[v - start: v - start + n]
+        return None
+    assert statsmain.locate(code_at, ENTRY, executable, writable) == DATA
+
+
+def test_debians_libmimalloc_holds_it_in_its_writable_segment():
+    path = "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2.0"
+
+    class Opener:
+        display_path = path
+
+        def open(self):
+            return open(path, "rb")
+    op = Opener()
+    obj = elfmod.load(op)
+    entry = obj.lookup("mi_process_info", op.open)
+
+    def in_load(flag):
+        return lambda v: any(a <= v < a + m and f & flag for a, _, m, f in obj.loads)
+    found = statsmain.locate(lambda v, n: obj.text_bytes(v, n, op.open), entry.st_value,
+                             in_load(1), in_load(2))
+    assert found is not None and in_load(2)(found) and not in_load(1)(found)
+    if obj.build_id == "d07f4e7dc9a039fcbe7747f416476bd65cb48e8b":   # Debian 12's 2.0.9
+        assert found == 0x61C40
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300), st.binary(max_size=1100))
+def test_random_code_gives_none_or_writable_data(caller, callee):
+    found = statsmain.locate(image(caller, callee), ENTRY, executable, writable)
+    assert found is None or writable(found)
