@@ -126,3 +126,32 @@ def test_debians_libmimalloc_holds_it_in_its_writable_segment():
 def test_random_code_gives_none_or_writable_data(caller, callee):
     found = statsmain.locate(image(caller, callee), ENTRY, executable, writable)
     assert found is None or writable(found)
+
+
+def test_a_disagreement_counts_against_the_address_only_when_the_words_held_still(monkeypatch):
+    # parse() of what gather() brings back from a checking stop: the eight
+    # mi_process_info values and the two words read right after the call,
+    # with the same words read before the stop.  Words that moved between
+    # the two reads (another thread committed) leave the address unjudged.
+    from collectors import allocators
+    mi = allocators.module("mimalloc")
+    key = ("lib", 1, 2)
+    monkeypatch.setattr(mi, "_stats_main_facts", {key: {
+        "vaddr": 0x61C40, "found_by": "test", "checked": False, "disagreed": 0,
+        "disk": (None, None)}})
+
+    class Alloc:
+        version = "2.0.9"
+
+    def check(after, before):
+        info = [1, 2, 3, 4096, 8192, 4096, 8192, 0]     # current_commit 4096, peak 8192
+        raw = {"process_info": info, "stats_main_check": ((0x7F0000061C40, key), after, before),
+               "stats_text": b""}
+        return mi.parse(raw, Alloc())["gathered_by"]
+
+    assert "moved meanwhile" in check((8192, 4160), (8192, 4100))
+    assert mi._stats_main_facts[key]["disagreed"] == 0
+    assert "different (not used)" in check((0, 77), (0, 77))
+    assert mi._stats_main_facts[key]["disagreed"] == 1 and not mi._stats_main_facts[key]["checked"]
+    assert "the same committed bytes" in check((8192, 4096), (8192, 4000))
+    assert mi._stats_main_facts[key]["checked"]

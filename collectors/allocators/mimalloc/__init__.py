@@ -336,7 +336,8 @@ def prefetch(image: Any, a: Any) -> dict[str, Any]:
     read (the gather then reads the table in the stop)."""
     table = bool(a.get("option_table") and a["options"])
     committed = _stats_main_checked(a)
-    if image is None or not (table or committed):
+    checking = bool(a.get("stats_main")) and not committed
+    if image is None or not (table or committed or checking):
         return {}
     out: dict[str, Any] = {}
     try:
@@ -350,6 +351,13 @@ def prefetch(image: Any, a: Any) -> dict[str, Any]:
                 got = mem.read(a["stats_main"][0] + statsmain.COMMITTED, statsmain.COUNT.size)
                 if got:
                     out["committed_count"] = statsmain.COUNT.unpack(got)
+            elif checking:
+                # the words to be checked, before the stop too: a check whose
+                # words moved meanwhile says nothing against the address
+                got = mem.read(a["stats_main"][0] + statsmain.COMMITTED + statsmain.PEAK,
+                               statsmain.CHECKED.size)
+                if got:
+                    out["stats_main_before"] = statsmain.CHECKED.unpack(got)
     except AllocdiagError as exc:
         log.debug("mimalloc: memory not read before the stop: %s", exc)
     return out
@@ -372,7 +380,8 @@ def gather(c: Any, a: Any, opts: Any) -> Any:
         if sm and not _stats_main_checked(a):
             # the check: the same two words, right after the call
             raw["stats_main_check"] = (sm, statsmain.CHECKED.unpack(
-                c.read(sm[0] + statsmain.COMMITTED + statsmain.PEAK, statsmain.CHECKED.size)))
+                c.read(sm[0] + statsmain.COMMITTED + statsmain.PEAK, statsmain.CHECKED.size)),
+                a.get("stats_main_before"))
         raw["process_info"] = list(struct.unpack(f"<{n}Q", c.read(block, 8 * n)))
     if a.get("option_table") and a["options"]:
         # one read of mimalloc's own table; an entry not yet initialised
@@ -418,12 +427,16 @@ def parse(raw: Any, alloc: Any) -> Any:
     if "process_info" in raw:
         native["process_info"] = pi = mimalloc_stats.process_info_dict(raw["process_info"])
         if "stats_main_check" in raw:
-            (addr, mkey), words = raw["stats_main_check"]
+            (addr, mkey), words, before = raw["stats_main_check"]
             agreed = words == (pi["peak_commit"], pi["current_commit"])
-            _stats_main_verdict(mkey, agreed)
+            # against the address only when the words held still around the call
+            if agreed or before == words:
+                _stats_main_verdict(mkey, agreed)
             checked = (f"; _mi_stats_main at {addr:#x} checked against mi_process_info: "
                        + ("the same committed bytes (read from memory from now on)" if agreed
-                          else "different (not used)"))
+                          else "different (not used)" if before == words
+                          else "different, but the words moved meanwhile (checked again "
+                               "next time)"))
     if "committed_count" in raw:
         addr, mkey = raw["stats_main_at"]
         native["stats_main"] = {
