@@ -130,6 +130,44 @@ def test_epoll_waits_borrowed_without_visible_eintr(sp, mode, nr):
     assert_released(t.pid)
 
 
+def test_epoll_eintr_check_reads_the_syscall_instruction_before_the_stop(sp, monkeypatch):
+    """Whether an EINTR wait can be restarted depends on the `syscall`
+    instruction before its pc: read before the stop (the pc /proc shows for
+    the sleeping thread, in read-only text), so the check inside the stop
+    reads no memory; the wait is still given back without an EINTR."""
+    from collectors.engine import choose
+    t, a = sp("epoll_wait")
+    inside = []
+    judging = []
+    real_read, real_check = choose.Chooser.try_read, choose.Chooser.eintr_restartable
+
+    def read(self, addr, n):
+        if judging:
+            inside.append(addr)
+        return real_read(self, addr, n)
+
+    def check(self, th):
+        judging.append(1)
+        try:
+            return real_check(self, th)
+        finally:
+            judging.pop()
+    monkeypatch.setattr(choose.Chooser, "try_read", read)
+    monkeypatch.setattr(choose.Chooser, "eintr_restartable", check)
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))
+    rewritten = 0
+    for _ in range(10):
+        parked(t, a, 232)
+        with rp.borrow(tid=a["tid"]) as c:
+            assert c.syscall == "epoll_wait"
+        rewritten += rp.last["restarted_eintr"]
+        assert rp._chooser.insn_before
+    time.sleep(0.05)
+    assert rewritten >= 8 and inside == []
+    assert stat(t, a, EINTR) == 0 and stat(t, a, BAD) == 0
+    assert_released(t.pid)
+
+
 @pytest.mark.parametrize("mode,nr", EPOLL_MODES)
 def test_epoll_waits_with_calls_many_borrows(sp, mode, nr):
     """200 borrows each making a real call: the registers given back are

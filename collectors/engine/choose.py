@@ -119,6 +119,7 @@ class Chooser:
         self.round_sps: tuple[tuple[int, int | None], ...] = ()
         self.parked = False       # no thread of the current round was running
         self.room: dict[int, int] = {}   # tid -> room seen this borrow (refusal message)
+        self.insn_before: dict[int, bytes | None] = {}     # new_borrow
         self.restart_kinds: dict[int, tuple[str | None, str | Refusal]] = {}
         self.judge_stack: safepoints.StackJudge | None = None   # built for a futex wait
         self._judge_maps: bytes | None = None   # the maps it was built from
@@ -126,6 +127,11 @@ class Chooser:
     def new_borrow(self) -> None:
         self.room = {}
         self.restart_kinds = {}
+        # pc -> the SYSCALL_INSN-long bytes before it, read before the stop
+        # (prepare) from read-only text; eintr_restartable's check then
+        # reads nothing inside the stop (~16 us of a new allocdiag process's
+        # stop of an epoll waiter)
+        self.insn_before = {}
 
     def need(self) -> int:
         """Bytes a call needs below the red zone: the engine's frame budget
@@ -344,6 +350,7 @@ class Chooser:
         point): parse the CFI a futex or resumed wait's walk needs, or load
         every object's CFI index for a running thread's walk.  Returns (whether
         it read the mappings, a refusal the look-ahead found)."""
+        self.read_insn_before(c.facts.pc)
         if c.category == safepoints.EPOLL:
             # when it last ran, for the time left of its timeout: read only
             # for the epoll waiter about to be stopped (clock_offset moves
@@ -366,6 +373,22 @@ class Chooser:
                 judge.load_tables()
             return True, None
         return False, None
+
+    def read_insn_before(self, pc: int | None) -> None:
+        """Keep the bytes before PC (a waiting thread's, from /proc) when PC
+        lies in a mapping nobody can write: text that cannot change before
+        the stop.  Writable or unknown mappings (JIT code) are read in the
+        stop as before."""
+        if pc is None or self.stackmaps is None:
+            return
+        i = self.stackmaps.index(pc - len(safepoints.SYSCALL_INSN))
+        if i is None:
+            return
+        m = self.stackmaps.maps[i]
+        if "w" in m.perms or "x" not in m.perms or pc > m.end:
+            return
+        self.insn_before[pc] = self.try_read(pc - len(safepoints.SYSCALL_INSN),
+                                             len(safepoints.SYSCALL_INSN))
 
     def last_ran(self, tid: int) -> tuple[float | None, float | None]:
         """(CLOCK_MONOTONIC seconds at which TID last ran (it went to sleep
@@ -554,8 +577,10 @@ class Chooser:
         nr, _ = self.arch.syscall_state(regs)
         if nr < 0:
             return "no syscall to restart"
-        insn = self.try_read(self.arch.pc(regs) - len(safepoints.SYSCALL_INSN),
-                             len(safepoints.SYSCALL_INSN))
+        pc = self.arch.pc(regs)
+        insn = self.insn_before.get(pc)
+        if insn is None:
+            insn = self.try_read(pc - len(safepoints.SYSCALL_INSN), len(safepoints.SYSCALL_INSN))
         if insn != safepoints.SYSCALL_INSN:
             return "no syscall instruction before the pc"
         return None
