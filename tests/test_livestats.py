@@ -639,6 +639,12 @@ def test_mimalloc_snapshot_reads_committed_from_memory_once_checked(mimalloc_fre
         assert "no mi_process_info call" in second.native["gathered_by"]
         cur = second.native["stats"]["rows"]["committed"]["current"]
         assert cur["min"] <= want <= cur["max"]
+        # reserved, the count before it, exact where the text rounds it
+        reserved = second.native["stats"]["rows"]["reserved"]["current"]
+        assert reserved["min"] <= sm["reserved"]["current"] <= reserved["max"]
+        assert sm["reserved"]["allocated"] - sm["reserved"]["freed"] == sm["reserved"]["current"]
+        assert second.stats["mapped"].value == sm["reserved"]["current"] >= want
+        assert second.stats["mapped"].provenance == "measured"
         with MemoryReader(t.pid) as mem:
             entries = optiontable.values(
                 mem.read(table, len(mi.OPTIONS_2_0) * optiontable.DESC.size),

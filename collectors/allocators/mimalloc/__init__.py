@@ -114,8 +114,8 @@ FIELDS = (
                     ("page_size", BYTES, "page size of the bin"))) + (
     NativeField("process_info", TEXT, "none when mi_process_info was not called", _PI),
     NativeField("stats_main", TEXT, "none unless the committed counter was read from memory", _SM),
-) + tuple(NativeField(f"stats_main.committed.{k}", BYTES, f"_mi_stats_main.committed.{k}", _SM)
-          for k in ("allocated", "freed", "peak", "current")) + (
+) + tuple(NativeField(f"stats_main.{c}.{k}", BYTES, f"_mi_stats_main.{c}.{k}", _SM)
+          for c in ("reserved", "committed") for k in statsmain.COUNT_FIELDS) + (
     NativeField("stats_main.address", TEXT, "where _mi_stats_main was read", _SM),
     NativeField("stats_main.found_by", TEXT, "the symbol, or the lea in mi_process_info's callee",
                 _SM),
@@ -348,9 +348,9 @@ def prefetch(image: Any, a: Any) -> dict[str, Any]:
                 if got:
                     out["option_entries"] = optiontable.values(got, n)
             if committed:
-                got = mem.read(a["stats_main"][0] + statsmain.COMMITTED, statsmain.COUNT.size)
+                got = mem.read(a["stats_main"][0] + statsmain.RESERVED, statsmain.OS_COUNTS.size)
                 if got:
-                    out["committed_count"] = statsmain.COUNT.unpack(got)
+                    out["os_counts"] = statsmain.OS_COUNTS.unpack(got)
             elif checking:
                 # the words to be checked, before the stop too: a check whose
                 # words moved meanwhile says nothing against the address
@@ -365,9 +365,9 @@ def prefetch(image: Any, a: Any) -> dict[str, Any]:
 
 def gather(c: Any, a: Any, opts: Any) -> Any:
     raw: dict[str, Any] = {}
-    if a.get("committed_count") is not None and not opts.get("mimalloc_process_info"):
+    if a.get("os_counts") is not None and not opts.get("mimalloc_process_info"):
         # the committed counter was read before the stop (prefetch): no call
-        raw["committed_count"] = a["committed_count"]
+        raw["os_counts"] = a["os_counts"]
         raw["stats_main_at"] = a["stats_main"]
     elif a["mi_process_info"] and getattr(c, "max_args", 6) >= 8:
         # one zeroed block for the eight out-values: one write and one read
@@ -437,11 +437,12 @@ def parse(raw: Any, alloc: Any) -> Any:
                           else "different (not used)" if before == words
                           else "different, but the words moved meanwhile (checked again "
                                "next time)"))
-    if "committed_count" in raw:
+    if "os_counts" in raw:
         addr, mkey = raw["stats_main_at"]
+        n = len(statsmain.COUNT_FIELDS)
         native["stats_main"] = {
-            "committed": dict(zip(("allocated", "freed", "peak", "current"),
-                                  raw["committed_count"])),
+            "reserved": dict(zip(statsmain.COUNT_FIELDS, raw["os_counts"][:n])),
+            "committed": dict(zip(statsmain.COUNT_FIELDS, raw["os_counts"][n:])),
             "address": f"{addr:#x}",
             "found_by": _stats_main_facts.get(mkey, {}).get("found_by")}
     if "options" in raw:
@@ -460,8 +461,8 @@ def parse(raw: Any, alloc: Any) -> Any:
         except AllocdiagError as exc:
             native["stats_error"] = str(exc)
     if native["stats_main"] and native.get("gathered_by"):
-        native["gathered_by"] += ("; committed bytes read from _mi_stats_main before the stop "
-                                  "(no mi_process_info call)")
+        native["gathered_by"] += ("; reserved and committed bytes read from _mi_stats_main "
+                                  "before the stop (no mi_process_info call)")
     if native.get("gathered_by"):
         native["gathered_by"] += checked
     if raw.get("options_from_table") and native.get("gathered_by"):

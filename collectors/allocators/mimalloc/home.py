@@ -108,10 +108,11 @@ class Mimalloc(Base):
                     else "gauge"
                 out[f"mimalloc.process_info.{k}"] = (v, "count", kind,
                                                      f"mi_process_info {k}")
-        for k, v in ((native.get("stats_main") or {}).get("committed") or {}).items():
-            if k in ("peak", "current"):
-                out[f"mimalloc.stats_main.committed.{k}"] = (
-                    v, "bytes", "gauge", f"_mi_stats_main.committed.{k} (read from memory)")
+        for count in ("reserved", "committed"):
+            for k, v in ((native.get("stats_main") or {}).get(count) or {}).items():
+                if k in ("peak", "current"):
+                    out[f"mimalloc.stats_main.{count}.{k}"] = (
+                        v, "bytes", "gauge", f"_mi_stats_main.{count}.{k} (read from memory)")
         _flatten(out, "mimalloc.stats", (native.get("stats") or {}).get("counters"),
                  "delta", "mi_stats_print counters")
         return out

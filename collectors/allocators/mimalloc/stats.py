@@ -257,7 +257,8 @@ def normalise_mimalloc(native: Any = None, process_info: Any = None,
       resident  = unknown here; diag.snapshot measures it from the pages of
                   the segments (collectors.allocators.mimalloc.segments + pagemap).
       mapped    = reserved.current (address space reserved: OS allocations
-                  incl. not-yet-committed parts of segments/arenas)
+                  incl. not-yet-committed parts of segments/arenas): exact
+                  from _mi_stats_main, else the text's rounded amount
       active, retained, metadata, dirty, muzzy: unknown (not tracked, or
       only as cumulative counters).
     """
@@ -297,11 +298,14 @@ def normalise_mimalloc(native: Any = None, process_info: Any = None,
             process_info["current_commit"],
             "mi_process_info current_commit (current_rss is the same counter on Linux)")
     elif stats_main is not None:
-        exact = "_mi_stats_main.committed.current"
         out["committed"] = Value.measured(
             stats_main["committed"]["current"],
             f"_mi_stats_main.committed.current read from memory at {stats_main['address']} "
             "(what mi_process_info returns as current_commit; address checked against it)")
+        out["mapped"] = Value.measured(
+            stats_main["reserved"]["current"],
+            f"_mi_stats_main.reserved.current read from memory at {stats_main['address']} "
+            "(the count before committed; the text prints it rounded)")
     if exact is not None:
         amt = (native or {}).get("rows", {}).get("reserved", {}).get("current") \
             if fmt == "text" else None

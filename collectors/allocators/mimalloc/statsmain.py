@@ -22,7 +22,9 @@ the detection cache).
 
 mi_stats_t in 2.0 (include/mimalloc-types.h) begins with mi_stat_count_t
 ``segments, pages, reserved, committed``, each ``{int64 allocated, freed,
-peak, current}``.
+peak, current}``.  ``reserved`` (address space taken from the OS) is the
+count just before ``committed`` and is counted by the OS layer the same way,
+so it is read with it: the text prints it rounded to 0.1 of a unit.
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ import struct
 from collections.abc import Callable
 
 COUNT = struct.Struct("<qqqq")          # mi_stat_count_t: allocated, freed, peak, current
+COUNT_FIELDS = ("allocated", "freed", "peak", "current")
+RESERVED = 2 * COUNT.size               # offsetof(mi_stats_t, reserved) in 2.0
 COMMITTED = 3 * COUNT.size              # offsetof(mi_stats_t, committed) in 2.0
+OS_COUNTS = struct.Struct("<8q")        # reserved and committed, read together
 PEAK, CURRENT = 16, 24                  # offsetof(mi_stat_count_t, peak / current)
 CHECKED = struct.Struct("<qq")          # committed.peak, committed.current: what is compared
 SYMBOL = "_mi_stats_main"               # unstripped builds name it
