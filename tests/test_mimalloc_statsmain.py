@@ -155,3 +155,13 @@ def test_a_disagreement_counts_against_the_address_only_when_the_words_held_stil
     assert mi._stats_main_facts[key]["disagreed"] == 1 and not mi._stats_main_facts[key]["checked"]
     assert "the same committed bytes" in check((8192, 4096), (8192, 4000))
     assert mi._stats_main_facts[key]["checked"]
+
+
+def test_a_cache_entry_of_another_shape_is_not_used():
+    from collectors import allocators
+    mi = allocators.module("mimalloc")
+    good = {"vaddr": 0x61C40, "found_by": "lea", "checked": True, "disagreed": 0}
+    assert mi._stored_facts(good) and mi._stored_facts(dict(good, vaddr=None))
+    for bad in (None, [], dict(good, vaddr="0x61c40"), dict(good, checked=1),
+                dict(good, extra=1), {k: v for k, v in good.items() if k != "disagreed"}):
+        assert not mi._stored_facts(bad)

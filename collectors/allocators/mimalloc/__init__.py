@@ -6,8 +6,9 @@ Native document::
                                     # ("format": "text") or parse_stats_json ("json")
      "process_info": {...} | None,  # mi_process_info's eight out-parameters
      "options": {name: int} | None, # mi_option_get, names of the running version
-     "stats_main": {...} | None,    # _mi_stats_main.committed read from memory
-                                    # (statsmain), when that replaced mi_process_info
+     "stats_main": {...} | None,    # _mi_stats_main.reserved and .committed read
+                                    # from memory (statsmain), when that replaced
+                                    # mi_process_info
      "version": str | None}         # e.g. "2.0.9" (detection, or mi_version())
 """
 
@@ -268,8 +269,7 @@ def _stats_main(obj: Any, version: Any) -> Any:
     facts = _stats_main_facts.get(mkey)
     if facts is None and elf.key is not None:
         stored = diskcache.load(elf.key, STATS_MAIN_PART, obj.path)
-        if isinstance(stored, dict) and set(stored) == {"vaddr", "found_by", "checked",
-                                                        "disagreed"}:
+        if _stored_facts(stored):
             facts = stored
     if facts is None:
         facts = _find_stats_main(obj)
@@ -280,6 +280,14 @@ def _stats_main(obj: Any, version: Any) -> Any:
     if facts["vaddr"] is None or facts["disagreed"] >= STATS_MAIN_DISAGREE_MAX:
         return None
     return obj.bias + facts["vaddr"], mkey
+
+
+def _stored_facts(stored: Any) -> bool:
+    """STORED (from the detection cache) has the shape _find_stats_main gives."""
+    return isinstance(stored, dict) and set(stored) == {"vaddr", "found_by", "checked",
+                                                        "disagreed"} and \
+        isinstance(stored["vaddr"], (int, type(None))) and \
+        isinstance(stored["checked"], bool) and isinstance(stored["disagreed"], int)
 
 
 def _find_stats_main(obj: Any) -> dict[str, Any]:
@@ -329,11 +337,13 @@ def _stats_main_verdict(mkey: Any, agreed: bool) -> None:
 
 def prefetch(image: Any, a: Any) -> dict[str, Any]:
     """What the gather reads before the stop rather than inside it: the
-    option table's entries.  They are mimalloc's memory, which the other
-    threads go on using during the stop anyway, so reading them inside it
-    bought no consistency; it cost two reads and a parse (~30 us of a new
-    allocdiag process's stop, bench/pause.py --snapshots).  {} when not
-    read (the gather then reads the table in the stop)."""
+    option table's entries, and _mi_stats_main's reserved and committed
+    counts once its address was checked (before it is, the two words the
+    check compares).  All of it is mimalloc's memory, which the other
+    threads go on using during the stop anyway, so reading it inside bought
+    no consistency; the table alone cost two reads and a parse there (~30 us
+    of a new allocdiag process's stop, bench/pause.py --snapshots).  What is
+    not read here the gather reads or calls for in the stop."""
     table = bool(a.get("option_table") and a["options"])
     committed = _stats_main_checked(a)
     checking = bool(a.get("stats_main")) and not committed
