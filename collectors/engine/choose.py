@@ -350,7 +350,9 @@ class Chooser:
         point): parse the CFI a futex or resumed wait's walk needs, or load
         every object's CFI index for a running thread's walk.  Returns (whether
         it read the mappings, a refusal the look-ahead found)."""
-        self.read_insn_before(c.facts.pc)
+        if c.facts.nr in safepoints.EINTR_RESTARTABLE:
+            # only a wait eintr_restartable may be asked about (not a running thread)
+            self.read_insn_before(c.facts.pc)
         if c.category == safepoints.EPOLL:
             # when it last ran, for the time left of its timeout: read only
             # for the epoll waiter about to be stopped (clock_offset moves

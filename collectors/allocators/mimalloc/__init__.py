@@ -364,7 +364,7 @@ def prefetch(image: Any, a: Any) -> dict[str, Any]:
             elif checking:
                 # the words to be checked, before the stop too: a check whose
                 # words moved meanwhile says nothing against the address
-                got = mem.read(a["stats_main"][0] + statsmain.COMMITTED + statsmain.PEAK,
+                got = mem.read(a["stats_main"][0] + statsmain.CHECKED_OFFSET,
                                statsmain.CHECKED.size)
                 if got:
                     out["stats_main_before"] = statsmain.CHECKED.unpack(got)
@@ -390,7 +390,7 @@ def gather(c: Any, a: Any, opts: Any) -> Any:
         if sm and not _stats_main_checked(a):
             # the check: the same two words, right after the call
             raw["stats_main_check"] = (sm, statsmain.CHECKED.unpack(
-                c.read(sm[0] + statsmain.COMMITTED + statsmain.PEAK, statsmain.CHECKED.size)),
+                c.read(sm[0] + statsmain.CHECKED_OFFSET, statsmain.CHECKED.size)),
                 a.get("stats_main_before"))
         raw["process_info"] = list(struct.unpack(f"<{n}Q", c.read(block, 8 * n)))
     if a.get("option_table") and a["options"]:

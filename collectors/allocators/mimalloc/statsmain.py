@@ -36,9 +36,10 @@ COUNT = struct.Struct("<qqqq")          # mi_stat_count_t: allocated, freed, pea
 COUNT_FIELDS = ("allocated", "freed", "peak", "current")
 RESERVED = 2 * COUNT.size               # offsetof(mi_stats_t, reserved) in 2.0
 COMMITTED = 3 * COUNT.size              # offsetof(mi_stats_t, committed) in 2.0
-OS_COUNTS = struct.Struct("<8q")        # reserved and committed, read together
 PEAK, CURRENT = 16, 24                  # offsetof(mi_stat_count_t, peak / current)
+OS_COUNTS = struct.Struct("<8q")        # reserved and committed, read together
 CHECKED = struct.Struct("<qq")          # committed.peak, committed.current: what is compared
+CHECKED_OFFSET = COMMITTED + PEAK       # where those two words begin
 SYMBOL = "_mi_stats_main"               # unstripped builds name it
 
 # x86-64 encodings used by the pattern
