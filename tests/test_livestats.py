@@ -645,6 +645,12 @@ def test_mimalloc_snapshot_reads_committed_from_memory_once_checked(mimalloc_fre
         assert sm["reserved"]["allocated"] - sm["reserved"]["freed"] == sm["reserved"]["current"]
         assert second.stats["mapped"].value == sm["reserved"]["current"] >= want
         assert second.stats["mapped"].provenance == "measured"
+        # never above the kernel's: the private anonymous mappings of the process
+        from collectors.proc.maps import parse_maps
+        with open(f"/proc/{t.pid}/maps", "rb") as f:
+            anon = sum(m.end - m.start for m in parse_maps(f.read())
+                       if m.perms.endswith("p") and not m.inode and m.path is None)
+        assert sm["reserved"]["current"] <= anon
         with MemoryReader(t.pid) as mem:
             entries = optiontable.values(
                 mem.read(table, len(mi.OPTIONS_2_0) * optiontable.DESC.size),
