@@ -588,7 +588,7 @@ def mimalloc_fresh(monkeypatch):
     from collectors.engine import callframe
     mi = allocators.module("mimalloc")
     monkeypatch.setenv("ALLOCDIAG_NO_CACHE", "1")
-    monkeypatch.setattr(mi, "_stats_main_facts", {})
+    monkeypatch.setattr(mi.STATS_MAIN, "facts", {})
     inside = []
     real_read = callframe.Call.read
 
@@ -677,9 +677,8 @@ def test_mimalloc_committed_address_that_disagrees_is_not_used(mimalloc_fresh):
 
     def another_counter(obj):
         # the counter before committed in mi_stats_t (reserved): a wrong layout
-        facts = real(obj)
-        facts["vaddr"] -= statsmain.COUNT.size
-        return facts
+        vaddr, found_by = real(obj)
+        return vaddr - statsmain.COUNT.size, found_by
 
     with start([exe, "--serve"], allocator="mimalloc") as t:
         image = ProcessImage(t.pid)

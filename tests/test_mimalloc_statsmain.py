@@ -136,7 +136,7 @@ def test_a_disagreement_counts_against_the_address_only_when_the_words_held_stil
     from collectors import allocators
     mi = allocators.module("mimalloc")
     key = ("lib", 1, 2)
-    monkeypatch.setattr(mi, "_stats_main_facts", {key: {
+    monkeypatch.setattr(mi.STATS_MAIN, "facts", {key: {
         "vaddr": 0x61C40, "found_by": "test", "checked": False, "disagreed": 0,
         "disk": (None, None)}})
 
@@ -150,18 +150,18 @@ def test_a_disagreement_counts_against_the_address_only_when_the_words_held_stil
         return mi.parse(raw, Alloc())["gathered_by"]
 
     assert "moved meanwhile" in check((8192, 4160), (8192, 4100))
-    assert mi._stats_main_facts[key]["disagreed"] == 0
+    assert mi.STATS_MAIN.facts[key]["disagreed"] == 0
     assert "different (not used)" in check((0, 77), (0, 77))
-    assert mi._stats_main_facts[key]["disagreed"] == 1 and not mi._stats_main_facts[key]["checked"]
+    assert mi.STATS_MAIN.facts[key]["disagreed"] == 1 and not mi.STATS_MAIN.facts[key]["checked"]
     assert "the same committed bytes" in check((8192, 4096), (8192, 4000))
-    assert mi._stats_main_facts[key]["checked"]
+    assert mi.STATS_MAIN.facts[key]["checked"]
 
 
 def test_a_cache_entry_of_another_shape_is_not_used():
-    from collectors import allocators
-    mi = allocators.module("mimalloc")
+    from collectors.allocators import checked
     good = {"vaddr": 0x61C40, "found_by": "lea", "checked": True, "disagreed": 0}
-    assert mi._stored_facts(good) and mi._stored_facts(dict(good, vaddr=None))
+    assert checked.stored_facts(good) and checked.stored_facts(dict(good, vaddr=None))
     for bad in (None, [], dict(good, vaddr="0x61c40"), dict(good, checked=1),
-                dict(good, extra=1), {k: v for k, v in good.items() if k != "disagreed"}):
-        assert not mi._stored_facts(bad)
+                dict(good, found_by=7), dict(good, extra=1),
+                {k: v for k, v in good.items() if k != "disagreed"}):
+        assert not checked.stored_facts(bad)

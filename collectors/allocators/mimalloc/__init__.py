@@ -22,10 +22,10 @@ if TYPE_CHECKING:
 
 import struct
 
+from collectors.allocators import checked
 from collectors.allocators.mimalloc import optiontable, statsmain
 from collectors.allocators.mimalloc import stats as mimalloc_stats
 from collectors.allocators import common
-from collectors.binary import diskcache
 from collectors.engine.memory import MemoryReader
 from diag.model.errors import AllocdiagError, Unsupported
 from collectors.allocators.native import BYTES, COUNT, FLAG, MS, NativeField, RATIO, TEXT
@@ -245,94 +245,43 @@ def _option_table(res: Any, obj: Any, names: Any) -> int | None:
         return None
 
 
-# Where _mi_stats_main lies, per library file: memory key -> {"vaddr": int |
-# None, "found_by": str, "checked": bool, "disagreed": int}, and in the
-# detection cache (by file identity) for the next CLI run.  The committed
-# counter is read from memory only once a snapshot found it equal to what
-# mi_process_info returned in the same stop; after STATS_MAIN_DISAGREE_MAX
-# disagreements (another layout) the address is not tried again.
-_stats_main_facts: dict[Any, dict[str, Any]] = {}
+# Where _mi_stats_main lies, per library file (collectors.allocators.checked:
+# in memory and in the detection cache).  The committed counter is read
+# from memory only once a snapshot found it equal to what mi_process_info
+# returned in the same stop; after STATS_MAIN_DISAGREE_MAX disagreements
+# (another layout) the address is not tried again.
 STATS_MAIN_PART = "mimalloc-stats-main-1"
 STATS_MAIN_DISAGREE_MAX = 3
-PF_X, PF_W = 1, 2                       # ELF p_flags
+STATS_MAIN = checked.CheckedAddresses(STATS_MAIN_PART, STATS_MAIN_DISAGREE_MAX)
 
 
 def _stats_main(obj: Any, version: Any) -> Any:
     """(runtime address of _mi_stats_main, facts key) for the library OBJ,
     or None: layout known for 2.0 only, symbol or code pattern not found,
     or refuted."""
-    elf = getattr(obj, "elf", None)
-    if elf is None or getattr(obj, "bias", None) is None or \
-            not (version or "").startswith("2.0"):
+    if not (version or "").startswith("2.0"):
         return None
-    mkey = elf.key or (obj.path, getattr(obj, "dev", None), getattr(obj, "inode", None))
-    facts = _stats_main_facts.get(mkey)
-    if facts is None and elf.key is not None:
-        stored = diskcache.load(elf.key, STATS_MAIN_PART, obj.path)
-        if _stored_facts(stored):
-            facts = stored
-    if facts is None:
-        facts = _find_stats_main(obj)
-        if elf.key is not None:
-            diskcache.store(elf.key, STATS_MAIN_PART, facts, obj.path)
-    facts["disk"] = (elf.key, obj.path)
-    _stats_main_facts[mkey] = facts
-    if facts["vaddr"] is None or facts["disagreed"] >= STATS_MAIN_DISAGREE_MAX:
-        return None
-    return obj.bias + facts["vaddr"], mkey
+    return STATS_MAIN.address(obj, _find_stats_main)
 
 
-def _stored_facts(stored: Any) -> bool:
-    """STORED (from the detection cache) has the shape _find_stats_main gives."""
-    return isinstance(stored, dict) and set(stored) == {"vaddr", "found_by", "checked",
-                                                        "disagreed"} and \
-        isinstance(stored["vaddr"], (int, type(None))) and \
-        isinstance(stored["checked"], bool) and isinstance(stored["disagreed"], int)
-
-
-def _find_stats_main(obj: Any) -> dict[str, Any]:
+def _find_stats_main(obj: Any) -> tuple[int | None, str | None]:
+    """(file virtual address of _mi_stats_main, how it was found)."""
     elf, opener = obj.elf, obj.opener.open
-    facts: dict[str, Any] = {"vaddr": None, "found_by": None, "checked": False, "disagreed": 0}
     sym = elf.lookup(statsmain.SYMBOL, opener)
     if sym is not None and sym.defined:
-        facts.update(vaddr=sym.st_value, found_by=f"symbol {statsmain.SYMBOL}")
-        return facts
+        return sym.st_value, f"symbol {statsmain.SYMBOL}"
     entry = elf.lookup("mi_process_info", opener)
     if entry is None:
-        return facts
-
-    def in_load(flag: int) -> Any:
-        return lambda v: any(p_vaddr <= v < p_vaddr + memsz and flags & flag
-                             for p_vaddr, _, memsz, flags in elf.loads)
+        return None, None
     try:
         found = statsmain.locate(lambda v, n: elf.text_bytes(v, n, opener), entry.st_value,
-                                 in_load(PF_X), in_load(PF_W))
+                                 checked.in_load(elf, checked.PF_X),
+                                 checked.in_load(elf, checked.PF_W))
     except OSError as exc:
         log.debug("mimalloc: code of mi_process_info not read: %s", exc)
-        return facts
-    if found is not None:
-        facts.update(vaddr=found, found_by="lea in the function mi_process_info calls")
-    return facts
-
-
-def _stats_main_checked(a: Any) -> bool:
-    sm = a.get("stats_main")
-    return bool(sm) and _stats_main_facts.get(sm[1], {}).get("checked", False)
-
-
-def _stats_main_verdict(mkey: Any, agreed: bool) -> None:
-    """Keep what one check found, in memory and on disk."""
-    facts = _stats_main_facts.get(mkey)
-    if facts is None:
-        return
-    if agreed:
-        facts["checked"] = True
-    else:
-        facts["disagreed"] += 1
-    disk_key, path = facts.get("disk", (None, None))
-    if disk_key is not None:
-        diskcache.store(disk_key, STATS_MAIN_PART,
-                        {k: v for k, v in facts.items() if k != "disk"}, path)
+        return None, None
+    return (found, "lea in the function mi_process_info calls") if found is not None \
+        else (None, None)
 
 
 def prefetch(image: Any, a: Any) -> dict[str, Any]:
@@ -345,7 +294,7 @@ def prefetch(image: Any, a: Any) -> dict[str, Any]:
     of a new allocdiag process's stop, bench/pause.py --snapshots).  What is
     not read here the gather reads or calls for in the stop."""
     table = bool(a.get("option_table") and a["options"])
-    committed = _stats_main_checked(a)
+    committed = STATS_MAIN.checked(a.get("stats_main"))
     checking = bool(a.get("stats_main")) and not committed
     if image is None or not (table or committed or checking):
         return {}
@@ -387,7 +336,7 @@ def gather(c: Any, a: Any, opts: Any) -> Any:
         c.write(block, b"\0" * (8 * n))
         c.call(a["mi_process_info"], *(block + 8 * i for i in range(n)))
         sm = a.get("stats_main")
-        if sm and not _stats_main_checked(a):
+        if sm and not STATS_MAIN.checked(sm):
             # the check: the same two words, right after the call
             raw["stats_main_check"] = (sm, statsmain.CHECKED.unpack(
                 c.read(sm[0] + statsmain.CHECKED_OFFSET, statsmain.CHECKED.size)),
@@ -433,7 +382,7 @@ def parse(raw: Any, alloc: Any) -> Any:
     names = option_names(version)
     native: dict[str, Any] = {"stats": None, "process_info": None, "options": None, "version": version,
               "side_effects": [], "stats_main": None}
-    checked = ""
+    check_note = ""
     if "process_info" in raw:
         native["process_info"] = pi = mimalloc_stats.process_info_dict(raw["process_info"])
         if "stats_main_check" in raw:
@@ -441,12 +390,12 @@ def parse(raw: Any, alloc: Any) -> Any:
             agreed = words == (pi["peak_commit"], pi["current_commit"])
             # against the address only when the words held still around the call
             if agreed or before == words:
-                _stats_main_verdict(mkey, agreed)
-            checked = (f"; _mi_stats_main at {addr:#x} checked against mi_process_info: "
-                       + ("the same committed bytes (read from memory from now on)" if agreed
-                          else "different (not used)" if before == words
-                          else "different, but the words moved meanwhile (checked again "
-                               "next time)"))
+                STATS_MAIN.verdict(mkey, agreed)
+            check_note = (f"; _mi_stats_main at {addr:#x} checked against mi_process_info: "
+                          + ("the same committed bytes (read from memory from now on)" if agreed
+                             else "different (not used)" if before == words
+                             else "different, but the words moved meanwhile (checked again "
+                                  "next time)"))
     if "os_counts" in raw:
         addr, mkey = raw["stats_main_at"]
         n = len(statsmain.COUNT_FIELDS)
@@ -454,7 +403,7 @@ def parse(raw: Any, alloc: Any) -> Any:
             "reserved": dict(zip(statsmain.COUNT_FIELDS, raw["os_counts"][:n])),
             "committed": dict(zip(statsmain.COUNT_FIELDS, raw["os_counts"][n:])),
             "address": f"{addr:#x}",
-            "found_by": _stats_main_facts.get(mkey, {}).get("found_by")}
+            "found_by": STATS_MAIN.found_by(mkey)}
     if "options" in raw:
         native["options"] = {n: common.signed(v) for n, v in zip(names, raw["options"])}
     if "stats_json" in raw:
@@ -474,7 +423,7 @@ def parse(raw: Any, alloc: Any) -> Any:
         native["gathered_by"] += ("; reserved and committed bytes read from _mi_stats_main "
                                   "before the stop (no mi_process_info call)")
     if native.get("gathered_by"):
-        native["gathered_by"] += checked
+        native["gathered_by"] += check_note
     if raw.get("options_from_table") and native.get("gathered_by"):
         native["gathered_by"] += "; options read from mimalloc's option table (no call)"
     if raw.get("options_cached") and native.get("gathered_by"):
