@@ -18,13 +18,12 @@ work done in-process (measured in the same run).
     in-process cost of the same work in the same target:
       now      what a snapshot does (collectors/allocators): glibc one
                malloc_info; jemalloc one malloc_stats_print + 1 mallctl;
-               gperftools GetStats + the properties it does not print
+               gperftools GetStats (its two knobs read from memory: the
+               thread-cache limit, and the decommit switch once a stop
+               checked its address)
       repeat   the same with the per-process caches an allocdiag process
                keeps between snapshots (TUI, record): jemalloc prints the
-               general section only every 10 s ("Jgdablxeh" between),
-               gperftools reads its knob property (the thread-cache limit
-               is read from memory at every stop) and mimalloc its
-               options every 10 s
+               general section only every 10 s ("Jgdablxeh" between)
       percall  the per-call path: glibc mallinfo2 + malloc_info (two heap
                walks); jemalloc epoch + one mallctl per name; gperftools
                every property + GetStats

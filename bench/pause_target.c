@@ -15,8 +15,8 @@
  *             gperftools: every property + GetStats; glibc: mallinfo2 +
  *             malloc_info, i.e. two heap walks)
  *   repeat    snapshots after the first in one allocdiag process: jemalloc
- *             the stats-only print ("Jgdablxeh"), gperftools GetStats only
- *             (knob properties cached); glibc as now
+ *             the stats-only print ("Jgdablxeh"); gperftools and glibc as now
+ *             (gperftools: GetStats only, its two knobs read from memory)
  *   walk      glibc only: one malloc_info, nothing else (the goal's unit)
  */
 #define _GNU_SOURCE
@@ -82,8 +82,7 @@ static const char *JE_NAMES[] = {"version", "config.debug", "config.fill", "conf
     "stats.arenas.4096.base", "stats.arenas.4096.internal", "stats.arenas.4096.tcache_bytes",
     "stats.arenas.4096.resident", "stats.arenas.4096.abandoned_vm"};
 
-/* gperftools: all properties (per-call path) and those GetStats does not
- * print (collectors/allocators/gperftools.py NOT_PRINTED). */
+/* gperftools: every property (the per-call path). */
 static const char *TC_ALL[] = {"generic.current_allocated_bytes", "generic.heap_size",
     "generic.total_physical_bytes", "tcmalloc.pageheap_free_bytes", "tcmalloc.pageheap_unmapped_bytes",
     "tcmalloc.central_cache_free_bytes", "tcmalloc.transfer_cache_free_bytes",
@@ -94,7 +93,6 @@ static const char *TC_ALL[] = {"generic.current_allocated_bytes", "generic.heap_
     "tcmalloc.pageheap_commit_count", "tcmalloc.pageheap_total_commit_bytes",
     "tcmalloc.pageheap_decommit_count", "tcmalloc.pageheap_total_decommit_bytes",
     "tcmalloc.pageheap_reserve_count", "tcmalloc.pageheap_total_reserve_bytes"};
-#define TC_PRINTED 10      /* the first ten are derived from GetStats */
 
 static char buf[56 * 1024];
 
@@ -130,11 +128,11 @@ static void stats_calls(int percall) {
         }
     } else if (getprop) {
         size_t v;
-        /* now: the two knob properties GetStats does not print (EVERY_SNAPSHOT) */
-        size_t end = percall == 1 ? sizeof TC_ALL / sizeof *TC_ALL :
-                     percall == 2 ? TC_PRINTED : TC_PRINTED + 2;   /* repeat: knobs cached */
-        for (size_t i = percall == 1 ? 0 : TC_PRINTED; i < end; i++)
-            getprop(TC_ALL[i], &v);
+        /* now and repeat: GetStats only, the two knob properties it does not
+         * print (EVERY_SNAPSHOT) being read from memory; percall: every one */
+        if (percall == 1)
+            for (size_t i = 0; i < sizeof TC_ALL / sizeof *TC_ALL; i++)
+                getprop(TC_ALL[i], &v);
         void (*gs)(char *, int) = (void (*)(char *, int))dlsym(RTLD_DEFAULT, "MallocExtension_GetStats");
         if (gs) gs(buf, 48 * 1024);
     } else if (dlsym(RTLD_DEFAULT, "mi_stats_print_out")) {

@@ -160,10 +160,115 @@ def test_tcmalloc_thread_cache_limit_is_read_from_memory_and_is_the_getters(limi
     for ls in (first, again):
         assert ls.native["properties"]["tcmalloc.max_total_thread_cache_bytes"] == want
         assert "max_total_thread_cache_bytes read from memory" in ls.native["gathered_by"]
-    # the first snapshot calls for the other knob only; the second keeps it
-    assert "GetNumericProperty for tcmalloc.aggressive_memory_decommit (" in \
-        first.native["gathered_by"]
-    assert "read < 10 s ago" in again.native["gathered_by"]
+        assert "GetNumericProperty for tcmalloc.max_total_thread_cache_bytes" not in \
+            ls.native["gathered_by"]
+
+
+def reads_inside_stops(monkeypatch):
+    """The addresses a gather reads from the target inside its stops (Call.read), as a list."""
+    from collectors.engine import callframe
+    inside = []
+    real_read = callframe.Call.read
+
+    def spy(self, addr, n):
+        inside.append(addr)
+        return real_read(self, addr, n)
+
+    monkeypatch.setattr(callframe.Call, "read", spy)
+    return inside
+
+
+@pytest.fixture
+def decommit_fresh(monkeypatch):
+    """The gperftools module with nothing known of aggressive_decommit_
+    (memory and disk cache off), the test's spy on the reads made inside a stop."""
+    monkeypatch.setenv("ALLOCDIAG_NO_CACHE", "1")
+    monkeypatch.setattr(gperftools_module.DECOMMIT_AT, "facts", {})
+    gperftools_module.forget_knobs()
+    return reads_inside_stops(monkeypatch)
+
+
+def set_decommit(image, det, value):
+    """SetNumericProperty("tcmalloc.aggressive_memory_decommit") in the
+    target, as a program may at runtime (allocdiag's own `set` does not
+    offer this knob)."""
+    from collectors import actions
+    from collectors.allocators.gperftools import knobs
+    res = livestats.Resolver(image)
+    rp = actions._session(image, det, 2.0)
+    return knobs.Knobs().set(rp, lambda sym: actions._addr(res, det.serving, sym, "tcmalloc"),
+                             None, "aggressive_memory_decommit", str(value))
+
+
+@pytest.mark.parametrize("env", [None, "true"])
+def test_tcmalloc_decommit_switch_is_read_from_memory_once_checked(decommit_fresh, env):
+    # GetNumericProperty("tcmalloc.aggressive_memory_decommit") returns
+    # PageHeap::aggressive_decommit_, a byte the library does not export:
+    # found in the getter's code (decommit.py), checked once against the
+    # call in the same stop (two calls: the property and GetStats), then
+    # read before the stop (one call, the byte never read inside it).  The
+    # value is the target's own answer, at start-up (default and env) and
+    # after the program changes it at runtime, which a kept value would miss.
+    inside = decommit_fresh
+    exe = build_c("capture_tcmalloc.c", "-ltcmalloc", "-lpthread", name="capture_tcmalloc")
+    with start([exe, "--serve"], allocator="tcmalloc",
+               env={"TCMALLOC_AGGRESSIVE_DECOMMIT": env} if env else None) as t:
+        image = ProcessImage(t.pid)
+        det = detect(image)
+        reader = livestats.LiveReader(image, det)
+        addr, _ = reader.addrs["decommit_at"]
+        first = reader.collect()
+        assert reader.rp.last["calls"] == 2
+        assert "checked against GetNumericProperty: the same value" in first.native["gathered_by"]
+        inside.clear()
+        second = reader.collect()
+        assert reader.rp.last["calls"] == 1 and addr not in inside
+        assert "aggressive_memory_decommit read from memory before the stop" in \
+            second.native["gathered_by"]
+        assert "GetNumericProperty for" not in second.native["gathered_by"]
+        want = truth(t.lines)["tcmalloc.aggressive_memory_decommit"]
+        assert want == (1 if env else 0)
+        for ls in (first, second):
+            assert ls.native["properties"]["tcmalloc.aggressive_memory_decommit"] == want
+        old, new, _ = set_decommit(image, det, 1 - want)
+        assert (int(old), int(new)) == (want, 1 - want)
+        third = reader.collect()
+        assert reader.rp.last["calls"] == 1
+        assert third.native["properties"]["tcmalloc.aggressive_memory_decommit"] == 1 - want
+        assert t.alive()
+
+
+def test_tcmalloc_decommit_address_that_disagrees_is_not_used(decommit_fresh):
+    # A byte that is not aggressive_decommit_ (the one after it, 0 where the
+    # switch is 1) fails the check in every stop; after DECOMMIT_DISAGREE_MAX
+    # stops it is dropped and every snapshot calls for the property.
+    real = gperftools_module._find_decommit
+
+    def the_next_byte(obj):
+        vaddr, found_by = real(obj)
+        return vaddr + 1, found_by
+
+    exe = build_c("capture_tcmalloc.c", "-ltcmalloc", "-lpthread", name="capture_tcmalloc")
+    with start([exe, "--serve"], allocator="tcmalloc",
+               env={"TCMALLOC_AGGRESSIVE_DECOMMIT": "true"}) as t:
+        image = ProcessImage(t.pid)
+        det = detect(image)
+        import unittest.mock
+        with unittest.mock.patch.object(gperftools_module, "_find_decommit", the_next_byte):
+            for _ in range(gperftools_module.DECOMMIT_DISAGREE_MAX):
+                gperftools_module.forget_knobs()
+                ls = livestats.collect(image, det)
+                assert "different (not used)" in ls.native["gathered_by"]
+                assert ls.native["properties"]["tcmalloc.aggressive_memory_decommit"] == 1
+            gperftools_module.forget_knobs()
+            last = livestats.LiveReader(image, det)
+            assert last.addrs["decommit_at"] is None
+            ls = last.collect()
+        assert last.rp.last["calls"] == 2
+        assert ls.native["properties"]["tcmalloc.aggressive_memory_decommit"] == 1
+        assert "GetNumericProperty for tcmalloc.aggressive_memory_decommit" in \
+            ls.native["gathered_by"]
+        assert t.alive()
 
 
 def test_mimalloc_stats_match_target():
@@ -585,19 +690,10 @@ def mimalloc_fresh(monkeypatch):
     """The mimalloc module with nothing known of _mi_stats_main (memory and
     disk cache off), the test's spy on the reads made inside a stop."""
     from collectors import allocators
-    from collectors.engine import callframe
     mi = allocators.module("mimalloc")
     monkeypatch.setenv("ALLOCDIAG_NO_CACHE", "1")
     monkeypatch.setattr(mi.STATS_MAIN, "facts", {})
-    inside = []
-    real_read = callframe.Call.read
-
-    def spy(self, addr, n):
-        inside.append(addr)
-        return real_read(self, addr, n)
-
-    monkeypatch.setattr(callframe.Call, "read", spy)
-    return mi, inside
+    return mi, reads_inside_stops(monkeypatch)
 
 
 def test_mimalloc_snapshot_reads_committed_from_memory_once_checked(mimalloc_fresh):
@@ -746,8 +842,9 @@ def test_mimalloc_check_of_its_committed_word_is_kept_on_disk_for_the_next_cli_r
 
 @pytest.mark.parametrize("allocator, kept_note, calls_saved", [
     ("jemalloc", "general section from a print < 10 s ago", 0),
-    # (the thread cache limit is read from memory on every run: one knob call kept)
-    ("tcmalloc", "read < 10 s ago", 1),
+    # (both knobs are read from memory: the first run checks where the
+    # decommit switch lies, one call, and the detection cache keeps that)
+    ("tcmalloc", "aggressive_memory_decommit read from memory", 1),
 ])
 def test_the_next_cli_run_reuses_values_kept_on_disk_until_a_set(allocator, kept_note, calls_saved,
                                                                    tmp_path):

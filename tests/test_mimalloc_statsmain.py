@@ -4,20 +4,16 @@ library for the real thing (the live check against mi_process_info is in
 tests/test_livestats.py), and random bytes that must give None or an address
 in writable data, never an exception."""
 
-import struct
 
 from hypothesis import given, settings, strategies as st
 
+from codebytes import code_at, library, rel32
+from collectors.allocators import checked
 from collectors.allocators.mimalloc import statsmain
-from collectors.binary import elf as elfmod
 
 ENTRY, CALLEE, DATA = 0x1000, 0x2000, 0x9000
 TEXT_END, DATA_END = 0x3000, 0xA000
 NOP, RET = b"\x90", b"\xc3"
-
-
-def rel32(target, end):
-    return struct.pack("<i", target - end)
 
 
 def call_at(at, target):
@@ -29,14 +25,7 @@ def lea(at, rex, modrm, target):
 
 
 def image(caller, callee):
-    segs = {ENTRY: caller, CALLEE: callee}
-
-    def code_at(v, n):
-        for start, data in segs.items():
-            if start <= v < start + len(data):
-                return data[v - start: v - start + n]
-        return None
-    return code_at
+    return code_at({ENTRY: caller, CALLEE: callee})
 
 
 def executable(v):
@@ -90,33 +79,16 @@ def test_what_is_not_the_pattern_gives_none():
 def test_the_second_call_is_followed_when_the_first_leads_nowhere():
     other = 0x2800
     caller = call_at(ENTRY, other) + call_at(ENTRY + 5, CALLEE) + RET
-    code = {ENTRY: caller, CALLEE: callee_with(), other: NOP * 32 + RET}
-
-    def code_at(v, n):
-        for start, data in code.items():
-            if start <= v < start + len(data):
-                return data[v - start: v - start + n]
-        return None
-    assert statsmain.locate(code_at, ENTRY, executable, writable) == DATA
+    code = code_at({ENTRY: caller, CALLEE: callee_with(), other: NOP * 32 + RET})
+    assert statsmain.locate(code, ENTRY, executable, writable) == DATA
 
 
 def test_debians_libmimalloc_holds_it_in_its_writable_segment():
-    path = "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2.0"
-
-    class Opener:
-        display_path = path
-
-        def open(self):
-            return open(path, "rb")
-    op = Opener()
-    obj = elfmod.load(op)
-    entry = obj.lookup("mi_process_info", op.open)
-
-    def in_load(flag):
-        return lambda v: any(a <= v < a + m and f & flag for a, _, m, f in obj.loads)
-    found = statsmain.locate(lambda v, n: obj.text_bytes(v, n, op.open), entry.st_value,
-                             in_load(1), in_load(2))
-    assert found is not None and in_load(2)(found) and not in_load(1)(found)
+    obj, code, opener = library("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2.0")
+    entry = obj.lookup("mi_process_info", opener)
+    in_text, in_data = checked.in_load(obj, checked.PF_X), checked.in_load(obj, checked.PF_W)
+    found = statsmain.locate(code, entry.st_value, in_text, in_data)
+    assert found is not None and in_data(found) and not in_text(found)
     if obj.build_id == "d07f4e7dc9a039fcbe7747f416476bd65cb48e8b":   # Debian 12's 2.0.9
         assert found == 0x61C40
 

@@ -20,7 +20,9 @@ if TYPE_CHECKING:
     from diag.model import Value
 
 from collectors.allocators import tcmalloc_stats
-from collectors.allocators import common
+from collectors.allocators import checked, common
+from collectors.allocators.gperftools import decommit
+from collectors.engine.memory import MemoryReader
 from diag.model.errors import AllocdiagError
 from collectors.allocators.native import BYTES, COUNT, FLAG, NativeField, TEXT
 
@@ -121,6 +123,16 @@ EVERY_SNAPSHOT = ("tcmalloc.max_total_thread_cache_bytes", "tcmalloc.aggressive_
 THREAD_CACHE_LIMIT = "tcmalloc.max_total_thread_cache_bytes"
 THREAD_CACHE_LIMIT_SYMBOL = "_ZN8tcmalloc11ThreadCache26overall_thread_cache_size_E"
 SIZE_T = struct.Struct("<Q")
+# The second is PageHeap::aggressive_decommit_, a bool the library does not
+# export: its address is found in GetNumericProperty's code (decommit.py),
+# checked once against the call in the same stop, and kept per library file
+# (collectors.allocators.checked); from then on the byte is read before the
+# stop, no call.  After DECOMMIT_DISAGREE_MAX disagreements it is dropped.
+DECOMMIT = "tcmalloc.aggressive_memory_decommit"
+DECOMMIT_PART = "gperftools-decommit-1"
+DECOMMIT_DISAGREE_MAX = 3
+DECOMMIT_AT = checked.CheckedAddresses(DECOMMIT_PART, DECOMMIT_DISAGREE_MAX)
+DECOMMIT_FIELD = "PageHeap::aggressive_decommit_"
 GETSTATS_BUF = common.SCRATCH_TEXT     # >= 10000: DumpStats level 2 (size classes, spans); Call.buffer
 GETSTATS_READ_FIRST = 16 * 1024        # read first; later stops read what the last one printed
 
@@ -155,9 +167,47 @@ def plan(res: Any, obj: Any, alloc: Any, opts: dict[str, Any]) -> dict[str, Any]
         a["props"] = tuple(n for n, _, _ in PROPERTIES)
     else:
         a["props"] = NOT_PRINTED if opts.get("per_arena") else EVERY_SNAPSHOT
+    a["decommit_at"] = DECOMMIT_AT.address(obj, _find_decommit) if DECOMMIT in a["props"] \
+        else None
     log.debug("gperftools: GetStats %s, %d numeric properties",
               "found" if a["stats"] else "missing", len(a["props"]))
     return a
+
+
+def _find_decommit(obj: Any) -> tuple[int | None, str | None]:
+    """(file virtual address of PageHeap::aggressive_decommit_, how it was found)."""
+    elf, opener = obj.elf, obj.opener.open
+    entry = elf.lookup(decommit.ENTRY, opener)
+    if entry is None:
+        return None, None
+    try:
+        found = decommit.locate(lambda v, n: elf.text_bytes(v, n, opener), entry.st_value,
+                                checked.in_load(elf, checked.PF_W))
+    except OSError as exc:
+        log.debug("gperftools: code of GetNumericProperty not read: %s", exc)
+        return None, None
+    return (found, "movzbl in GetNumericProperty's aggressive_memory_decommit branch") \
+        if found is not None else (None, None)
+
+
+def prefetch(image: Any, a: Any) -> dict[str, Any]:
+    """PageHeap::aggressive_decommit_, read before the stop once its address
+    was checked ("decommit"), or before the check's stop ("decommit_before":
+    a check whose byte moved meanwhile says nothing against the address).
+    A knob changed only by SetNumericProperty: reading it inside the stop
+    would buy no consistency."""
+    ref = a.get("decommit_at")
+    if image is None or not ref:
+        return {}
+    try:
+        with MemoryReader(image.pid, image.procfs.root) as mem:
+            got = mem.read(ref[0], 1)
+    except AllocdiagError as exc:
+        log.debug("gperftools: %s not read before the stop: %s", DECOMMIT_FIELD, exc)
+        return {}
+    if not got:
+        return {}
+    return {"decommit" if DECOMMIT_AT.checked(ref) else "decommit_before": got[0]}
 
 
 def properties(c: Any, get: Any, names: Any, with_length: Any = False) -> Any:
@@ -187,16 +237,28 @@ def gather(c: Any, a: Any, opts: Any) -> Any:
     cached = _knobs.get(a.get("process_key"))
     raw: dict[str, Any] = {}
     limit_at = a.get("limit_at") if THREAD_CACHE_LIMIT in names else None
-    if names == EVERY_SNAPSHOT and cached:
+    read_before = {DECOMMIT: a["decommit"]} if DECOMMIT in names and \
+        a.get("decommit") is not None else {}
+    to_call = [n for n in names if not (limit_at and n == THREAD_CACHE_LIMIT)
+               and n not in read_before]
+    if names == EVERY_SNAPSHOT and cached and to_call:
         raw["properties"], raw["knobs_cached"] = dict(cached), True
     else:
-        raw["properties"] = properties(c, a["get"], [n for n in names if not (
-            limit_at and n == THREAD_CACHE_LIMIT)])
+        raw["properties"] = properties(c, a["get"], to_call)
+        ref = a.get("decommit_at")
+        if ref and DECOMMIT in raw["properties"]:
+            # the check: the byte, right after the call
+            raw["decommit_check"] = (ref, c.read(ref[0], 1)[0], a.get("decommit_before"))
+    if read_before:
+        raw["properties"].update(read_before)
+        raw["decommit_read"] = a["decommit_at"]
     if limit_at:
         # every snapshot: one read, fresher than the kept value
         raw["properties"][THREAD_CACHE_LIMIT] = SIZE_T.unpack(c.read(limit_at, SIZE_T.size))[0]
         raw["limit_read"] = True
+    # kept when a knob was called for (one read from memory needs no keeping)
     if not raw.get("knobs_cached") and a.get("process_key") and \
+            any(n in to_call for n in EVERY_SNAPSHOT) and \
             all(n in raw["properties"] for n in EVERY_SNAPSHOT):
         _knobs.put(a["process_key"], {n: raw["properties"][n] for n in EVERY_SNAPSHOT})
     if a["stats"]:
@@ -233,19 +295,43 @@ def parse(raw: Any, alloc: Any) -> Any:
             error = str(exc)
     native = _document(raw["properties"], stats, alloc)
     called = sorted(n for n in raw["properties"]
-                    if not (raw.get("limit_read") and n == THREAD_CACHE_LIMIT))
-    native["gathered_by"] = ("MallocExtension_GetStats + GetNumericProperty for "
-                             f"{', '.join(called)} (not printed"
-                             + (f"; read < {KNOBS_REFRESH_S:g} s ago" if raw.get("knobs_cached")
-                                else "") + "); the printed properties derived from GetStats"
+                    if not (raw.get("limit_read") and n == THREAD_CACHE_LIMIT)
+                    and not (raw.get("decommit_read") and n == DECOMMIT))
+    asked = (f" + GetNumericProperty for {', '.join(called)} (not printed"
+             + (f"; read < {KNOBS_REFRESH_S:g} s ago" if raw.get("knobs_cached") else "")
+             + ")") if called else ""
+    native["gathered_by"] = (f"MallocExtension_GetStats{asked}; the printed properties "
+                             "derived from GetStats"
                              if stats is not None and len(raw["properties"]) < len(PROPERTIES)
                              else "MallocExtension_GetNumericProperty, one call per property")
     if raw.get("limit_read"):
         native["gathered_by"] += (f"; {THREAD_CACHE_LIMIT} read from memory "
                                   "(tcmalloc::ThreadCache::overall_thread_cache_size_)")
+    if raw.get("decommit_read"):
+        addr, mkey = raw["decommit_read"]
+        native["gathered_by"] += (f"; {DECOMMIT} read from memory before the stop "
+                                  f"({DECOMMIT_FIELD} at {addr:#x}, found by "
+                                  f"{DECOMMIT_AT.found_by(mkey)})")
+    if "decommit_check" in raw:
+        native["gathered_by"] += _decommit_verdict(raw["decommit_check"],
+                                                   raw["properties"][DECOMMIT])
     if error:
         native["getstats_error"] = error
     return native
+
+
+def _decommit_verdict(check: Any, called: int) -> str:
+    """Judge one check of the decommit byte against what the call returned
+    in the same stop; what gathered_by says of it."""
+    (addr, mkey), byte, before = check
+    agreed = byte == called
+    # against the address only when the byte held still around the call
+    if agreed or before == byte:
+        DECOMMIT_AT.verdict(mkey, agreed)
+    return (f"; {DECOMMIT_FIELD} at {addr:#x} checked against GetNumericProperty: "
+            + ("the same value (the byte is used from now on)" if agreed
+               else "different (not used)" if before == byte
+               else "different, but the byte moved meanwhile (checked again next time)"))
 
 
 def normalise(native: dict[str, Any]) -> dict[str, Value]:
