@@ -150,3 +150,13 @@ def test_a_disagreement_counts_against_the_address_only_when_the_byte_held_still
     assert facts["disagreed"] == 1 and not facts["checked"]
     assert "the same value" in check(1, 1, 1)
     assert facts["checked"]
+
+
+def test_a_byte_that_is_no_bool_is_not_used_but_checked_again():
+    # a checked address whose byte now holds something a C++ bool cannot
+    # (another variable there: a layout the check did not catch) is not
+    # shown; the stop calls for the property and compares again
+    assert gperftools.prefetched_decommit(True, 1) == {"decommit": 1}
+    assert gperftools.prefetched_decommit(True, 0) == {"decommit": 0}
+    assert gperftools.prefetched_decommit(True, 0x2A) == {"decommit_before": 0x2A}
+    assert gperftools.prefetched_decommit(False, 1) == {"decommit_before": 1}

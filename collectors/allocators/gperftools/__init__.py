@@ -205,9 +205,20 @@ def prefetch(image: Any, a: Any) -> dict[str, Any]:
     except AllocdiagError as exc:
         log.debug("gperftools: %s not read before the stop: %s", DECOMMIT_FIELD, exc)
         return {}
-    if not got:
-        return {}
-    return {"decommit" if DECOMMIT_AT.checked(ref) else "decommit_before": got[0]}
+    return prefetched_decommit(DECOMMIT_AT.checked(ref), got[0]) if got else {}
+
+
+# a C++ bool holds 0 or 1: any other byte is not aggressive_decommit_
+BOOL_VALUES = (0, 1)
+
+
+def prefetched_decommit(checked_address: bool, value: int) -> dict[str, int]:
+    """What prefetch hands the gather for the byte VALUE read before the
+    stop: the knob's value when its address was checked and it is a bool;
+    else the byte to compare with the call ("decommit_before"), so the stop
+    calls for the property and checks again (a byte that is no bool then
+    counts against the address)."""
+    return {"decommit" if checked_address and value in BOOL_VALUES else "decommit_before": value}
 
 
 def properties(c: Any, get: Any, names: Any, with_length: Any = False) -> Any:
