@@ -160,3 +160,48 @@ def test_a_byte_that_is_no_bool_is_not_used_but_checked_again():
     assert gperftools.prefetched_decommit(True, 0) == {"decommit": 0}
     assert gperftools.prefetched_decommit(True, 0x2A) == {"decommit_before": 0x2A}
     assert gperftools.prefetched_decommit(False, 1) == {"decommit_before": 1}
+
+
+class RecordingCall:
+    """The part of collectors.engine.callframe.Call a gather uses, answering
+    every GetNumericProperty with true and 0, and recording the reads."""
+
+    def __init__(self):
+        self.reads, self.calls, self._next = [], 0, 0x7000
+
+    def scratch(self, n):
+        self._next += n
+        return self._next - n
+
+    def write(self, addr, data):
+        pass
+
+    def call(self, func, *args):
+        self.calls += 1
+        return 1
+
+    def read(self, addr, n):
+        self.reads.append(addr)
+        return b"\0" * n
+
+
+def plan_with(**more):
+    return dict({"props": gperftools.EVERY_SNAPSHOT, "get": 0x500, "stats": None,
+                 "limit_at": None, "process_key": None, "decommit_at": (0x9000, "lib")}, **more)
+
+
+def test_the_check_reads_inside_the_stop_only_what_was_read_before_it():
+    # the byte could not be read before the stop: the property is called for
+    # and not checked (no read of the address inside the stop that could fail)
+    c = RecordingCall()
+    raw = gperftools.gather(c, plan_with(), {})
+    assert c.calls == 2 and 0x9000 not in c.reads and "decommit_check" not in raw
+    # read before it: the stop calls and reads the byte right after
+    c = RecordingCall()
+    raw = gperftools.gather(c, plan_with(decommit_before=0), {})
+    assert raw["decommit_check"] == ((0x9000, "lib"), 0, 0) and c.reads[-1] == 0x9000
+    # checked and read before the stop: no call for it, no read inside
+    c = RecordingCall()
+    raw = gperftools.gather(c, plan_with(decommit=1), {})
+    assert c.calls == 1 and 0x9000 not in c.reads
+    assert raw["properties"][gperftools.DECOMMIT] == 1 and raw["decommit_read"] == (0x9000, "lib")

@@ -257,9 +257,10 @@ def gather(c: Any, a: Any, opts: Any) -> Any:
     else:
         raw["properties"] = properties(c, a["get"], to_call)
         ref = a.get("decommit_at")
-        if ref and DECOMMIT in raw["properties"]:
-            # the check: the byte, right after the call
-            raw["decommit_check"] = (ref, c.read(ref[0], 1)[0], a.get("decommit_before"))
+        if ref and DECOMMIT in raw["properties"] and a.get("decommit_before") is not None:
+            # the check: the byte, right after the call (only where it could
+            # be read before the stop: no read inside it that could fail)
+            raw["decommit_check"] = (ref, c.read(ref[0], 1)[0], a["decommit_before"])
     if read_before:
         raw["properties"].update(read_before)
         raw["decommit_read"] = a["decommit_at"]

@@ -336,8 +336,10 @@ def gather(c: Any, a: Any, opts: Any) -> Any:
         c.write(block, b"\0" * (8 * n))
         c.call(a["mi_process_info"], *(block + 8 * i for i in range(n)))
         sm = a.get("stats_main")
-        if sm and not STATS_MAIN.checked(sm):
-            # the check: the same two words, right after the call
+        if sm and not STATS_MAIN.checked(sm) and a.get("stats_main_before") is not None:
+            # the check: the same two words, right after the call (only
+            # where they could be read before the stop: no read inside it
+            # that could fail)
             raw["stats_main_check"] = (sm, statsmain.CHECKED.unpack(
                 c.read(sm[0] + statsmain.CHECKED_OFFSET, statsmain.CHECKED.size)),
                 a.get("stats_main_before"))
