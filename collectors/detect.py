@@ -261,6 +261,15 @@ def _detect(image, mem, evidence, all_bindings):
                                     f"{os.path.basename(obj.path)}")
                     break
 
+    if how == "got" and serving is not None and serving is not exe and \
+            all(o is not serving for o in order):
+        # malloc binds to an object neither the executable nor its DT_NEEDED
+        # libraries need: only a preload is searched before them (a dlopen()ed
+        # library is searched after libc, never winning malloc), so it was
+        # preloaded, by a request the environment no longer shows.
+        evidence.append(_inferred_preload(image, serving))
+        preloads.append(serving.path)
+        order = lookup_order(image, preloads)
     ref = _describe(serving, how, image, preloads)
     serving_ref = ref
     if ref is not None:
@@ -278,6 +287,16 @@ def _detect(image, mem, evidence, all_bindings):
     log.info("pid %s: malloc served by %s (%s), %s", image.pid, allocator.kind,
              allocator.linkage or "-", HOW_WORDS.get(how, "no object defines malloc"))
     return Detection(allocator, serving, bindings, order, how)
+
+
+def _inferred_preload(image, serving):
+    """The evidence line of a serving object found preloaded although no
+    request for it is visible (why it is not)."""
+    name = os.path.basename(serving.path)
+    why = image.environ_why if getattr(image, "environ", None) is None else \
+        "LD_PRELOAD and /etc/ld.so.preload do not name it (the loader's --preload?)"
+    return (f"{name} is not among the libraries the executable needs (DT_NEEDED), yet malloc "
+            f"binds to it: it was preloaded; {why or 'the environment cannot be read'}")
 
 
 def _describe(obj, how, image, preloads):

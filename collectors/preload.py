@@ -54,10 +54,22 @@ def verdict(image, detection, parent_environ=None, expect=None):
                          "the binding shown follows the loader's lookup order")
             break
 
+    if not requested and serving is not None and detection.allocator.linkage == "preload":
+        # found preloaded by the binding itself (detect: not needed by the
+        # executable, yet serving malloc), with no request left to read
+        reasons.append(getattr(image, "environ_why", None) or
+                       "LD_PRELOAD and /etc/ld.so.preload do not name it")
+        _dlopen_reasons(detection, reasons)
+        return Preload(requested=(serving.path,), effective=True,
+                       verdict=f"in effect: malloc binds to {serving.path}, preloaded "
+                               "(inferred: the executable does not need it)",
+                       reasons=tuple(reasons), notes=tuple(notes),
+                       bindings=tuple(detection.bindings))
     if not requested:
         if image.environ is None:
             verdict_text = "unknown: environment not readable"
-            reasons.append("cannot read /proc/PID/environ (permission denied)")
+            reasons.append(getattr(image, "environ_why", None) or
+                           "cannot read /proc/PID/environ (permission denied)")
         elif expect or (parent_environ and parent_environ.get("LD_PRELOAD")):
             effective = False
             verdict_text = "not in effect: LD_PRELOAD is not in this process's environment"

@@ -403,6 +403,10 @@ def _config(image, det):
     """Allocator configuration sources (no stop): the allocator variables
     of the initial environment and, for jemalloc, its conf strings."""
     out = {"env": dict(image.environ or {})}
+    if image.environ is None:
+        # the knobs' sources must not call a value the default when an
+        # environment variable may have set it
+        out["env_unreadable"] = getattr(image, "environ_why", None) or "not readable"
     a = det.allocator
     # the allocator that reads conf strings from the process (jemalloc): the
     # serving one, else the first other one

@@ -93,14 +93,16 @@ def _run(argv, port, tmp, timeout=15, **popen):
 
 
 @contextlib.contextmanager
-def redis():
+def redis(preload=None):
+    """redis-server on loopback; PRELOAD: a library for its LD_PRELOAD."""
     exe = deps.need("redis-server")
+    env = dict(os.environ, LD_PRELOAD=preload) if preload else None
     with tempfile.TemporaryDirectory(prefix="srv_redis") as tmp:
         port = free_port()
         sock = os.path.join(tmp, "redis.sock")
         argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--unixsocket", sock,
                 "--save", "", "--appendonly", "no", "--dir", tmp, "--daemonize", "no"]
-        with _run(argv, port, tmp) as s:
+        with _run(argv, port, tmp, env=env) as s:
             s.unixsocket = sock
             yield s
 

@@ -112,6 +112,19 @@ def test_environ_keeps_only_allocator_variables(tmp_path):
     assert not is_allocator_var("MALLOCATOR_TOKEN")
 
 
+def test_an_environ_block_overwritten_by_the_program_is_told_apart(tmp_path):
+    # setproctitle (redis, nginx): the block is still there but holds no
+    # NAME=VALUE entry; an empty block is a process started with none
+    from collectors.proc.environ import OVERWRITTEN, overwritten
+    assert overwritten(b"\0" * 300) and overwritten(b"nginx: worker process\0\0\0")
+    assert not overwritten(b"") and not overwritten(b"HOME=/root\0")
+    procfs, pid = make_proc(tmp_path, files={"environ": b"\0" * 64})
+    assert procfs.environ_or_why(pid) == (None, OVERWRITTEN)
+    procfs, pid = make_proc(tmp_path / "kept")
+    env, why = procfs.environ_or_why(pid)
+    assert why is None and env == procfs.environ(pid) and "LD_PRELOAD" in env
+
+
 def test_environ_prefilter_keeps_each_allocator_variable_alone():
     # a block is dropped whole when no allocator name can be in it: each
     # variable the full parse keeps must survive that search on its own

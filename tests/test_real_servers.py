@@ -65,6 +65,47 @@ def test_cli_live_stats(name):
         assert doc["allocator"]["kind"] == "jemalloc"
 
 
+def test_redis_overwritten_environment_and_a_preload_seen_in_the_binding():
+    # redis-server writes its process title over argv and environ
+    # (setproctitle): /proc/PID/environ is all NULs.  Without a preload the
+    # verdict is unknown (not "none requested") and the knobs' defaults say
+    # the environment could not be read; preloaded with tcmalloc, the
+    # binding itself shows the preload (malloc binds to a library redis does
+    # not need) and the verdict is in effect.
+    from targets import preload_path
+    with servers.redis() as s:
+        with open(f"/proc/{s.pid}/environ", "rb") as f:
+            block = f.read()
+        assert block and b"=" not in block
+        r = allocdiag("inspect", "--json", str(s.pid))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["allocator"]["kind"] == "jemalloc" and doc["allocator"]["linkage"] == "dynamic"
+    assert doc["preload"]["verdict"] == "unknown: environment not readable"
+    assert doc["preload"]["effective"] is None
+    assert any("overwrote its initial environment" in why for why in doc["preload"]["reasons"])
+    assert "overwrote" in doc["native"]["config"]["env_unreadable"]
+    sources = [k["source"] for k in doc["native"]["knobs"].values()]
+    assert "compiled default" not in sources
+    assert "compiled default, unless set in the environment (not readable)" in sources
+    tcmalloc = preload_path("tcmalloc")
+    with servers.redis(preload=tcmalloc) as s:
+        r = allocdiag("inspect", "--json", str(s.pid))
+        assert s.alive() and untraced(s.pid)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["allocator"]["kind"] == "tcmalloc" and doc["allocator"]["linkage"] == "preload"
+    assert any("is not among the libraries the executable needs" in e
+               for e in doc["allocator"]["evidence"])
+    preload = doc["preload"]
+    assert preload["effective"] is True and preload["verdict"].startswith("in effect")
+    assert "inferred" in preload["verdict"]
+    assert preload["requested"] == [doc["allocator"]["path"]]
+    # jemalloc, which redis does need, is loaded and serves nothing
+    assert any(o["kind"] == "jemalloc" and o["linkage"] == "dynamic"
+               for o in doc["allocator"]["others"])
+
+
 class Load:
     """A bounded client loop in a thread: at most MAX requests or SECONDS."""
 

@@ -41,10 +41,12 @@ class ProcessImage:
         if self.exe_path:
             self.exe_path = self.exe_path.removesuffix(DELETED_TEXT)
         self.environ: dict[str, str] | None
+        # why environ is None: not readable, or overwritten by the program
+        self.environ_why: str | None = None
         try:
-            self.environ = self.procfs.environ(pid)
+            self.environ, self.environ_why = self.procfs.environ_or_why(pid)
         except AccessDenied:
-            self.environ = None
+            self.environ, self.environ_why = None, "cannot read /proc/PID/environ (permission denied)"
         try:
             self.auxv = self.procfs.auxv(pid)
         except AccessDenied:

@@ -55,3 +55,18 @@ def parse_allocator_environ(data: bytes) -> dict[str, str]:
         if sep and is_allocator_var(name):
             out[name.decode(errors="replace")] = value.decode(errors="replace")
     return out
+
+
+# Why a process's initial environment cannot be read although
+# /proc/PID/environ can: the program wrote over the block.
+OVERWRITTEN = ("the process overwrote its initial environment (/proc/PID/environ holds no "
+               "NAME=VALUE entry: redis, nginx and other servers reuse that memory for their "
+               "process title)")
+
+
+def overwritten(data: bytes) -> bool:
+    """True when the environ block DATA holds bytes but no NAME=VALUE entry:
+    the program reused its memory (setproctitle: the title written over argv
+    and environ, the rest zeroed), so the environment it was started with is
+    gone.  A process started with an empty environment has an empty block."""
+    return bool(data) and b"=" not in data

@@ -23,7 +23,7 @@ from diag.model.errors import AccessDenied, NoSuchProcess, Unsupported
 from collectors.proc import oserror
 from collectors.proc.auxv import parse_auxv
 from collectors.proc.cgroup import parse_cgroup
-from collectors.proc.environ import parse_allocator_environ
+from collectors.proc.environ import OVERWRITTEN, overwritten, parse_allocator_environ
 from collectors.proc.maps import Mapping, parse_maps
 from collectors.proc.readall import read_all
 from collectors.proc.smaps import sum_kb_lines, sum_present
@@ -202,6 +202,14 @@ class ProcFS:
         allocator that read its configuration at start-up).
         """
         return parse_allocator_environ(self.read(pid, "environ"))
+
+    def environ_or_why(self, pid: int) -> tuple[dict[str, str] | None, str | None]:
+        """(``environ``, None), or (None, why) when the block can be read but
+        no longer holds the initial environment (environ.overwritten)."""
+        data = self.read(pid, "environ")
+        if overwritten(data):
+            return None, OVERWRITTEN
+        return parse_allocator_environ(data), None
 
     def cmdline(self, pid: int) -> list[str]:
         return [a.decode(errors="replace") for a in self.read(pid, "cmdline").split(b"\0") if a]

@@ -33,16 +33,22 @@ def read(native: dict[str, Any]) -> dict[str, Knob]:
                              if "THREAD_CACHE" in name else
                              "; `allocdiag release PID` (ReleaseFreeMemory) now" if "RELEASE" in name
                              else ""))
-    if "tcmalloc.max_total_thread_cache_bytes" in props:
-        v = str(props["tcmalloc.max_total_thread_cache_bytes"])
-        k = out["TCMALLOC_MAX_TOTAL_THREAD_CACHE_BYTES"]
-        src = k.source if v == k.current else "changed at runtime (SetNumericProperty)" \
-            if k.source == "compiled default" else k.source
-        out["TCMALLOC_MAX_TOTAL_THREAD_CACHE_BYTES"] = Knob(k.name, v, src, how=k.how)
-    if "tcmalloc.aggressive_memory_decommit" in props:
-        v = "true" if props["tcmalloc.aggressive_memory_decommit"] else "false"
-        k = out["TCMALLOC_AGGRESSIVE_DECOMMIT"]
-        out["TCMALLOC_AGGRESSIVE_DECOMMIT"] = Knob(k.name, v, k.source, how=k.how)
+    # a live value other than the default, and no variable that set it: changed
+    # at runtime, or set at start in an environment that cannot be read
+    moved = ("not the compiled default: set at start (the environment is not readable) "
+             "or at runtime (SetNumericProperty)"
+             if (native.get("config") or {}).get("env_unreadable")
+             else "changed at runtime (SetNumericProperty)")
+    for name, prop in (("TCMALLOC_MAX_TOTAL_THREAD_CACHE_BYTES",
+                        "tcmalloc.max_total_thread_cache_bytes"),
+                       ("TCMALLOC_AGGRESSIVE_DECOMMIT", "tcmalloc.aggressive_memory_decommit")):
+        if prop not in props:
+            continue
+        v = str(props[prop]) if "THREAD_CACHE" in name else \
+            "true" if props[prop] else "false"
+        k = out[name]
+        src = moved if v != k.current and k.source == "compiled default" else k.source
+        out[name] = Knob(k.name, v, src, how=k.how)
     return out
 
 
