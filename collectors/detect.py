@@ -214,6 +214,7 @@ def _detect(image, mem, evidence, all_bindings):
     order = lookup_order(image, preloads) if exe else list(image.objects)
     serving, how = None, None
     bindings = []
+    bound_in_order = False
 
     if exe is not None and exe.elf is not None and exe.elf.is_go and exe.elf.interp is None:
         # A static Go binary: no C allocator at all.  A dynamically linked
@@ -245,6 +246,7 @@ def _detect(image, mem, evidence, all_bindings):
             b = resolved[0]
             serving = image.object_at(b.target)
             how = "got"
+            bound_in_order = any(o.path == b.object for o in order)
             evidence.append(f"malloc GOT slot of {os.path.basename(b.object)} at {b.slot:#x} -> "
                             f"{b.target:#x} in {b.target_path}")
         else:
@@ -261,12 +263,14 @@ def _detect(image, mem, evidence, all_bindings):
                                     f"{os.path.basename(obj.path)}")
                     break
 
-    if how == "got" and serving is not None and serving is not exe and \
+    if how == "got" and bound_in_order and serving is not None and serving is not exe and \
             all(o is not serving for o in order):
-        # malloc binds to an object neither the executable nor its DT_NEEDED
-        # libraries need: only a preload is searched before them (a dlopen()ed
-        # library is searched after libc, never winning malloc), so it was
-        # preloaded, by a request the environment no longer shows.
+        # A slot of the executable or of a library it needs (bound through
+        # the global scope) points to an object none of them needs: only a
+        # preload is searched before them (a dlopen()ed library is searched
+        # after libc, never winning malloc there; RTLD_DEEPBIND changes only
+        # the dlopen()ed library's own slots), so it was preloaded, by a
+        # request the environment no longer shows.
         evidence.append(_inferred_preload(image, serving))
         preloads.append(serving.path)
         order = lookup_order(image, preloads)
