@@ -297,7 +297,7 @@ def _inferred_preload(image, serving):
     """The evidence line of a serving object found preloaded although no
     request for it is visible (why it is not)."""
     name = os.path.basename(serving.path)
-    why = image.environ_why if getattr(image, "environ", None) is None else \
+    why = getattr(image, "environ_why", None) if getattr(image, "environ", None) is None else \
         "LD_PRELOAD and /etc/ld.so.preload do not name it (the loader's --preload?)"
     return (f"{name} is not among the libraries the executable needs (DT_NEEDED), yet malloc "
             f"binds to it: it was preloaded; {why or 'the environment cannot be read'}")

@@ -13,6 +13,7 @@ exports ``_rjem_malloc``, not ``malloc``.
 import os
 
 from collectors.detect import classify, requested_preloads
+from collectors.proc.environ import UNREADABLE
 from diag.model import Preload
 
 _ELFCLASS = {1: 32, 2: 64}
@@ -68,8 +69,7 @@ def verdict(image, detection, parent_environ=None, expect=None):
     if not requested:
         if image.environ is None:
             verdict_text = "unknown: environment not readable"
-            reasons.append(getattr(image, "environ_why", None) or
-                           "cannot read /proc/PID/environ (permission denied)")
+            reasons.append(getattr(image, "environ_why", None) or UNREADABLE)
         elif expect or (parent_environ and parent_environ.get("LD_PRELOAD")):
             effective = False
             verdict_text = "not in effect: LD_PRELOAD is not in this process's environment"

@@ -15,18 +15,21 @@ function), and asks this module for the rest:
   allocdiag process and in the detection cache (by file identity, under the
   home's PART) for the next CLI run;
 - the address is given out (``address``) until DISAGREE_MAX checks refuted
-  it; until one check agreed (``checked``) the home makes the call as before
-  and compares.  Whether a check agreed, and whether a disagreement counts
-  against the address (the value must have held still around the call), is
-  the home's judgement, told with ``verdict``.
+  it; until one check agreed (``checked``) the home makes the call as before,
+  reads the value at the address right after it in the same stop, and hands
+  both to ``judge``: a disagreement counts against the address only when the
+  value held still around the call (read before the stop too).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from collectors.binary import diskcache
+
+log = logging.getLogger("collectors.allocators")
 
 FACT_KEYS = frozenset({"vaddr", "found_by", "checked", "disagreed"})
 # where the facts came from (not stored: the entry's own identity)
@@ -56,6 +59,30 @@ def in_load(elf: Any, flag: int) -> Callable[[int], bool]:
 
 # Finder: the library object -> (file virtual address or None, how it was found).
 Finder = Callable[[Any], tuple[int | None, str | None]]
+# A pattern's locate: (CODE_AT(vaddr, n) over the file, the entry's vaddr,
+# the ElfObject) -> the file virtual address it finds, or None.
+Locate = Callable[[Callable[[int, int], bytes | None], int, Any], int | None]
+
+
+def find_in_code(obj: Any, entry: str, locate: Locate, found_by: str
+                 ) -> tuple[int | None, str | None]:
+    """A Finder's answer from the code of the function ENTRY of the library
+    OBJ (its symbol, .dynsym then .symtab): (LOCATE's address, FOUND_BY), or
+    (None, None) when the function or the pattern is not there."""
+    elf, opener = obj.elf, obj.opener.open
+    sym = elf.lookup(entry, opener)
+    if sym is None:
+        return None, None
+    try:
+        found = locate(lambda v, n: elf.text_bytes(v, n, opener), sym.st_value, elf)
+    except OSError as exc:
+        log.debug("%s: code of %s not read: %s", obj.path, entry, exc)
+        return None, None
+    return (found, found_by) if found is not None else (None, None)
+
+
+# How one check came out (``judge``)
+SAME, DIFFERENT, MOVED = "same", "different", "moved"
 
 
 class CheckedAddresses:
@@ -98,6 +125,20 @@ class CheckedAddresses:
     def found_by(self, mkey: Any) -> str | None:
         found: str | None = self.facts.get(mkey, {}).get("found_by")
         return found
+
+    def judge(self, mkey: Any, read: Any, truth: Any, before: Any) -> str:
+        """One check of the address MKEY names: READ (the value there right
+        after the call) against TRUTH (what the call returned), BEFORE (the
+        value read before the stop).  A disagreement counts against the
+        address only when the value held still around the call; else the
+        next stop checks again.  SAME, DIFFERENT or MOVED."""
+        if read == truth:
+            self.verdict(mkey, True)
+            return SAME
+        if before == read:
+            self.verdict(mkey, False)
+            return DIFFERENT
+        return MOVED
 
     def verdict(self, mkey: Any, agreed: bool) -> None:
         """Keep what one check found, in memory and on disk."""

@@ -13,6 +13,7 @@ from collections import namedtuple
 
 from collectors.binary.elf import CACHE, ElfCache, ObjectFile
 from collectors.proc.auxv import AT_SECURE
+from collectors.proc.environ import UNREADABLE
 from collectors.proc.maps import DELETED_TEXT, Mapping
 from collectors.proc.procfs import ProcFS
 from diag.model.errors import AccessDenied, MalformedData, NoSuchProcess
@@ -46,7 +47,7 @@ class ProcessImage:
         try:
             self.environ, self.environ_why = self.procfs.environ_or_why(pid)
         except AccessDenied:
-            self.environ, self.environ_why = None, "cannot read /proc/PID/environ (permission denied)"
+            self.environ, self.environ_why = None, UNREADABLE
         try:
             self.auxv = self.procfs.auxv(pid)
         except AccessDenied:

@@ -57,8 +57,9 @@ def parse_allocator_environ(data: bytes) -> dict[str, str]:
     return out
 
 
-# Why a process's initial environment cannot be read although
-# /proc/PID/environ can: the program wrote over the block.
+# Why a process's initial environment cannot be read: no right to read
+# /proc/PID/environ, or the program wrote over the block.
+UNREADABLE = "cannot read /proc/PID/environ (permission denied)"
 OVERWRITTEN = ("the process overwrote its initial environment (/proc/PID/environ holds no "
                "NAME=VALUE entry: redis, nginx and other servers reuse that memory for their "
                "process title)")

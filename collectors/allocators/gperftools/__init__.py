@@ -176,18 +176,10 @@ def plan(res: Any, obj: Any, alloc: Any, opts: dict[str, Any]) -> dict[str, Any]
 
 def _find_decommit(obj: Any) -> tuple[int | None, str | None]:
     """(file virtual address of PageHeap::aggressive_decommit_, how it was found)."""
-    elf, opener = obj.elf, obj.opener.open
-    entry = elf.lookup(decommit.ENTRY, opener)
-    if entry is None:
-        return None, None
-    try:
-        found = decommit.locate(lambda v, n: elf.text_bytes(v, n, opener), entry.st_value,
-                                checked.in_load(elf, checked.PF_W))
-    except OSError as exc:
-        log.debug("gperftools: code of GetNumericProperty not read: %s", exc)
-        return None, None
-    return (found, "movzbl in GetNumericProperty's aggressive_memory_decommit branch") \
-        if found is not None else (None, None)
+    return checked.find_in_code(
+        obj, decommit.ENTRY,
+        lambda code, entry, elf: decommit.locate(code, entry, checked.in_load(elf, checked.PF_W)),
+        "movzbl in GetNumericProperty's aggressive_memory_decommit branch")
 
 
 def prefetch(image: Any, a: Any) -> dict[str, Any]:
@@ -332,18 +324,19 @@ def parse(raw: Any, alloc: Any) -> Any:
     return native
 
 
+# what gathered_by says of one check of the decommit byte
+DECOMMIT_CHECKED = {checked.SAME: "the same value (the byte is used from now on)",
+                    checked.DIFFERENT: "different (not used)",
+                    checked.MOVED: "different, but the byte moved meanwhile (checked again "
+                                   "next time)"}
+
+
 def _decommit_verdict(check: Any, called: int) -> str:
     """Judge one check of the decommit byte against what the call returned
     in the same stop; what gathered_by says of it."""
     (addr, mkey), byte, before = check
-    agreed = byte == called
-    # against the address only when the byte held still around the call
-    if agreed or before == byte:
-        DECOMMIT_AT.verdict(mkey, agreed)
     return (f"; {DECOMMIT_FIELD} at {addr:#x} checked against GetNumericProperty: "
-            + ("the same value (the byte is used from now on)" if agreed
-               else "different (not used)" if before == byte
-               else "different, but the byte moved meanwhile (checked again next time)"))
+            + DECOMMIT_CHECKED[DECOMMIT_AT.judge(mkey, byte, called, before)])
 
 
 def normalise(native: dict[str, Any]) -> dict[str, Value]:

@@ -253,6 +253,11 @@ def _option_table(res: Any, obj: Any, names: Any) -> int | None:
 STATS_MAIN_PART = "mimalloc-stats-main-1"
 STATS_MAIN_DISAGREE_MAX = 3
 STATS_MAIN = checked.CheckedAddresses(STATS_MAIN_PART, STATS_MAIN_DISAGREE_MAX)
+# what gathered_by says of one check
+STATS_MAIN_CHECKED = {checked.SAME: "the same committed bytes (read from memory from now on)",
+                      checked.DIFFERENT: "different (not used)",
+                      checked.MOVED: "different, but the words moved meanwhile (checked again "
+                                     "next time)"}
 
 
 def _stats_main(obj: Any, version: Any) -> Any:
@@ -266,22 +271,14 @@ def _stats_main(obj: Any, version: Any) -> Any:
 
 def _find_stats_main(obj: Any) -> tuple[int | None, str | None]:
     """(file virtual address of _mi_stats_main, how it was found)."""
-    elf, opener = obj.elf, obj.opener.open
-    sym = elf.lookup(statsmain.SYMBOL, opener)
+    sym = obj.elf.lookup(statsmain.SYMBOL, obj.opener.open)
     if sym is not None and sym.defined:
         return sym.st_value, f"symbol {statsmain.SYMBOL}"
-    entry = elf.lookup("mi_process_info", opener)
-    if entry is None:
-        return None, None
-    try:
-        found = statsmain.locate(lambda v, n: elf.text_bytes(v, n, opener), entry.st_value,
-                                 checked.in_load(elf, checked.PF_X),
-                                 checked.in_load(elf, checked.PF_W))
-    except OSError as exc:
-        log.debug("mimalloc: code of mi_process_info not read: %s", exc)
-        return None, None
-    return (found, "lea in the function mi_process_info calls") if found is not None \
-        else (None, None)
+    return checked.find_in_code(
+        obj, "mi_process_info",
+        lambda code, entry, elf: statsmain.locate(code, entry, checked.in_load(elf, checked.PF_X),
+                                                  checked.in_load(elf, checked.PF_W)),
+        "lea in the function mi_process_info calls")
 
 
 def prefetch(image: Any, a: Any) -> dict[str, Any]:
@@ -389,15 +386,10 @@ def parse(raw: Any, alloc: Any) -> Any:
         native["process_info"] = pi = mimalloc_stats.process_info_dict(raw["process_info"])
         if "stats_main_check" in raw:
             (addr, mkey), words, before = raw["stats_main_check"]
-            agreed = words == (pi["peak_commit"], pi["current_commit"])
-            # against the address only when the words held still around the call
-            if agreed or before == words:
-                STATS_MAIN.verdict(mkey, agreed)
+            outcome = STATS_MAIN.judge(mkey, words, (pi["peak_commit"], pi["current_commit"]),
+                                       before)
             check_note = (f"; _mi_stats_main at {addr:#x} checked against mi_process_info: "
-                          + ("the same committed bytes (read from memory from now on)" if agreed
-                             else "different (not used)" if before == words
-                             else "different, but the words moved meanwhile (checked again "
-                                  "next time)"))
+                          + STATS_MAIN_CHECKED[outcome])
     if "os_counts" in raw:
         addr, mkey = raw["stats_main_at"]
         n = len(statsmain.COUNT_FIELDS)
