@@ -28,6 +28,7 @@ import os
 from collectors.allocators import registry
 from collectors.allocators.interface import Signature  # noqa: F401  (collectors.detect.Signature)
 from collectors.allocators.jemalloc import home as jemalloc_home
+from collectors.binary import loaderrun
 from diag.model.errors import AccessDenied
 from collectors.engine.memory import MemoryReader
 from diag.model import Allocator, AllocatorRef, Binding
@@ -144,13 +145,17 @@ def lookup_order(image, preload_paths=()):
 
 
 def requested_preloads(image):
-    """[(path, source)] from LD_PRELOAD (initial environment) and the
-    target root's /etc/ld.so.preload.  ld.so splits LD_PRELOAD on spaces and
+    """[(path, source)] from LD_PRELOAD (initial environment), the
+    loader's ``--preload`` (a program started as ``ld.so --preload LIB
+    PROGRAM``) and the target root's /etc/ld.so.preload, in the order
+    rtld.c dl_main loads them.  ld.so splits LD_PRELOAD on spaces and
     colons."""
     out = []
     env = image.environ or {}
     for part in env.get("LD_PRELOAD", "").replace(":", " ").split():
         out.append((part, "LD_PRELOAD"))
+    for part in loaderrun.preloads(getattr(image, "loader_options", None) or {}):
+        out.append((part, loaderrun.PRELOAD_SOURCE))
     try:
         with open(image.in_root("/etc/ld.so.preload"), "r", errors="replace") as f:
             for line in f:
@@ -210,6 +215,11 @@ def detect(image, mem=None, all_bindings=False):
 
 def _detect(image, mem, evidence, all_bindings):
     exe = image.exe
+    loader = getattr(image, "loader", None)
+    if loader is not None and exe is not None:
+        evidence.append(f"started through its dynamic loader {os.path.basename(loader.path)} "
+                        f"(LOADER [OPTIONS] PROGRAM): the program, {exe.path}, is read as the "
+                        "executable")
     preloads = [p for p, _src in requested_preloads(image)]
     order = lookup_order(image, preloads) if exe else list(image.objects)
     serving, how = None, None

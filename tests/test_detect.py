@@ -242,3 +242,67 @@ def test_unreadable_memory_is_a_typed_fact_not_a_phrase(monkeypatch):
         snap, col = snapshot.take(t.pid, attach=False)
     assert col.status["detect"].ok is False and col.partial
     assert "GOT slots not read" in col.status["detect"].error
+
+
+def _interp(path):
+    from elftools.elf.elffile import ELFFile
+    with open(path, "rb") as f:
+        return next(seg.get_interp_name() for seg in ELFFile(f).iter_segments()
+                    if seg["p_type"] == "PT_INTERP")
+
+
+@pytest.mark.parametrize("preload", [None, "jemalloc"])
+def test_program_started_through_its_loader(preload):
+    # `ld.so [--preload LIB] PROGRAM`: the kernel runs the loader, so the exe
+    # link and AT_PHDR name ld.so, a shared object without PT_INTERP.  Read as
+    # it looks, that is a static executable whose libraries were all
+    # dlopen()ed; the program is the object the loader mapped.
+    exe = build_c("idle.c")
+    ldso = _interp(exe)
+    argv = [ldso] + (["--preload", PRELOADS[preload]] if preload else []) + [exe, "1"]
+    with start(argv) as t:
+        image = ProcessImage(t.pid)
+        a, p = inspect(t.pid)
+    assert os.path.realpath(image.loader.path) == os.path.realpath(ldso)
+    assert os.path.realpath(image.exe.path) == os.path.realpath(exe)
+    assert any("dynamic loader" in e for e in a.evidence), a.evidence
+    assert not any("dlopen" in e for o in a.others for e in o.evidence), a.others
+    if preload:
+        # the request is read from the command line, as the loader read it
+        assert image.loader_options == {"--preload": [PRELOADS[preload]]}
+        assert (a.kind, a.linkage) == ("jemalloc", "preload"), a
+        assert p.requested == (PRELOADS[preload],) and p.effective is True, p
+        assert p.verdict.startswith("in effect"), p
+    else:
+        assert image.loader_options == {}
+        assert (a.kind, a.linkage) == ("glibc", "dynamic"), a
+        assert p.verdict == "none requested", p
+
+
+def test_musl_program_started_through_its_loader(tmp_path):
+    _musl_gcc()
+    import subprocess
+    exe = tmp_path / "idle_musl"
+    subprocess.run(["musl-gcc", "-O1", "-o", str(exe),
+                    os.path.join(os.path.dirname(__file__), "targets", "idle.c")], check=True)
+    # musl's loader is its libc.so, run as a program
+    with start([_interp(exe), str(exe), "1"]) as t:
+        image = ProcessImage(t.pid)
+        a, _p = inspect(t.pid)
+    assert os.path.realpath(image.exe.path) == os.path.realpath(exe)
+    assert (a.kind, a.linkage) == ("musl", "dynamic"), a
+
+
+def test_loader_options_read_as_the_loader_reads_them():
+    from collectors.binary import loaderrun
+    ldso = "/lib64/ld-linux-x86-64.so.2"
+    # options up to the program; the program's own arguments are not the loader's
+    argv = [ldso, "--inhibit-cache", "--preload", "libjemalloc.so.2:/x/libfoo.so bar.so",
+            "--argv0", "name", "./prog", "--preload", "not-the-loaders"]
+    options = loaderrun.loader_options(argv)
+    assert options == {"--inhibit-cache": [], "--preload": ["libjemalloc.so.2:/x/libfoo.so bar.so"],
+                       "--argv0": ["name"]}
+    assert loaderrun.preloads(options) == ["libjemalloc.so.2", "/x/libfoo.so", "bar.so"]
+    # an option missing its value is the program's name (dl_main needs argc > 2)
+    assert loaderrun.loader_options([ldso, "--preload"]) == {}
+    assert loaderrun.loader_options([ldso]) == {}

@@ -11,6 +11,7 @@ import logging
 import os
 from collections import namedtuple
 
+from collectors.binary import loaderrun
 from collectors.binary.elf import CACHE, ElfCache, ObjectFile
 from collectors.proc.auxv import AT_SECURE
 from collectors.proc.environ import UNREADABLE
@@ -56,6 +57,17 @@ class ProcessImage:
         self._requested_ids: dict[str, tuple[int, int, int] | None] = {}
         self.objects = self._load_objects(cache)
         self.exe = self._find_exe()
+        # `ld.so [OPTIONS] PROGRAM`: the kernel ran the loader (self.loader),
+        # which mapped the program (self.exe from then on)
+        self.loader: LoadedObject | None = None
+        self.loader_options: dict[str, list[str]] = {}
+        program = loaderrun.program_run_by(self, self.exe)
+        if program is not None:
+            self.loader, self.exe = self.exe, program
+            try:
+                self.loader_options = loaderrun.loader_options(self.procfs.cmdline(pid))
+            except (AccessDenied, OSError):
+                pass            # no --preload seen; detection still infers one
 
     @property
     def secure(self) -> bool | None:
