@@ -124,9 +124,13 @@ def profiler_env(procfs, pid):
 
 def restart_recipe(t, lg_sample=JE_LG_SAMPLE_DEFAULT):
     """The exact way to make heap profiling possible, for the allocator T has."""
-    exe = t.image.exe_path or "PROGRAM"
-    comm = getattr(t.image, "comm", None)
-    if comm and t.image.exe_path and not os.path.basename(exe).startswith(comm[:15]):
+    image = t.image
+    exe = image.exe_path or "PROGRAM"
+    comm = getattr(image, "comm", None)
+    if getattr(image, "loader", None) is not None and image.exe is not None:
+        # started as `ld.so PROGRAM`: the exe link names the loader, comm too
+        exe = image.exe.path
+    elif comm and image.exe_path and not os.path.basename(exe).startswith(comm[:15]):
         # Debian's redis-server is a symlink to redis-check-rdb: name both
         exe = f"{exe} (the program started as {comm})"
     arm = f"prof:true,prof_active:false,lg_prof_sample:{lg_sample}"

@@ -6,6 +6,7 @@ import stat
 
 import pytest
 
+from collectors import heapcontrol
 from collectors.detect import detect
 from collectors.binary.image import ProcessImage
 from collectors.preload import verdict
@@ -263,6 +264,7 @@ def test_program_started_through_its_loader(preload):
     with start(argv) as t:
         image = ProcessImage(t.pid)
         a, p = inspect(t.pid)
+        remedy = heapcontrol.status(t.pid)["remedy"] if not preload else None
     assert os.path.realpath(image.loader.path) == os.path.realpath(ldso)
     assert os.path.realpath(image.exe.path) == os.path.realpath(exe)
     assert any("dynamic loader" in e for e in a.evidence), a.evidence
@@ -277,6 +279,9 @@ def test_program_started_through_its_loader(preload):
         assert image.loader_options == {}
         assert (a.kind, a.linkage) == ("glibc", "dynamic"), a
         assert p.verdict == "none requested", p
+        # glibc has no heap profiler: the restart recipe names the program
+        assert "MALLOC_CONF=prof:true" in remedy and exe in remedy, remedy
+        assert "ld-linux" not in remedy, remedy
 
 
 def test_musl_program_started_through_its_loader(tmp_path):
