@@ -75,6 +75,37 @@ def test_stopped_process_is_refused_by_group_stop_code(sp):  # noqa: F811
         os.kill(t.pid, signal.SIGCONT)
 
 
+NR_READ = 0
+
+
+def test_seccomp_strict_thread_is_never_borrowed(sp):  # noqa: F811
+    """A thread in seccomp strict mode dies (SIGKILL, no ptrace stop to undo)
+    at the first syscall but read/write/exit/sigreturn a call would make:
+    refused before any stop with SECCOMP_STRICT, and the process's other
+    thread serves the call instead."""
+    t, a = sp("strict_read")
+    parked(t, a, NR_READ)
+    with open(f"/proc/{t.pid}/task/{a['tid']}/status") as f:
+        assert "\nSeccomp:\t1\n" in f.read()
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES),
+                       deadline_s=10.0)
+    t0 = time.monotonic()
+    with pytest.raises(RemoteCallError) as err:
+        with rp.borrow(tid=a["tid"]):
+            pass
+    # no wait changes it: refused at once, not after the 10-s deadline
+    assert time.monotonic() - t0 < 5.0
+    assert "can never be borrowed" in str(err.value), err.value
+    assert "seccomp strict mode" in str(err.value), err.value
+    assert rp.stats["rejected_stops"] == 0
+    with rp.borrow() as c:
+        assert c.tid == a["main"] and c.call(a["getpid"]) == t.pid
+    assert_released(t.pid)
+    assert t.proc.poll() is None
+    with open(f"/proc/{t.pid}/task/{a['tid']}/status") as f:
+        assert "\nSeccomp:\t1\n" in f.read()      # the strict thread lives on
+
+
 def test_every_reason_has_words():
     assert set(REASON_TEXT) == set(Reason)
     r = Refusal(Reason.NO_ROOM, {"room": "12 KiB", "need": "20 KiB"}, "read")

@@ -50,6 +50,12 @@ SI_PID_OFF = 16              # _kill._pid, _kill._uid
 SI_ADDR_OFF = 16             # _sigfault._addr
 SI_VALUE_OFF = 24            # _rt._sigval
 
+# seccomp modes, as /proc/PID/task/TID/status prints them on its Seccomp:
+# line (include/uapi/linux/seccomp.h)
+SECCOMP_MODE_DISABLED = 0
+SECCOMP_MODE_STRICT = 1
+SECCOMP_MODE_FILTER = 2
+
 # prctl (include/uapi/linux/prctl.h)
 PR_SET_TIMERSLACK = 29
 PR_GET_TIMERSLACK = 30

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collectors.binary import unwind
-from collectors.engine import memory, ptrace, safepoints, stackbounds
+from collectors.engine import abi, memory, ptrace, safepoints, stackbounds
 from collectors.engine.arch import Arch
 from collectors.engine.safepoints import Reason, Refusal, refusal
 from collectors.engine.tracee import At, Thread, Tracer, read_bytes
@@ -41,6 +41,7 @@ STAT_PROCESSOR_FIELD = 36     # /proc/PID/stat field 39 (processor), after "comm
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
 TIMESPEC = struct.Struct("<qq")   # struct __kernel_timespec (tv_sec, tv_nsec)
+SECCOMP_FIELD = b"\nSeccomp:"     # fs/proc/array.c task_seccomp
 # syscalls that change the address space, typically for the allocator
 ADDRESS_SPACE_SYSCALLS = frozenset(("brk", "mmap", "munmap", "mremap", "madvise", "mprotect"))
 
@@ -350,6 +351,11 @@ class Chooser:
         point): parse the CFI a futex or resumed wait's walk needs, or load
         every object's CFI index for a running thread's walk.  Returns (whether
         it read the mappings, a refusal the look-ahead found)."""
+        if self.seccomp_mode(c.tid) == abi.SECCOMP_MODE_STRICT:
+            # the kernel kills such a thread at the first other syscall,
+            # without a ptrace stop the engine could undo (kernel/seccomp.c
+            # __secure_computing_strict): never borrowed
+            return False, refusal(Reason.SECCOMP_STRICT, subject=c.facts.words)
         if c.facts.nr in safepoints.EINTR_RESTARTABLE:
             # only a wait eintr_restartable may be asked about (not a running thread)
             self.read_insn_before(c.facts.pc)
@@ -375,6 +381,21 @@ class Chooser:
                 judge.load_tables()
             return True, None
         return False, None
+
+    def seccomp_mode(self, tid: int) -> int | None:
+        """TID's seccomp mode (abi.SECCOMP_MODE_*) from its status, or None
+        when unreadable.  A filter (mode 2) is not judged: the calls' own
+        syscalls (mmap, munmap, futex) are ones no allocator can live without
+        (docs/target-writes.md)."""
+        try:
+            status = read_bytes(self.tracer.task(tid, "status"), self.pid, tid)
+        except AllocdiagError:
+            return None
+        at = status.find(SECCOMP_FIELD)
+        if at < 0:
+            return None
+        value = status[at + len(SECCOMP_FIELD):].split(None, 1)
+        return int(value[0]) if value and value[0].isdigit() else None
 
     def read_insn_before(self, pc: int | None) -> None:
         """Keep the bytes before PC (a waiting thread's, from /proc) when PC
@@ -617,6 +638,11 @@ class Chooser:
                     f"{kib(max(0, max(self.room.values(), default=0)))}, the call needs "
                     f"{kib(self.need())}")
             return f"{head}: {detail}"
+        if why and all(r.code in safepoints.PERMANENT_REASONS for r in why.values()):
+            head = (f"thread {only_tid} can never be borrowed" if only_tid is not None else
+                    "no thread of this process can ever be borrowed")
+            return (f"{head}: {detail}; what to do: read what needs no call into the "
+                    "process (--no-attach)")
         if only_tid is not None:
             head = f"thread {only_tid} was never at a safe point for {secs} s"
             return f"{head}: {detail}" if detail else head

@@ -317,7 +317,8 @@ class RemoteProcess:
                     self._unblock(old)
                 if reason.code is Reason.GROUP_STOP:
                     raise RemoteCallError(STOPPED_MSG, pid=self.pid)
-            if time.monotonic() >= t_end:
+            if time.monotonic() >= t_end or last_why and all(
+                    r.code in safepoints.PERMANENT_REASONS for r in last_why.values()):
                 raise RemoteCallError(self._refusal(last_why, only_tid), pid=self.pid)
             self._preflight()
             time.sleep(0.001 if rounds < 20 else 0.005)

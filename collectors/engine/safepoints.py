@@ -79,6 +79,7 @@ class Reason(enum.Enum):
     GROUP_STOP = "group-stop"
     EINTR_NOT_RESTARTABLE = "eintr-not-restartable"
     RESTART_UNSEEN = "restart-unseen"
+    SECCOMP_STRICT = "seccomp-strict"           # any syscall in the call kills the thread
 
 
 # The words for each code.  "{subject}" is what the thread was doing (the
@@ -113,7 +114,14 @@ REASON_TEXT: Mapping[Reason, str] = {
     Reason.EINTR_NOT_RESTARTABLE: ("{subject}: returned EINTR at the stop and cannot be "
                                    "restarted ({why}); released"),
     Reason.RESTART_UNSEEN: "a wait resumed by restart_syscall that was not seen before the stop",
+    Reason.SECCOMP_STRICT: ("in seccomp strict mode, where any syscall but read, "
+                            "write, exit and sigreturn kills the thread (an allocation's "
+                            "brk or mmap, a lock's futex inside the call)"),
 }
+# Refusals no wait can change: the thread will never be borrowed (a process
+# of such threads only is refused at once, not after the deadline).
+PERMANENT_REASONS = frozenset({Reason.SECCOMP_STRICT})
+
 # Refusals of threads found busy (running, or in a syscall that is no wait):
 # when every thread is one, the process is busy inside allocator or libc.
 BUSY_REASONS = frozenset({

@@ -18,6 +18,7 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <linux/seccomp.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <semaphore.h>
@@ -26,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -109,6 +111,17 @@ __attribute__((noinline)) int fake_allocator_wait(void)
 __attribute__((noinline)) void fake_allocator_end(void) { __asm__ volatile(""); }
 
 static void *sleeper(void *arg) { (void)arg; for (;;) pause(); }
+
+/* "strict_read": the worker enters seccomp strict mode and blocks in read(2)
+ * of a pipe nobody writes; any other syscall kills it (SIGKILL). */
+static int strict_fd = -1;
+static void strict_read(void)
+{
+    char c;
+    prctl(PR_SET_SECCOMP, SECCOMP_MODE_STRICT);
+    for (;;)
+        read(strict_fd, &c, 1);
+}
 
 /* "fakespin": application code spinning deep below a function the tests
  * declare allocator code; the frames in between (400-byte pads, no libc
@@ -243,6 +256,8 @@ static void *worker(void *arg)
         pthread_sigmask(SIG_BLOCK, &s, NULL);
     }
     __atomic_store_n(&stats.done, 1, __ATOMIC_SEQ_CST);
+    if (!strcmp(mode, "strict_read"))
+        strict_read();
     for (;;)
         one_wait();
     return NULL;
@@ -265,6 +280,7 @@ int main(int argc, char **argv)
     int pfd[2];
     if (pipe(pfd))
         return 1;
+    strict_fd = pfd[0];
     efd = epoll_create1(0);
     struct epoll_event ev = {.events = EPOLLIN};
     epoll_ctl(efd, EPOLL_CTL_ADD, pfd[0], &ev);
