@@ -254,6 +254,13 @@ class Session:
         exe = procfs.exe(pid)
         stats = {name: Value() for name in STATS_FIELDS}
         native = {}
+        if self.attach and det is None:
+            # nothing to call into: say why (not "--no-attach", which was not asked)
+            failed = next((name for name, st in col.status.items()
+                           if name in ("maps", "detect") and not st.ok), None)
+            col.status["remote"] = CollectorStatus(
+                False, "not collected: the allocator was not detected" +
+                (f" ({failed} failed)" if failed else ""), 0.0)
         if self.attach and det is not None:
             live = _live(col, built, self.per_arena,
                          self.deadline_s if deadline_s is None else deadline_s)

@@ -118,11 +118,18 @@ def test_permission_denied_partial_with_help():
     # memory are not: the procfs part is printed, exit 6, with the help text.
     with start([build_c("idle.c"), "1"]) as t:
         r = unpriv.run(["-m", "diag", "inspect", "--json", str(t.pid)])
+        text = unpriv.run(["-m", "diag", "inspect", str(t.pid)])
         ps = unpriv.run(["-m", "diag", "ps"])
     assert r.returncode == 6, r.stderr
     doc = json.loads(r.stdout)
     assert doc["process"]["rss"] is not None
     assert doc["collectors"]["maps"]["ok"] is False
+    # no stats: for the reason it has (not "--no-attach", which was not asked)
+    assert doc["collectors"]["remote"] == {
+        "ok": False, "error": "not collected: the allocator was not detected (maps failed)",
+        "duration_s": 0.0, "pause_us": None}
+    assert "allocator stats  unknown: not collected: the allocator was not detected " \
+           "(maps failed)" in text.stdout and "--no-attach)" not in text.stdout
     assert "ptrace_scope" in r.stderr and "CAP_SYS_PTRACE" in r.stderr
     assert ps.returncode == 0 and "not readable" in ps.stderr
 
