@@ -106,6 +106,32 @@ def test_seccomp_strict_thread_is_never_borrowed(sp):  # noqa: F811
         assert "\nSeccomp:\t1\n" in f.read()      # the strict thread lives on
 
 
+@pytest.mark.parametrize("mode, words", [
+    # malloc_stats() holds the arena lock while its cookie stream's writer
+    # reads: a call to malloc_info there would wait on that lock for ever
+    ("cookie_read", "read inside glibc malloc_stats()"),
+    # a handler may have interrupted the allocator holding its lock
+    ("handler_read", "read inside a signal handler"),
+])
+def test_wait_with_the_allocator_or_a_handler_below_is_refused_before_the_stop(
+        sp, mode, words):  # noqa: F811
+    """A read(2) wait is judged by its syscall in the stop; the walk before
+    the stop finds what lies below it, and the thread is never stopped."""
+    t, a = sp(mode)
+    parked(t, a, NR_READ)
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES),
+                       deadline_s=0.5)
+    with pytest.raises(RemoteCallError) as err:
+        with rp.borrow(tid=a["tid"]):
+            pass
+    assert words in str(err.value), err.value
+    assert rp.stats["rejected_stops"] == 0 and rp.stats["borrows"] == 0
+    # the main thread, in its own read with nothing below, serves the call
+    with rp.borrow() as c:
+        assert c.tid == a["main"] and c.call(a["getpid"]) == t.pid
+    assert_released(t.pid)
+
+
 def test_every_reason_has_words():
     assert set(REASON_TEXT) == set(Reason)
     r = Refusal(Reason.NO_ROOM, {"room": "12 KiB", "need": "20 KiB"}, "read")

@@ -387,7 +387,8 @@ def test_borrowing_order_prefers_restartable_then_epoll(sp):
 
 def test_order_epoll_before_proven_futex(sp):
     """Main thread in a condvar wait (borrowable after a walk), worker in
-    epoll_wait: the epoll thread is taken, and no CFI is even loaded."""
+    epoll_wait: the epoll thread is taken (its stack walked before the stop
+    only: no walk inside it)."""
     t, a = sp("epoll_wait", env={"SP_MAIN": "condwait"})
     rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))
     for _ in range(5):
@@ -395,26 +396,22 @@ def test_order_epoll_before_proven_futex(sp):
         parked(t, {"tid": a["main"]}, 202)
         with rp.borrow() as c:
             assert c.tid == a["tid"] and c.category == "epoll"
-    assert rp._judge_stack is None
     with rp.borrow(tid=a["main"]) as c:                  # and main is borrowable
         assert c.category == "futex"
     assert stat(t, a, EINTR) == 0
 
 
 def test_order_restartable_before_futex(sp):
-    """Worker in a condvar wait, main in read(): restartable first.  The CFI
-    is parsed only when a futex thread is the next candidate."""
+    """Worker in a condvar wait, main in read(): restartable first."""
     from collectors.binary import unwind
     unwind.clear_cache()
     t, a = sp("condwait")
     rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))
     parked(t, {"tid": a["main"]}, 0)             # main reads stdin
     with rp.borrow() as c:
-        assert c.tid == a["main"]
-    assert rp._judge_stack is None               # nothing parsed
-    with rp.borrow(tid=a["tid"]):
-        pass
-    assert rp._judge_stack is not None
+        assert c.tid == a["main"] and c.category == "restartable"
+    with rp.borrow(tid=a["tid"]) as c:
+        assert c.category == "futex"
 
 
 def test_refusal_message_says_what_each_thread_does(sp):

@@ -62,8 +62,20 @@ def forbidden_ranges(image: Any, detection: Any) -> list[tuple[int, int, str]]:
     text (then only threads parked in an idle wait from outside the
     executable qualify: conservative).  The non-libc entries are what the
     futex stack walk treats as allocator code."""
+    return _forbidden(image, detection)[0]
+
+
+def undelimited(image: Any, detection: Any) -> frozenset[str]:
+    """Names of forbidden_ranges entries that are an executable's whole text
+    because the allocator linked into it could not be delimited: a frame
+    there may be the program's own, so it proves no allocator code."""
+    return _forbidden(image, detection)[1]
+
+
+def _forbidden(image: Any, detection: Any) -> tuple[list[tuple[int, int, str]], frozenset[str]]:
     serving = detection.serving
     out = []
+    whole_exe = set()
     for obj in image.objects:
         base = os.path.basename(obj.path)
         whole = any(n in base for n in LIBC_AND_LOADER)
@@ -74,9 +86,10 @@ def forbidden_ranges(image: Any, detection: Any) -> list[tuple[int, int, str]]:
                 if spans is not None:
                     out.extend(spans)
                     continue
+                whole_exe.add(base)
             whole = True
         if whole:
             for m in image.maps:
                 if m.path == obj.path and "x" in m.perms:
                     out.append((m.start, m.end, base))
-    return out
+    return out, frozenset(whole_exe)

@@ -523,7 +523,13 @@ _StackCache = PagedMemory       # the old name
 
 class CFAExpression(UnwindError):
     """The CFA is given as a DWARF expression (PLT stubs, signal frames):
-    the walk cannot continue (the remote engine refuses such a stack)."""
+    the walk cannot continue (the remote engine refuses such a stack).
+    ``pc``: the frame's pc (a signal frame's: the handler's return
+    address, the C library's rt_sigreturn trampoline)."""
+
+    def __init__(self, msg: str, pc: int | None = None) -> None:
+        super().__init__(msg)
+        self.pc = pc
 
 
 class BeyondCopy(UnwindError):
@@ -636,7 +642,7 @@ class Unwinder:
             try:
                 complete = self._walk(regs, parse, partial, memory, frames, max_frames)
             except UnwindError as exc:
-                return Walk(frames, False, str(exc))
+                return Walk(frames, False, str(exc), exc)
             return Walk(frames, complete, None)
         frames = []
         self._walk(regs, parse, partial, memory, frames, MAX_FRAMES)
@@ -661,7 +667,7 @@ class Unwinder:
             cfa_rule, rules = self._table(m, parse).row(vaddr if depth == 0 else vaddr - 1)
             if cfa_rule.expr or cfa_rule.reg is None:
                 raise CFAExpression(f"CFA given as an expression at "
-                                  f"{os.path.basename(m.path)}+{vaddr:#x}")
+                                    f"{os.path.basename(m.path)}+{vaddr:#x}", pc)
             base = regs.get(cfa_rule.reg)
             if base is None:
                 if partial:
@@ -721,12 +727,13 @@ class Unwinder:
 class Walk:
     """A tolerant walk's result: ``frames`` found (innermost first),
     ``complete`` (reached the thread's first frame), ``error`` (why it
-    stopped early, or None)."""
+    stopped early, or None) and ``cause`` (the UnwindError it stopped on)."""
 
-    __slots__ = ("frames", "complete", "error")
+    __slots__ = ("frames", "complete", "error", "cause")
 
-    def __init__(self, frames: list[Frame], complete: bool, error: str | None) -> None:
-        self.frames, self.complete, self.error = frames, complete, error
+    def __init__(self, frames: list[Frame], complete: bool, error: str | None,
+                 cause: UnwindError | None = None) -> None:
+        self.frames, self.complete, self.error, self.cause = frames, complete, error, cause
 
 
 class NeedsParse(UnwindError):

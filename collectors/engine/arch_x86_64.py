@@ -54,9 +54,9 @@ MASK64 = (1 << 64) - 1
 # collectors.engine.safepoints, by these names.
 NR = {
     "read": 0, "write": 1, "poll": 7, "mmap": 9, "mprotect": 10, "munmap": 11,
-    "brk": 12, "pread64": 17, "readv": 19, "select": 23, "sched_yield": 24,
-    "mremap": 25, "madvise": 28, "pause": 34, "nanosleep": 35, "accept": 43,
-    "recvfrom": 45, "recvmsg": 47, "clone": 56, "wait4": 61, "semop": 65,
+    "brk": 12, "rt_sigreturn": 15, "pread64": 17, "readv": 19, "select": 23,
+    "sched_yield": 24, "mremap": 25, "madvise": 28, "pause": 34, "nanosleep": 35,
+    "accept": 43, "recvfrom": 45, "recvmsg": 47, "clone": 56, "wait4": 61, "semop": 65,
     "rt_sigtimedwait": 128, "rt_sigsuspend": 130, "futex": 202,
     "restart_syscall": 219, "semtimedop": 220, "clock_nanosleep": 230,
     "epoll_wait": 232, "waitid": 247, "pselect6": 270, "ppoll": 271,
@@ -79,6 +79,11 @@ _EFLAGS_DF = 0x400
 USER_CS_64 = 0x33
 # the `syscall` instruction (Intel SDM vol. 2B)
 SYSCALL_INSN = b"\x0f\x05"
+# A signal handler's return address, the C library's rt_sigreturn
+# trampoline: `mov $15,%rax; syscall` (48 c7 c0 0f 00 00 00 0f 05), glibc's
+# __restore_rt (sysdeps/unix/sysv/linux/x86_64/libc_sigaction.c RESTORE)
+# and musl's (src/signal/x86_64/restore.s) alike.
+SIGRETURN_TRAMPOLINE = b"\x48\xc7\xc0" + NR["rt_sigreturn"].to_bytes(4, "little") + SYSCALL_INSN
 
 
 REG_NAMES = (

@@ -42,6 +42,9 @@ NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
 TIMESPEC = struct.Struct("<qq")   # struct __kernel_timespec (tv_sec, tv_nsec)
 SECCOMP_FIELD = b"\nSeccomp:"     # fs/proc/array.c task_seccomp
+# Waits judged by their syscall alone in the stop; a walk before it looks
+# for the allocator, or a signal frame, below them (Chooser.prepare).
+LOOK_AHEAD_CATEGORIES = frozenset({safepoints.RESTARTABLE, safepoints.EPOLL})
 # syscalls that change the address space, typically for the allocator
 ADDRESS_SPACE_SYSCALLS = frozenset(("brk", "mmap", "munmap", "mremap", "madvise", "mprotect"))
 
@@ -105,13 +108,15 @@ class Chooser:
     """Judges the threads of one process for a borrow."""
 
     def __init__(self, tracer: Tracer, forbidden: Sequence[tuple[int, int, str]],
-                 stack_need: int, stack_window: int, go_runtime: safepoints.GoRuntime | None
-                 ) -> None:
+                 stack_need: int, stack_window: int, go_runtime: safepoints.GoRuntime | None,
+                 undelimited: frozenset[str] = frozenset()) -> None:
         self.tracer = tracer
         self.pid = tracer.pid
         self.procfs = tracer.procfs
         self.arch: Arch = tracer.arch
         self.forbidden = list(forbidden)
+        # forbidden names that are a whole executable's text (code.undelimited)
+        self.undelimited = undelimited
         self.in_forbidden = safepoints.new_ranges(self.forbidden)   # addr -> the forbidden object's name, or None
         self.stack_need = stack_need
         self.stack_window = stack_window
@@ -122,6 +127,8 @@ class Chooser:
         self.room: dict[int, int] = {}   # tid -> room seen this borrow (refusal message)
         self.insn_before: dict[int, bytes | None] = {}     # new_borrow
         self.restart_kinds: dict[int, tuple[str | None, str | Refusal]] = {}
+        # tid -> (pc, sp) a look-ahead walk judged before the stop (prepare)
+        self.looked_ahead: dict[int, tuple[int, int]] = {}
         self.judge_stack: safepoints.StackJudge | None = None   # built for a futex wait
         self._judge_maps: bytes | None = None   # the maps it was built from
 
@@ -133,6 +140,7 @@ class Chooser:
         # reads nothing inside the stop (~16 us of a new allocdiag process's
         # stop of an epoll waiter)
         self.insn_before = {}
+        self.looked_ahead = {}
 
     def need(self) -> int:
         """Bytes a call needs below the red zone: the engine's frame budget
@@ -339,7 +347,7 @@ class Chooser:
             if self.judge_stack is None or maps != self._judge_maps:
                 self.judge_stack = safepoints.StackJudge(
                     self.pid, maps, self.forbidden,
-                    self.try_read, self.procfs)
+                    self.try_read, self.procfs, self.undelimited)
                 self._judge_maps = maps
         return self.judge_stack
 
@@ -348,7 +356,8 @@ class Chooser:
 
     def prepare(self, c: Candidate, fresh_maps: bool) -> tuple[bool, Refusal | None]:
         """Work done before C is stopped (not time spent waiting for a safe
-        point): parse the CFI a futex or resumed wait's walk needs, or load
+        point): parse the CFI a futex or resumed wait's walk needs, walk the
+        stack of a wait judged by its syscall (StackJudge.look_ahead), or load
         every object's CFI index for a running thread's walk.  Returns (whether
         it read the mappings, a refusal the look-ahead found)."""
         if self.seccomp_mode(c.tid) == abi.SECCOMP_MODE_STRICT:
@@ -359,12 +368,23 @@ class Chooser:
         if c.facts.nr in safepoints.EINTR_RESTARTABLE:
             # only a wait eintr_restartable may be asked about (not a running thread)
             self.read_insn_before(c.facts.pc)
+        walked = False
+        if c.category in LOOK_AHEAD_CATEGORIES and c.facts.nr != self.arch.RESTART_SYSCALL \
+                and c.facts.pc is not None and c.facts.sp is not None:
+            # no walk in the stop for these waits: walk before it, and the
+            # judge checks the thread still stands where this walk started
+            judge = self.stack_judge(refresh=not fresh_maps)
+            walked = True
+            why = judge.look_ahead(c.facts.pc, c.facts.sp, c.facts.words)
+            if why is not None:
+                return walked, why
+            self.looked_ahead[c.tid] = (c.facts.pc, c.facts.sp)
         if c.category == safepoints.EPOLL:
             # when it last ran, for the time left of its timeout: read only
             # for the epoll waiter about to be stopped (clock_offset moves
             # this thread to that CPU and sleeps there), not for every one
             c.facts.since, c.facts.slept_at = self.last_ran(c.tid)
-            return False, None
+            return walked, None
         if c.category == safepoints.GO_RUNTIME:
             return False, None      # proven by its stub's range: no walk
         if c.category == safepoints.FUTEX or c.facts.nr == self.arch.RESTART_SYSCALL:
@@ -380,7 +400,7 @@ class Chooser:
             if not fresh_maps:
                 judge.load_tables()
             return True, None
-        return False, None
+        return walked, None
 
     def seccomp_mode(self, tid: int) -> int | None:
         """TID's seccomp mode (abi.SECCOMP_MODE_*) from its status, or None
@@ -486,6 +506,12 @@ class Chooser:
                 if why:
                     return why.about(name)
                 name = v.syscall or name
+            ahead = self.looked_ahead.get(th.tid)
+            if cat in LOOK_AHEAD_CATEGORIES and nr != self.arch.RESTART_SYSCALL and \
+                    ahead is not None and ahead != (self.arch.pc(th.regs), self.arch.sp(th.regs)):
+                # it ran and waits elsewhere now: judged again next round
+                return refusal(Reason.WALK_UNPROVEN, subject=name,
+                               why="not where the walk before the stop found it")
             tight = self.fit(th, thread_only=cat == safepoints.GO_RUNTIME)
             if tight:
                 return tight.about(name)

@@ -146,6 +146,7 @@ class RemoteProcess:
                  stack_need: int = DEFAULT_STACK_NEED,
                  mapper: Sequence[int | None] | None = None,
                  go_runtime: safepoints.GoRuntime | None = None,
+                 undelimited: Iterable[str] = (),
                  _unsafe: Iterable[str] = ()) -> None:
         self.pid = int(pid)
         self.procfs = procfs
@@ -163,7 +164,7 @@ class RemoteProcess:
                               self._read_auxv)
         rs = sorted((int(s), int(e), str(n)) for s, e, n in forbidden_ranges)
         self._chooser = Chooser(self._tracer, rs, int(stack_need), int(stack_window),
-                                go_runtime)
+                                go_runtime, frozenset(undelimited))
         self._caller = Caller(self._tracer, call_timeout_s=float(call_timeout_s),
                               block_signals=bool(block_signals), mapper=mapper,
                               unsafe=self._unsafe, stats=self._stats)

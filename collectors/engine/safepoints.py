@@ -80,6 +80,7 @@ class Reason(enum.Enum):
     EINTR_NOT_RESTARTABLE = "eintr-not-restartable"
     RESTART_UNSEEN = "restart-unseen"
     SECCOMP_STRICT = "seccomp-strict"           # any syscall in the call kills the thread
+    SIGNAL_HANDLER = "signal-handler"           # a signal frame below the wait (look-ahead)
 
 
 # The words for each code.  "{subject}" is what the thread was doing (the
@@ -114,6 +115,9 @@ REASON_TEXT: Mapping[Reason, str] = {
     Reason.EINTR_NOT_RESTARTABLE: ("{subject}: returned EINTR at the stop and cannot be "
                                    "restarted ({why}); released"),
     Reason.RESTART_UNSEEN: "a wait resumed by restart_syscall that was not seen before the stop",
+    Reason.SIGNAL_HANDLER: ("{subject} inside a signal handler (a signal frame lies on its "
+                            "stack): the code the signal interrupted may be the "
+                            "allocator's, holding its lock"),
     Reason.SECCOMP_STRICT: ("in seccomp strict mode, where any syscall but read, "
                             "write, exit and sigreturn kills the thread (an allocation's "
                             "brk or mmap, a lock's futex inside the call)"),
@@ -212,6 +216,7 @@ ERESTART = {-ERESTARTSYS: "ERESTARTSYS", -ERESTARTNOINTR: "ERESTARTNOINTR",
             -ERESTART_RESTARTBLOCK: "ERESTART_RESTARTBLOCK"}
 
 SYSCALL_INSN = arch_x86_64.SYSCALL_INSN   # x86-64 `syscall`
+SIGRETURN_TRAMPOLINE = arch_x86_64.SIGRETURN_TRAMPOLINE   # a signal handler's return
 USER_CS_64 = arch_x86_64.USER_CS_64       # 64-bit code (int 0x80 is the i386 ABI)
 
 RESTARTABLE, EPOLL, FUTEX, RUNNING = "restartable", "epoll", "futex", "running"
@@ -378,9 +383,16 @@ class StackJudge:
     ``.dynsym`` ranges).  READ(addr, n) -> bytes or None."""
 
     def __init__(self, pid: int, maps: bytes, forbidden: Sequence[tuple[int, int, str]],
-                 read: Callable[[int, int], bytes | None], procfs: str = "/proc") -> None:
+                 read: Callable[[int, int], bytes | None], procfs: str = "/proc",
+                 undelimited: frozenset[str] = frozenset()) -> None:
         self.unwinder = unwind.Unwinder(pid, maps, read, procfs)
+        self.read = read
         self.allocator = new_ranges([r for r in forbidden if not is_libc_name(r[2])])
+        # allocator code proven (an allocator library, a delimited static
+        # allocator): not an executable's whole text (UNDELIMITED names),
+        # where a frame may be the program's own
+        self.proven = new_ranges([r for r in forbidden if not is_libc_name(r[2])
+                                  and r[2] not in undelimited])
         self._libc: LibcFacts | None = None
         self._libc_done = False
 
@@ -449,13 +461,16 @@ class StackJudge:
                 "pthread_cond_wait/sem_wait/pthread_join"))
         return None
 
-    def allocator_frame(self, frames: Sequence[unwind.Frame]) -> str | None:
+    def allocator_frame(self, frames: Sequence[unwind.Frame],
+                        ranges: Callable[[int], str | None] | None = None) -> str | None:
         """Where the first frame of FRAMES in allocator code is (an
         allocator object, or "glibc malloc()"), or None (the running-thread
-        rule: libc frames are fine, malloc's are not)."""
+        rule: libc frames are fine, malloc's are not).  RANGES: the allocator
+        ranges to look in (default: every non-libc forbidden range)."""
         facts = self._libc_facts()
+        ranges = self.allocator if ranges is None else ranges
         for f in frames:
-            where: str | None = self.allocator(f.pc)
+            where: str | None = ranges(f.pc)
             if where:
                 return where
             if facts is not None and f.path == facts[0] and facts[2](f.pc):
@@ -480,6 +495,28 @@ class StackJudge:
         frames = self.unwinder.prepare(pc, sp)
         where = self.allocator_frame(frames)
         return refusal(Reason.ALLOCATOR_FRAME, where=where) if where else None
+
+    def look_ahead(self, pc: int, sp: int, subject: str) -> Refusal | None:
+        """Before the stop of a thread in a wait judged by its syscall alone
+        (restartable, epoll: no walk in the stop), a walk from /proc's PC and
+        SP: the refusal when it finds allocator code (a wait made from inside
+        the allocator: a callback, a hook, a spin-lock sleep through libc) or
+        a signal frame (a handler that may have interrupted the allocator,
+        holding its lock: a call would wait on that lock for ever), else None.
+        A walk that stops early for another reason (no CFI: JIT or Go code;
+        a frame based on a register /proc does not show) proves nothing
+        either way; the wait is judged as before."""
+        w = self.unwinder.walk({unwind.RA: pc, unwind.RSP: sp}, parse=True, partial=True,
+                               tolerant=True)
+        where = self.allocator_frame(w.frames, self.proven)
+        if where:
+            return refusal(Reason.ALLOCATOR_AHEAD, subject=subject,
+                           frame=refusal(Reason.ALLOCATOR_FRAME, where=where).text)
+        cause = w.cause
+        if isinstance(cause, unwind.CFAExpression) and cause.pc is not None and w.frames and \
+                self.read(cause.pc, len(SIGRETURN_TRAMPOLINE)) == SIGRETURN_TRAMPOLINE:
+            return refusal(Reason.SIGNAL_HANDLER, subject=subject)
+        return None
 
     def walk(self, dwarf_regs: dict[int, int]) -> tuple[list[unwind.Frame] | None,
                                                           Refusal | None]:

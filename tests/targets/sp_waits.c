@@ -18,6 +18,7 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <malloc.h>
 #include <linux/seccomp.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -121,6 +122,44 @@ static void strict_read(void)
     prctl(PR_SET_SECCOMP, SECCOMP_MODE_STRICT);
     for (;;)
         read(strict_fd, &c, 1);
+}
+
+/* "handler_read": the worker blocks in read(2) of that pipe inside a
+ * SIGUSR2 handler (a signal frame below the wait). */
+static void block_in_read(int sig)
+{
+    (void)sig;
+    char c;
+    for (;;)
+        read(strict_fd, &c, 1);
+}
+
+/* "cookie_read": the worker's stderr is a cookie stream whose write function
+ * blocks in read(2) of that pipe when malloc_stats() prints an arena's "in
+ * use bytes", which glibc does holding that arena's lock: a wait made from
+ * inside the allocator. */
+static volatile int go;         /* main printed READY (it mallocs its stdout buffer) */
+static int in_arena;
+static ssize_t cookie_write(void *cookie, const char *buf, size_t n)
+{
+    (void)cookie;
+    char c;
+    if (!strncmp(buf, "Arena", 5))
+        in_arena = 1;
+    if (in_arena && !strncmp(buf, "in use bytes", 12))
+        for (;;)
+            read(strict_fd, &c, 1);
+    return (ssize_t)n;
+}
+static void cookie_read(void)
+{
+    cookie_io_functions_t io = {.write = cookie_write};
+    FILE *f = fopencookie(NULL, "w", io);
+    setvbuf(f, NULL, _IONBF, 0);
+    while (!go)
+        usleep(1000);
+    stderr = f;
+    malloc_stats();
 }
 
 /* "fakespin": application code spinning deep below a function the tests
@@ -258,6 +297,14 @@ static void *worker(void *arg)
     __atomic_store_n(&stats.done, 1, __ATOMIC_SEQ_CST);
     if (!strcmp(mode, "strict_read"))
         strict_read();
+    if (!strcmp(mode, "handler_read")) {
+        struct sigaction sa = {0};
+        sa.sa_handler = block_in_read;
+        sigaction(SIGUSR2, &sa, NULL);
+        raise(SIGUSR2);
+    }
+    if (!strcmp(mode, "cookie_read"))
+        cookie_read();
     for (;;)
         one_wait();
     return NULL;
@@ -319,6 +366,7 @@ int main(int argc, char **argv)
            (int)worker_tid, (int)getpid(), (void *)&stats, tcp_port, udp_port,
            (void *)fake_allocator_wait, (void *)fake_allocator_end, (void *)getpid);
     fflush(stdout);
+    go = 1;
     if (getenv("SP_MAIN") && !strcmp(getenv("SP_MAIN"), "condwait")) {
         pthread_mutex_lock(&mu);        /* main parks in a condvar wait instead */
         for (;;)
