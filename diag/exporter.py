@@ -239,8 +239,7 @@ class AllocdiagCollector:
         if self.wall_live is not None:
             self.wall_live.annotate(list(self._group_of_pid))
         if self.sync:
-            while self.live.step():
-                pass
+            self.live.step_all()
             if self.wall_live is not None:
                 self.wall_live.step_all()
         ok, pending, wall_ok = True, False, True

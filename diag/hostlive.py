@@ -191,13 +191,15 @@ class HostLive:
     def __exit__(self, *exc):
         self.stop()
 
-    def next_due(self, now=None):
+    def next_due(self, now=None, skip=()):
         """The shown process to read next (never read first, then the
-        stalest), or None when every one is fresh."""
+        stalest), or None when every one is fresh.  SKIP: keys not to give."""
         now = time.monotonic() if now is None else now
         with self._lock:
             best, best_age = None, None
             for key in self._wanted:
+                if key in skip:
+                    continue
                 e = self._cache.get(key)
                 if e is None:
                     return key
@@ -207,14 +209,26 @@ class HostLive:
                     best, best_age = key, age
             return best
 
-    def step(self):
-        """Read one due process if the budget allows; True when one was read."""
-        key = self.next_due()
+    def step_all(self):
+        """Read every process due now once, within the budget (one-shot
+        modes): a read that outlasts refresh_s does not make its process due
+        again in the same call.  The number read."""
+        done = set()
+        while self.step(skip=done, done=done):
+            pass
+        return len(done)
+
+    def step(self, skip=(), done=None):
+        """Read one due process (not in SKIP) if the budget allows; True when
+        one was read (its key added to DONE)."""
+        key = self.next_due(skip=skip)
         if key is None:
             return False
         if not self.budget.allows():
             log.debug("host view: pause budget spent, pid %d waits", key[0])
             return False
+        if done is not None:
+            done.add(key)
         pid, start = key
         e = read_one(pid, self.take, self.deadline_s)
         log.debug("host view: pid %d read: %s%s, pause %s us", pid, e.state,

@@ -150,6 +150,27 @@ def test_hostlive_fills_resident_and_finding_without_blocking():
             stop(p)
 
 
+def test_hostlive_step_all_reads_each_due_process_once():
+    # A read slower than refresh_s leaves its process due again at once:
+    # one-shot modes (the exporter's sync collect) read it once per call,
+    # not again and again, and still read every other due process.
+    from diag.model.errors import AccessDenied
+    from diag import hostlive
+    calls = []
+
+    def take(pid, deadline_s):
+        calls.append(pid)
+        time.sleep(0.03)
+        raise AccessDenied(pid, "ptrace refused")
+
+    live = hostlive.HostLive(take=take, refresh_s=0.01, retry_s=0.01)
+    live.annotate([{"pid": pid, "_start": 1} for pid in (4242424, 4242425)])
+    assert live.step_all() == 2
+    assert sorted(calls) == [4242424, 4242425]
+    time.sleep(0.02)
+    assert live.step_all() == 2 and len(calls) == 4
+
+
 def test_hostlive_not_read_is_reported_and_not_retried():
     from diag.model.errors import AccessDenied
     from diag import hostlive

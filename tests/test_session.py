@@ -153,7 +153,8 @@ def test_exporter_rereads_a_target_through_its_session(spies):
         session = col.sessions.get(srv.pid)
     # THEN each scrape read the target, and the maps gave one image, one
     # detection and one remote handle (the host scan builds its own images)
-    assert col.live.reads == SNAPSHOTS and session.builds == 1
+    assert col.live.reads == SNAPSHOTS, col.live.reads
+    assert session.builds == 1, session.builds
     assert spies["open_remote"].calls == 1
     assert col.live.entry(srv.pid).state == "ok"
 
