@@ -132,6 +132,25 @@ def test_wait_with_the_allocator_or_a_handler_below_is_refused_before_the_stop(
     assert_released(t.pid)
 
 
+def test_look_ahead_that_cannot_walk_judges_as_before(sp, monkeypatch):  # noqa: F811
+    """A walk before the stop that fails in an unexpected way (a table that
+    does not parse) proves nothing: the wait is judged by its syscall, as
+    before the look-ahead existed."""
+    t, a = sp("handler_read")
+    parked(t, a, NR_READ)
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES),
+                       deadline_s=0.5)
+    judge = rp._chooser.stack_judge()
+
+    def broken(*args, **kw):
+        raise ValueError("no such CFA rule")
+
+    monkeypatch.setattr(judge.unwinder, "walk", broken)
+    with open(f"/proc/{t.pid}/task/{a['main']}/syscall") as f:
+        sc = f.read().split()
+    assert judge.look_ahead(int(sc[-1], 16), int(sc[-2], 16), "read") is None
+
+
 def test_every_reason_has_words():
     assert set(REASON_TEXT) == set(Reason)
     r = Refusal(Reason.NO_ROOM, {"room": "12 KiB", "need": "20 KiB"}, "read")

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -42,6 +43,8 @@ from collectors.binary import unwind
 from collectors.binary.elf import STT_FUNC, STT_GNU_IFUNC
 from collectors.binary.ranges import Ranges
 from collectors.engine import abi, arch_x86_64
+
+log = logging.getLogger("collectors.engine")
 
 
 # collectors.binary.ranges is not typed: its constructor, through a typed name
@@ -506,8 +509,12 @@ class StackJudge:
         A walk that stops early for another reason (no CFI: JIT or Go code;
         a frame based on a register /proc does not show) proves nothing
         either way; the wait is judged as before."""
-        w = self.unwinder.walk({unwind.RA: pc, unwind.RSP: sp}, parse=True, partial=True,
-                               tolerant=True)
+        try:
+            w = self.unwinder.walk({unwind.RA: pc, unwind.RSP: sp}, parse=True, partial=True,
+                                   tolerant=True)
+        except Exception as exc:        # a table that does not parse: proves nothing, as
+            log.debug("look-ahead walk from pc %#x failed: %s", pc, exc)  # a walk cut short
+            return None
         where = self.allocator_frame(w.frames, self.proven)
         if where:
             return refusal(Reason.ALLOCATOR_AHEAD, subject=subject,
