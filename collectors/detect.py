@@ -290,7 +290,7 @@ def _detect(image, mem, evidence, all_bindings):
         serving_ref = AllocatorRef(kind=ref.kind, version=ref.version, linkage=ref.linkage,
                                    path=ref.path, prefix=ref.prefix, variant=ref.variant,
                                    evidence=tuple(evidence) + ref.evidence)
-    others = _others(image, serving, order)
+    others = _others(image, serving, order, preloads)
     if serving_ref is None:
         allocator = Allocator(kind="unknown", evidence=tuple(evidence) or
                               ("no loaded object defines malloc",), others=tuple(others))
@@ -347,7 +347,7 @@ def _describe(obj, how, image, preloads):
                         variant=sig.variant, evidence=tuple(ev))
 
 
-def _others(image, serving, order):
+def _others(image, serving, order, preloads=()):
     in_order = {id(o) for o in order}
     out = []
     for obj in image.objects:
@@ -375,6 +375,11 @@ def _others(image, serving, order):
             linkage = "dlopen"
         elif obj is image.exe:
             linkage = "static"
+        elif any(image.same_file(obj, p) for p in preloads):
+            # preloaded, but an object before it in the lookup order serves malloc
+            ev.append(f"preloaded, but malloc binds to {os.path.basename(serving.path)}, "
+                      "before it in the lookup order" if serving is not None else "preloaded")
+            linkage = "preload"
         else:
             linkage = "dynamic"
         out.append(AllocatorRef(kind=sig.kind, version=version_of(obj, sig.kind), linkage=linkage,

@@ -132,6 +132,12 @@ def verdict(image, detection, parent_environ=None, expect=None):
     if serving_requested:
         effective = True
         verdict_text = f"in effect: malloc binds to {serving.path}"
+        for path, obj in mapped:
+            if obj is not serving and classify(obj).defines_malloc and not classify(obj).prefix:
+                # two allocators preloaded: the first in the list wins
+                notes.append(f"{path} is preloaded too, but {os.path.basename(serving.path)} "
+                             "comes before it in the lookup order and serves malloc: "
+                             f"{os.path.basename(obj.path)} interposes nothing")
     else:
         effective = False
         for path, obj in mapped:

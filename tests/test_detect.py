@@ -311,3 +311,18 @@ def test_loader_options_read_as_the_loader_reads_them():
     # an option missing its value is the program's name (dl_main needs argc > 2)
     assert loaderrun.loader_options([ldso, "--preload"]) == {}
     assert loaderrun.loader_options([ldso]) == {}
+
+
+def test_two_allocators_preloaded_the_first_serves():
+    # LD_PRELOAD=tcmalloc:jemalloc: both are mapped and searched in that
+    # order, so tcmalloc serves malloc; jemalloc is a preload that
+    # interposes nothing, and is said to be one (not a plain dependency).
+    both = f"{PRELOADS['tcmalloc_minimal']}:{PRELOADS['jemalloc']}"
+    with start([build_c("idle.c"), "1"], preload=both) as t:
+        a, p = inspect(t.pid)
+    assert (a.kind, a.variant, a.linkage) == ("tcmalloc", "minimal", "preload"), a
+    je = next(o for o in a.others if o.kind == "jemalloc")
+    assert je.linkage == "preload", je
+    assert p.effective is True and p.requested == (PRELOADS["tcmalloc_minimal"], PRELOADS["jemalloc"])
+    assert any(n.startswith(f"{PRELOADS['jemalloc']} is preloaded too") and
+               "interposes nothing" in n for n in p.notes), p.notes
