@@ -146,7 +146,7 @@ def test_look_ahead_that_cannot_walk_judges_as_before(sp, monkeypatch):  # noqa:
         raise ValueError("no such CFA rule")
 
     monkeypatch.setattr(judge.unwinder, "walk", broken)
-    with open(f"/proc/{t.pid}/task/{a['main']}/syscall") as f:
+    with open(f"/proc/{t.pid}/task/{a['tid']}/syscall") as f:     # parked: pc and sp shown
         sc = f.read().split()
     assert judge.look_ahead(int(sc[-1], 16), int(sc[-2], 16), "read") is None
 
