@@ -98,7 +98,9 @@ def verdict(image, detection, parent_environ=None, expect=None):
             continue
         missing.append(path)
         if "/" in path:
-            real = image.in_root(path)
+            # the first of its readings ($LIB...) that exists, as the loader's search
+            reals = [image.in_root(p) for p in getattr(image, "expand_dst", lambda p: [p])(path)]
+            real = next((r for r in reals if os.path.exists(r)), reals[0] if reals else path)
             if not os.path.exists(real):
                 reasons.append(f"{path} ({source}): file not found in the target's filesystem; "
                                "the loader printed 'cannot be preloaded ... ignored'")

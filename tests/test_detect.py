@@ -326,3 +326,27 @@ def test_two_allocators_preloaded_the_first_serves():
     assert p.effective is True and p.requested == (PRELOADS["tcmalloc_minimal"], PRELOADS["jemalloc"])
     assert any(n.startswith(f"{PRELOADS['jemalloc']} is preloaded too") and
                "interposes nothing" in n for n in p.notes), p.notes
+
+
+@pytest.mark.parametrize("token", ["$LIB", "${LIB}"])
+def test_preload_with_the_loaders_lib_token(token):
+    # LD_PRELOAD='/usr/$LIB/libjemalloc.so.2': ld.so expands its dynamic
+    # string token (lib/x86_64-linux-gnu on Debian); the request is the
+    # mapped file, in effect, not "not loaded"
+    lib = PRELOADS["jemalloc"]
+    requested = lib.replace("/lib/x86_64-linux-gnu/", f"/{token}/")
+    assert token in requested
+    with start([build_c("idle.c"), "1"], preload=requested) as t:
+        a, p = inspect(t.pid)
+        typo = ProcessImage(t.pid).expand_dst(requested.replace("jemalloc", "jemaloc"))
+    assert (a.kind, a.linkage) == ("jemalloc", "preload"), a
+    assert p.requested == (requested,) and p.effective is True, p
+    assert p.verdict.startswith("in effect"), p
+    assert "/usr/lib/x86_64-linux-gnu/libjemaloc.so.2" in typo
+
+
+def test_dynamic_string_tokens_read_as_the_loader_reads_them():
+    from collectors.binary.image import DST
+    # a bare name ends where no identifier character follows; braces delimit it
+    assert [m.group(1) or m.group(2) for m in DST.finditer("/a/$LIB/b/${PLATFORM}/$LIBX/$ORIGIN")] \
+        == ["LIB", "PLATFORM", "ORIGIN"]

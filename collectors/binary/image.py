@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections import namedtuple
 
 from collectors.binary import loaderrun
@@ -24,6 +25,16 @@ log = logging.getLogger("collectors.binary")
 # include/uapi/linux/auxvec.h
 AT_PHDR = 3          # the program headers of the executable, as mapped
 AT_ENTRY = 9         # the executable's entry point
+
+# The loader's dynamic string tokens, $NAME or ${NAME} (glibc elf/dl-load.c
+# is_dst: a bare name ends where no identifier character follows), as they
+# may appear in LD_PRELOAD ("/usr/$LIB/libjemalloc.so.2").
+DST = re.compile(r"\$(?:\{(ORIGIN|PLATFORM|LIB)\}|(ORIGIN|PLATFORM|LIB)(?![A-Za-z0-9_]))")
+# What $LIB is in the C libraries this runs on (compiled into ld.so): Debian
+# and Ubuntu multiarch, lib64 (Fedora, RHEL, SUSE), lib; $PLATFORM: the
+# kernel's AT_PLATFORM string on x86-64.  A requested file is matched to a
+# mapped one by device and inode, so a wrong guess matches nothing.
+DST_VALUES = {"LIB": ("lib/x86_64-linux-gnu", "lib64", "lib"), "PLATFORM": ("x86_64",)}
 
 # One mapped ELF object.  ``elf`` is None when it could not be read; then
 # ``error`` says why.  ``ranges`` are the [start, end) of its mappings.
@@ -162,12 +173,29 @@ class ProcessImage:
             self._by_name = index
         return self._by_name.get(name, [])
 
+    def expand_dst(self, path: str) -> list[str]:
+        """PATH with the loader's dynamic string tokens ($ORIGIN: the
+        executable's directory; $LIB, $PLATFORM: DST_VALUES) replaced, each
+        way they may read; [PATH] when it has none."""
+        if "$" not in path:
+            return [path]
+        values = dict(DST_VALUES)
+        values["ORIGIN"] = (os.path.dirname(self.exe.path),) if self.exe is not None else ()
+        out, pos = [""], 0
+        for m in DST.finditer(path):
+            out = [o + path[pos:m.start()] + v for o in out for v in values[m.group(1) or m.group(2)]]
+            pos = m.end()
+        return [o + path[pos:] for o in out]
+
     def same_file(self, obj: LoadedObject, requested: str) -> bool:
         """True when the loaded object OBJ is the file REQUESTED names (a
-        path in the target's root, or a bare library name), compared by the
-        device and inode the kernel lists in maps."""
+        path in the target's root, or a bare library name; with the loader's
+        $LIB-style tokens expanded), compared by the device and inode the
+        kernel lists in maps."""
         if obj.path == requested:
             return True
+        if "$" in requested and DST.search(requested):
+            return any(self.same_file(obj, p) for p in self.expand_dst(requested))
         if "/" not in requested:
             return os.path.basename(obj.path) == requested or \
                 (obj.elf is not None and obj.elf.soname == requested)
