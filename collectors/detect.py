@@ -154,7 +154,7 @@ def requested_preloads(image):
     env = image.environ or {}
     for part in env.get("LD_PRELOAD", "").replace(":", " ").split():
         out.append((part, "LD_PRELOAD"))
-    for part in loaderrun.preloads(getattr(image, "loader_options", None) or {}):
+    for part in loaderrun.preloads(image.loader_options):
         out.append((part, loaderrun.PRELOAD_SOURCE))
     try:
         with open(image.in_root("/etc/ld.so.preload"), "r", errors="replace") as f:
@@ -215,9 +215,8 @@ def detect(image, mem=None, all_bindings=False):
 
 def _detect(image, mem, evidence, all_bindings):
     exe = image.exe
-    loader = getattr(image, "loader", None)
-    if loader is not None and exe is not None:
-        evidence.append(f"started through its dynamic loader {os.path.basename(loader.path)} "
+    if image.loader is not None and exe is not None:
+        evidence.append(f"started through its dynamic loader {os.path.basename(image.loader.path)} "
                         f"(LOADER [OPTIONS] PROGRAM): the program, {exe.path}, is read as the "
                         "executable")
     preloads = [p for p, _src in requested_preloads(image)]
@@ -307,10 +306,10 @@ def _inferred_preload(image, serving):
     """The evidence line of a serving object found preloaded although no
     request for it is visible (why it is not)."""
     name = os.path.basename(serving.path)
-    why = getattr(image, "environ_why", None) if getattr(image, "environ", None) is None else \
+    why = image.environ_why if image.environ is None else \
         "LD_PRELOAD and /etc/ld.so.preload do not name it (the loader's --preload?)"
     return (f"{name} is not among the libraries the executable needs (DT_NEEDED), yet malloc "
-            f"binds to it: it was preloaded; {why or 'the environment cannot be read'}")
+            f"binds to it: it was preloaded; {why}")
 
 
 def _describe(obj, how, image, preloads):

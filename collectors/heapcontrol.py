@@ -127,7 +127,7 @@ def restart_recipe(t, lg_sample=JE_LG_SAMPLE_DEFAULT):
     image = t.image
     exe = image.exe_path or "PROGRAM"
     comm = getattr(image, "comm", None)
-    if getattr(image, "loader", None) is not None and image.exe is not None:
+    if image.loader is not None and image.exe is not None:
         # started as `ld.so PROGRAM`: the exe link names the loader, comm too
         exe = image.exe.path
     elif comm and image.exe_path and not os.path.basename(exe).startswith(comm[:15]):

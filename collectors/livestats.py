@@ -163,7 +163,7 @@ def _own_ifunc(name):
     return out
 
 
-from collectors.allocators.code import forbidden_ranges, undelimited  # noqa: E402
+from collectors.allocators.code import forbidden_parts, forbidden_ranges  # noqa: E402
 from collectors.engine.safepoints import GoRuntime  # noqa: E402,F401  (re-exported for callers)
 
 
@@ -172,8 +172,8 @@ def open_remote(image, detection, *, stack_need=None, procfs=None, **kw):
     detection, libc's mmap/munmap for Call.buffer, and STACK_NEED, the
     bytes of stack the calls use on the borrowed thread (None: the engine's
     default for calls whose need was not measured)."""
-    return RemoteProcess(image.pid, forbidden_ranges=forbidden_ranges(image, detection),
-                         undelimited=undelimited(image, detection),
+    ranges, undelimited = forbidden_parts(image, detection)
+    return RemoteProcess(image.pid, forbidden_ranges=ranges, undelimited=undelimited,
                          procfs=(procfs or image.procfs.root),
                          stack_need=stack_need or remote.DEFAULT_STACK_NEED,
                          mapper=common.mapper(Resolver(image)),

@@ -13,7 +13,6 @@ exports ``_rjem_malloc``, not ``malloc``.
 import os
 
 from collectors.detect import classify, requested_preloads
-from collectors.proc.environ import UNREADABLE
 from diag.model import Preload
 
 _ELFCLASS = {1: 32, 2: 64}
@@ -58,8 +57,7 @@ def verdict(image, detection, parent_environ=None, expect=None):
     if not requested and serving is not None and detection.allocator.linkage == "preload":
         # found preloaded by the binding itself (detect: not needed by the
         # executable, yet serving malloc), with no request left to read
-        reasons.append(getattr(image, "environ_why", None) or
-                       "LD_PRELOAD and /etc/ld.so.preload do not name it")
+        reasons.append(image.environ_why or "LD_PRELOAD and /etc/ld.so.preload do not name it")
         _dlopen_reasons(detection, reasons)
         return Preload(requested=(serving.path,), effective=True,
                        verdict=f"in effect: malloc binds to {serving.path}, preloaded "
@@ -69,7 +67,7 @@ def verdict(image, detection, parent_environ=None, expect=None):
     if not requested:
         if image.environ is None:
             verdict_text = "unknown: environment not readable"
-            reasons.append(getattr(image, "environ_why", None) or UNREADABLE)
+            reasons.append(image.environ_why)
         elif expect or (parent_environ and parent_environ.get("LD_PRELOAD")):
             effective = False
             verdict_text = "not in effect: LD_PRELOAD is not in this process's environment"
@@ -99,9 +97,9 @@ def verdict(image, detection, parent_environ=None, expect=None):
         missing.append(path)
         if "/" in path:
             # the first of its readings ($LIB...) that exists, as the loader's search
-            reals = [image.in_root(p) for p in getattr(image, "expand_dst", lambda p: [p])(path)]
-            real = next((r for r in reals if os.path.exists(r)), reals[0] if reals else path)
-            if not os.path.exists(real):
+            real = next((r for r in map(image.in_root, image.expand_dst(path))
+                         if os.path.exists(r)), None)
+            if real is None:
                 reasons.append(f"{path} ({source}): file not found in the target's filesystem; "
                                "the loader printed 'cannot be preloaded ... ignored'")
                 continue
@@ -135,7 +133,8 @@ def verdict(image, detection, parent_environ=None, expect=None):
         effective = True
         verdict_text = f"in effect: malloc binds to {serving.path}"
         for path, obj in mapped:
-            if obj is not serving and classify(obj).defines_malloc and not classify(obj).prefix:
+            sig = classify(obj)
+            if obj is not serving and sig.defines_malloc and not sig.prefix:
                 # two allocators preloaded: the first in the list wins
                 notes.append(f"{path} is preloaded too, but {os.path.basename(serving.path)} "
                              "comes before it in the lookup order and serves malloc: "

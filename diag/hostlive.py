@@ -214,14 +214,14 @@ class HostLive:
         modes): a read that outlasts refresh_s does not make its process due
         again in the same call.  The number read."""
         done = set()
-        while self.step(skip=done, done=done):
+        while self.step(done):
             pass
         return len(done)
 
-    def step(self, skip=(), done=None):
-        """Read one due process (not in SKIP) if the budget allows; True when
-        one was read (its key added to DONE)."""
-        key = self.next_due(skip=skip)
+    def step(self, done=None):
+        """Read one due process (not in DONE) if the budget allows; True when
+        one was read (its key then added to DONE)."""
+        key = self.next_due(skip=done or ())
         if key is None:
             return False
         if not self.budget.allows():

@@ -413,7 +413,7 @@ def _config(image, det):
     if image.environ is None:
         # the knobs' sources must not call a value the default when an
         # environment variable may have set it
-        out["env_unreadable"] = getattr(image, "environ_why", None) or "not readable"
+        out["env_unreadable"] = image.environ_why
     a = det.allocator
     # the allocator that reads conf strings from the process (jemalloc): the
     # serving one, else the first other one

@@ -62,17 +62,15 @@ def forbidden_ranges(image: Any, detection: Any) -> list[tuple[int, int, str]]:
     text (then only threads parked in an idle wait from outside the
     executable qualify: conservative).  The non-libc entries are what the
     futex stack walk treats as allocator code."""
-    return _forbidden(image, detection)[0]
+    return forbidden_parts(image, detection)[0]
 
 
-def undelimited(image: Any, detection: Any) -> frozenset[str]:
-    """Names of forbidden_ranges entries that are an executable's whole text
-    because the allocator linked into it could not be delimited: a frame
-    there may be the program's own, so it proves no allocator code."""
-    return _forbidden(image, detection)[1]
-
-
-def _forbidden(image: Any, detection: Any) -> tuple[list[tuple[int, int, str]], frozenset[str]]:
+def forbidden_parts(image: Any, detection: Any
+                    ) -> tuple[list[tuple[int, int, str]], frozenset[str]]:
+    """(forbidden_ranges, undelimited): the ranges, and the names of those
+    that are an executable's whole text because the allocator linked into
+    it could not be delimited (a frame there may be the program's own, so
+    it proves no allocator code)."""
     serving = detection.serving
     out = []
     whole_exe = set()

@@ -115,7 +115,7 @@ class Chooser:
         self.procfs = tracer.procfs
         self.arch: Arch = tracer.arch
         self.forbidden = list(forbidden)
-        # forbidden names that are a whole executable's text (code.undelimited)
+        # forbidden names that are a whole executable's text (code.forbidden_parts)
         self.undelimited = undelimited
         self.in_forbidden = safepoints.new_ranges(self.forbidden)   # addr -> the forbidden object's name, or None
         self.stack_need = stack_need
