@@ -59,12 +59,13 @@ def with_knob(base, knob):
     return f"{base}{sep}{knob.name}={knob.suggested}"
 
 
-def compare(variants, idle_s, cmd=None, interval=0.5):
+def compare(variants, idle_s, cmd=None, interval=0.5, repeat=1):
     argv = [sys.executable, "-m", "diag", "compare", "--json", "--variants", *variants,
+            "--repeat", str(repeat),
             "--warmup-seconds", "0", "--idle-after", "^READY", "--idle-seconds", str(idle_s),
             "--interval", str(interval), "--timeout", "60", "--", *(cmd or burst() + ["sleep"])]
     r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True,
-                       timeout=(90 + 3 * idle_s) * len(variants),
+                       timeout=(90 + 3 * idle_s) * len(variants) * repeat,
                        env=dict(os.environ, PYTHONPATH=ROOT))
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
@@ -103,11 +104,16 @@ def test_tcmalloc_pageheap_free_aggressive_decommit_returns_the_idle_burst():
 
 
 def test_jemalloc_dirty_pages_without_background_thread():
-    f, got = assert_delivers("jemalloc", "jemalloc-dirty-pages", "dirty", idle_s=2,
-                             controls=["jemalloc:dirty_decay_ms=1000"])
+    f, got = assert_delivers("jemalloc", "jemalloc-dirty-pages", "dirty", idle_s=2)
     assert (f.knob.name, f.knob.suggested) == ("dirty_decay_ms", "0")
-    # a finite decay without the background thread returns nothing when idle
-    assert got["jemalloc:dirty_decay_ms=1000"]["dirty"] >= 0.9 * got["jemalloc"]["dirty"]
+    # a finite decay without the background thread returns nothing when idle,
+    # unless something allocates: each snapshot's print buffer is two decay
+    # ticks, and jemalloc 5.3's ticker fires after a geometric number of
+    # them (mean 1,000): the ~10 ticks after the burst purge a run's dirty
+    # pages in ~1 % of runs (one CI run saw 73 % of them gone).  So the
+    # median of three runs is what is asserted.
+    control = compare(["jemalloc:dirty_decay_ms=1000"], 2, repeat=3)
+    assert control["jemalloc:dirty_decay_ms=1000"]["dirty"] >= 0.9 * got["jemalloc"]["dirty"]
 
 
 def test_jemalloc_dirty_pages_with_background_thread():
