@@ -41,7 +41,8 @@ def _addr(res, obj, name, kind):
 
 
 def release(image, detection, deadline_s=2.0):
-    """Run the allocator's release call; returns (call text, return value, pause_us)."""
+    """Run the allocator's release call; returns (call text, return value,
+    pause_us, the syscalls of the call a seccomp filter made it skip)."""
     a = detection.allocator
     kind, obj = a.kind, detection.serving
     rel = registry.for_kind(kind).release
@@ -54,7 +55,7 @@ def release(image, detection, deadline_s=2.0):
     rp = _session(image, detection, deadline_s)
     with rp.borrow() as c:
         rv = rel.run(c, fn)
-    return rel.text, rv, list(rp.pause_us)
+    return rel.text, rv, list(rp.pause_us), list(rp.skipped_syscalls)
 
 
 def runtime_knobs(kind):

@@ -41,7 +41,7 @@ from collectors.allocators import go
 from collectors.allocators.registry import for_kind
 
 
-from collectors.engine import remote
+from collectors.engine import remote, seccomp
 from collectors.allocators import common
 from diag.model.errors import Unsupported
 from collectors.proc.stat import start_time
@@ -274,6 +274,7 @@ class LiveReader:
                 raw = mod.gather(c, addrs, self.opts)
                 thread = {"tid": c.tid, "kind": c.kind, "syscall": c.syscall}
             pauses.extend(rp.pause_us)
+            skipped = list(rp.skipped_syscalls)
             try:
                 native = mod.parse(raw, self.detection.allocator)
                 common.after_stop(mod)
@@ -288,6 +289,8 @@ class LiveReader:
                 self.addrs = self._plan()
         collect_s = time.perf_counter() - t0
         native["collect_s"] = round(collect_s, 6)
+        if skipped:
+            native.setdefault("side_effects", []).extend(skipped_effects(skipped))
         stats = mod.normalise(native)
         complete = getattr(mod, "complete", None)
         if complete is not None:
@@ -295,6 +298,14 @@ class LiveReader:
             # (glibc: resident from smaps and pagemap)
             complete(image, native, stats)
         return LiveStats(self.kind, native, stats, pauses, thread)
+
+
+def skipped_effects(skipped):
+    """The side-effect lines of a gather's syscalls that the target's
+    seccomp filter made the engine skip (RemoteProcess.skipped_syscalls):
+    the figures were read with those syscalls failing (ENOSYS)."""
+    return [f"{n} {name} syscall{'s' if n > 1 else ''} of the stats call skipped (ENOSYS), "
+            f"not run: {why}" for name, why, n in seccomp.tally(skipped)]
 
 
 def _remote_identity(image, detection):

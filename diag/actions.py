@@ -17,16 +17,18 @@ def _image(pid, procfs):
 
 def release(pid, procfs=None, settle_s=0.2):
     """Snapshot, release call, settle, snapshot.  Returns a dict with
-    ``before``/``after`` Snapshots, the ``call`` made, its return value and
-    the pause."""
+    ``before``/``after`` Snapshots, the ``call`` made, its return value,
+    the pause, and the call's syscalls the target's seccomp filter made
+    allocdiag skip (``skipped_syscalls``)."""
     procfs = procfs or ProcFS()
     before, _ = snapshot.take(pid, procfs=procfs)
     image, det = _image(pid, procfs)
-    call, rv, pause = remote_actions.release(image, det)
+    call, rv, pause, skipped = remote_actions.release(image, det)
     # madvise is synchronous, but let the kernel's counters settle.
     time.sleep(settle_s)
     after, _ = snapshot.take(pid, procfs=procfs)
-    return {"call": call, "return": rv, "pause_us": pause, "before": before, "after": after}
+    return {"call": call, "return": rv, "pause_us": pause, "skipped_syscalls": skipped,
+            "before": before, "after": after}
 
 
 def set_knob(pid, name, value, procfs=None):

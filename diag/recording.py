@@ -330,7 +330,14 @@ def release_event(result):
     return {"taken_at": after.to_json()["taken_at"], "pid": after.pid,
             "call": result.get("call"), "return": result.get("return"),
             "pause_us": result.get("pause_us"),
+            "skipped_syscalls": result.get("skipped_syscalls") or [],
             "before": result["before"].to_json(), "after": after.to_json()}
+
+
+def returned_words(value):
+    """How a release call's return VALUE reads ("returned 1"; "done" for a
+    void call, whose JSON "return" is null)."""
+    return "done" if value is None else f"returned {value}"
 
 
 def append_event(path, kind, doc):

@@ -43,7 +43,7 @@ from diag import report_charts as charts
 from diag import wallfile
 from diag.model.wall import SYSCALLS
 from diag.fields import BY_NAME
-from diag.recording import open_text, read_recording_events
+from diag.recording import open_text, read_recording_events, returned_words
 from diag.render import evidence_text, evidence_unit, human_bytes
 
 SETTLED_FRACTION = 0.2     # settled = median of the last 20% of the samples
@@ -321,7 +321,7 @@ def _release_html(e, t0):
         bars.append((charts.label(f), (b, a)))
     svg = charts.paired_bars(bars, ("before", "after"), "release before/after",
                              colors=("#7f7f7f", "#2ca02c"))
-    return (head + f"<p>returned {esc(e.get('return'))}; thread stopped "
+    return (head + f"<p>{esc(returned_words(e.get('return')))}; thread stopped "
             f"{esc(pause)} µs</p>\n" + _chart(svg) +
             _table(("field", "before", "after", "change"), rows, numeric={1, 2, 3}))
 

@@ -308,7 +308,7 @@ def test_release_on_a_small_stack_pool(allocator):
         det = detect(image)
         blocks = stack_blocks(t.pid, ths)
         before = read_blocks(t.pid, blocks)
-        _, _, pauses = actions.release(image, det)
+        _, _, pauses, _ = actions.release(image, det)
         assert pauses
         after = read_blocks(t.pid, blocks)
         assert sum(before[k] != after[k] for k in blocks) <= 1     # the borrowed thread's own

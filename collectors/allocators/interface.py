@@ -48,7 +48,8 @@ class Release:
     """The call that gives free memory back to the OS now (`allocdiag release`)."""
     text: str                           # what the user sees: "malloc_trim(0)"
     symbol: str                         # function looked up in the serving object (after the prefix)
-    run: Callable[[Any, int], int]      # (borrowed call, function address) -> return value
+    run: Callable[[Any, int], int | None]   # (borrowed call, function address) -> its
+    #                                       return value, None for a void function
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import signal
 
 # ---- ptrace requests (include/uapi/linux/ptrace.h; generic across arches) ----
 PTRACE_CONT = 7
+PTRACE_SYSCALL = 24          # resume, stopping at the next syscall entry or exit
 PTRACE_GETREGS = 12          # x86 only (arch/x86/include/uapi/asm/ptrace-abi.h)
 PTRACE_SETREGS = 13
 PTRACE_DETACH = 17
@@ -22,6 +23,19 @@ PTRACE_SEIZE = 0x4206
 PTRACE_INTERRUPT = 0x4207
 PTRACE_GETSIGMASK = 0x420A
 PTRACE_SETSIGMASK = 0x420B
+PTRACE_SECCOMP_GET_FILTER = 0x420C   # needs CAP_SYS_ADMIN and a tracer not under seccomp
+PTRACE_GET_SYSCALL_INFO = 0x420E     # Linux 5.3
+
+# PTRACE_SEIZE options: syscall stops report SIGTRAP | 0x80 (and so
+# PTRACE_GET_SYSCALL_INFO can tell an entry from an exit)
+PTRACE_O_TRACESYSGOOD = 1
+SYSCALL_STOP_SIG = signal.SIGTRAP | 0x80
+# struct ptrace_syscall_info.op
+PTRACE_SYSCALL_INFO_NONE = 0
+PTRACE_SYSCALL_INFO_ENTRY = 1
+PTRACE_SYSCALL_INFO_EXIT = 2
+PTRACE_SYSCALL_INFO_SECCOMP = 3
+SOCK_FILTER_SIZE = 8         # struct sock_filter {u16 code; u8 jt, jf; u32 k} (linux/filter.h)
 
 # status >> 16 of an interrupt-stop or (under SEIZE) a group-stop
 PTRACE_EVENT_STOP = 128      # include/uapi/linux/ptrace.h

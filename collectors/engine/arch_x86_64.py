@@ -21,6 +21,8 @@ no red zone, return address in x30 instead of on the stack):
 ``syscall_args(regs)``                       the six syscall arguments (at a syscall stop)
 ``code_segment(regs)``                       cs (0x33: 64-bit code)
 ``set_syscall_arg(regs, i, value)``          change syscall argument I for a restart
+``skip_syscall(regs)``                       at a syscall-entry stop: the kernel skips it (ENOSYS)
+``AUDIT_ARCH``                               seccomp_data.arch of the syscalls SYSCALL_NAMES names
 ``SYSCALL_NAMES``, ``RESTART_SYSCALL``       syscall names for messages; restart_syscall
 ``RED_ZONE``, ``STACK_ALIGN``, ``WORD``
 ==========================================  ====================================
@@ -64,6 +66,8 @@ NR = {
     "futex_waitv": 449,
 }
 SYSCALL_NAMES = {nr: name for name, nr in NR.items()}   # for messages
+# seccomp_data.arch of a syscall these numbers name (include/uapi/linux/audit.h)
+AUDIT_ARCH = 0xC000003E      # AUDIT_ARCH_X86_64
 
 # restart_syscall(2): what a thread runs when a sleep with a restart block
 # (nanosleep, clock_nanosleep, poll) or a futex wait with a timeout was
@@ -194,6 +198,13 @@ def syscall_state(regs: user_regs_struct) -> tuple[int, int]:
     """(syscall number or -1, signed rax).  At a stop inside a blocking syscall
     rax is -ERESTART*; at a stop just after one completed it is its result."""
     return _signed(regs.orig_rax), _signed(regs.rax)
+
+
+def skip_syscall(regs: user_regs_struct) -> None:
+    """At a syscall-entry stop: make the kernel skip the syscall (orig_rax
+    -1); it returns the -ENOSYS the entry code put in rax (measured: a
+    skipped madvise returned -38)."""
+    regs.orig_rax = MASK64
 
 
 def syscall_args(regs: user_regs_struct) -> tuple[int, ...]:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from collectors.engine import abi, memory, ptrace, safepoints
+from collectors.engine import abi, memory, ptrace, safepoints, seccomp
 from collectors.engine.arch import Arch, Regs
 from collectors.engine.choose import TIMESPEC, NS_PER_MS, NS_PER_S, kib
 from collectors.engine.tracee import (At, SigInfo, StopKind, Thread, Tracer, orphan,
@@ -60,6 +60,9 @@ class Record:
 
     pause_us: list[int] = field(default_factory=list)
     held_signals: list[dict[str, object]] = field(default_factory=list)
+    # syscalls of the calls that a seccomp filter would not have let run
+    # harmlessly, skipped (seccomp.judge): {"syscall", "nr", "why"}
+    skipped_syscalls: list[dict[str, object]] = field(default_factory=list)
 
 
 class Caller:
@@ -98,11 +101,14 @@ class Caller:
 
     def resume_until_trap(self, th: Thread, deadline: float) -> Regs | None:
         """CONT and handle stops until the return-to-0 trap.  Returns the
-        registers at the trap, or None at DEADLINE (thread still running)."""
-        ptrace.cont(th.tid, self.pid, 0)
+        registers at the trap, or None at DEADLINE (thread still running).
+        A thread under a seccomp filter is resumed with PTRACE_SYSCALL
+        instead, and each syscall of the call judged at its entry."""
+        resume = ptrace.syscall if th.seccomp_filter else ptrace.cont
+        resume(th.tid, self.pid, 0)
         th.at = None
         while True:
-            stop = self.tracer.next_stop(th, deadline)
+            stop = self.tracer.next_stop(th, deadline, resume=resume)
             if stop.kind is StopKind.TIMEOUT:
                 return None
             if stop.kind is StopKind.EXITED:
@@ -118,7 +124,32 @@ class Caller:
                 # SIGSTOP/SIGTSTP while calling: finish the call; after the
                 # detach the thread joins the group-stop.
                 th.group_stop_seen = True
-            ptrace.cont(th.tid, self.pid, 0)
+            if stop.kind is StopKind.SYSCALL:
+                self.syscall_stop(th)
+            resume(th.tid, self.pid, 0)
+
+    def syscall_stop(self, th: Thread) -> None:
+        """At a syscall stop of a call: an entry the thread's seccomp filters
+        would not let run or fail harmlessly (they kill, raise SIGSYS, or
+        wake a supervisor) is skipped -- the kernel runs the filters after
+        this stop -- and the call sees -ENOSYS."""
+        entry = seccomp.syscall_entry(ptrace.get_syscall_info(th.tid, self.pid))
+        if entry is None:
+            return      # an exit
+        if th.filters is None:
+            th.filters = seccomp.read_filters(th.tid)
+        ok, why = seccomp.judge(th.filters, entry)
+        if ok:
+            return
+        regs = self.arch.get_regs(th.tid, self.pid)
+        self.arch.skip_syscall(regs)
+        self.arch.set_regs(th.tid, self.pid, regs)
+        name = self.arch.SYSCALL_NAMES.get(entry.nr) if entry.arch == self.arch.AUDIT_ARCH \
+            else None
+        name = name or f"syscall {entry.nr} (audit arch {entry.arch:#x})"
+        self.record.skipped_syscalls.append({"syscall": name, "nr": entry.nr, "why": why})
+        log.debug("pid %d tid %d: the call's %s was skipped (it returned ENOSYS): %s",
+                  self.pid, th.tid, name, why)
 
     def call(self, th: Thread, func: int, args: tuple[int, ...], timeout_s: float | None
              ) -> int:
@@ -184,7 +215,15 @@ class Caller:
                   timeout)
         quarantine(self.pid, self.tracer.start, why)
         ptrace.interrupt(th.tid, self.pid)
-        stop = self.tracer.next_stop(th, time.monotonic() + TRAP_WAIT_S)
+        deadline = time.monotonic() + TRAP_WAIT_S
+        resume = ptrace.syscall if th.seccomp_filter else ptrace.cont
+        stop = self.tracer.next_stop(th, deadline, resume=resume)
+        while stop.kind is StopKind.SYSCALL:
+            # a filtered call reached a syscall before the interrupt's stop:
+            # judged like any other, then on to that stop
+            self.syscall_stop(th)
+            resume(th.tid, self.pid, 0)
+            stop = self.tracer.next_stop(th, deadline, resume=resume)
         if stop.kind is StopKind.TIMEOUT:
             orphan(th)
             raise RemoteCallError(why + " (the thread could not be stopped to "
@@ -240,13 +279,17 @@ class Caller:
             raise RemoteCallError("no buffer outside the stack: libc mmap/munmap not "
                                   "resolved in the target", pid=self.pid)
         size = -(-int(n) // abi.PAGE_SIZE) * abi.PAGE_SIZE
+        skipped = len(self.record.skipped_syscalls)
         mem = self.call(th, self.mapper[0], (0, size, abi.PROT_READ | abi.PROT_WRITE,
                                              abi.MAP_PRIVATE | abi.MAP_ANONYMOUS,
                                              abi.NO_FD & abi.U64_MASK, 0), None)
         if mem == 0 or mem >= abi.MAP_FAILED_MIN:
+            # libc's mmap returns MAP_FAILED and leaves the errno in the
+            # thread's TLS: the reason known here is a syscall skipped
+            why = "".join(f"; its {s['syscall']} was not run: {s['why']}"
+                          for s in self.record.skipped_syscalls[skipped:])
             raise RemoteCallError(f"mmap of {size} bytes failed in the target "
-                                  f"(errno {(-mem) & abi.MAX_ERRNO if mem else '?'})",
-                                  pid=self.pid)
+                                  f"(returned {mem:#x}){why}", pid=self.pid)
         th.frame.buffers.append((mem, size))
         return mem
 

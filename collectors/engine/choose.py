@@ -129,6 +129,7 @@ class Chooser:
         self.restart_kinds: dict[int, tuple[str | None, str | Refusal]] = {}
         # tid -> (pc, sp) a look-ahead walk judged before the stop (prepare)
         self.looked_ahead: dict[int, tuple[int, int]] = {}
+        self.filtered: set[int] = set()     # threads whose calls' syscalls are judged
         self.judge_stack: safepoints.StackJudge | None = None   # built for a futex wait
         self._judge_maps: bytes | None = None   # the maps it was built from
 
@@ -141,6 +142,7 @@ class Chooser:
         # stop of an epoll waiter)
         self.insn_before = {}
         self.looked_ahead = {}
+        self.filtered = set()
 
     def need(self) -> int:
         """Bytes a call needs below the red zone: the engine's frame budget
@@ -360,11 +362,16 @@ class Chooser:
         stack of a wait judged by its syscall (StackJudge.look_ahead), or load
         every object's CFI index for a running thread's walk.  Returns (whether
         it read the mappings, a refusal the look-ahead found)."""
-        if self.seccomp_mode(c.tid) == abi.SECCOMP_MODE_STRICT:
+        mode = self.seccomp_mode(c.tid)
+        if mode == abi.SECCOMP_MODE_STRICT:
             # the kernel kills such a thread at the first other syscall,
             # without a ptrace stop the engine could undo (kernel/seccomp.c
             # __secure_computing_strict): never borrowed
             return False, refusal(Reason.SECCOMP_STRICT, subject=c.facts.words)
+        if mode != abi.SECCOMP_MODE_DISABLED:
+            # a filter, or a mode not known: its calls' syscalls are judged
+            # (callframe.Caller.syscall_stop)
+            self.filtered.add(c.tid)
         if c.facts.nr in safepoints.EINTR_RESTARTABLE:
             # only a wait eintr_restartable may be asked about (not a running thread)
             self.read_insn_before(c.facts.pc)
@@ -404,9 +411,9 @@ class Chooser:
 
     def seccomp_mode(self, tid: int) -> int | None:
         """TID's seccomp mode (abi.SECCOMP_MODE_*) from its status, or None
-        when unreadable.  A filter (mode 2) is not judged: the calls' own
-        syscalls (mmap, munmap, futex) are ones no allocator can live without
-        (docs/target-writes.md)."""
+        when unreadable.  Read before the stop: a filter another thread adds
+        with SECCOMP_FILTER_FLAG_TSYNC between this read and the call is
+        not seen (docs/target-writes.md)."""
         try:
             status = read_bytes(self.tracer.task(tid, "status"), self.pid, tid)
         except AllocdiagError:

@@ -97,6 +97,11 @@ def cont(tid: int, pid: int, sig: int = 0) -> None:
     _pt(abi.PTRACE_CONT, tid, None, sig, pid, "PTRACE_CONT")
 
 
+def syscall(tid: int, pid: int, sig: int = 0) -> None:
+    """PTRACE_SYSCALL: resume, stopping at the next syscall entry or exit."""
+    _pt(abi.PTRACE_SYSCALL, tid, None, sig, pid, "PTRACE_SYSCALL")
+
+
 def detach(tid: int, pid: int, sig: int = 0) -> None:
     _pt(abi.PTRACE_DETACH, tid, None, sig, pid, "PTRACE_DETACH")
 
@@ -148,6 +153,39 @@ def setsigmask(tid: int, pid: int, mask: int) -> None:
     v = ctypes.c_uint64(mask)
     _pt(abi.PTRACE_SETSIGMASK, tid, abi.SIGSET_SIZE, ctypes.addressof(v), pid,
         "PTRACE_SETSIGMASK")
+
+
+SYSCALL_INFO_SIZE = 88     # sizeof(struct ptrace_syscall_info), include/uapi/linux/ptrace.h
+
+
+def get_syscall_info(tid: int, pid: int) -> bytes:
+    """PTRACE_GET_SYSCALL_INFO: the raw struct ptrace_syscall_info of the
+    syscall stop TID is in (collectors.engine.seccomp decodes it)."""
+    buf = ctypes.create_string_buffer(SYSCALL_INFO_SIZE)
+    n = _pt(abi.PTRACE_GET_SYSCALL_INFO, tid, SYSCALL_INFO_SIZE, ctypes.addressof(buf), pid,
+            "PTRACE_GET_SYSCALL_INFO")
+    return buf.raw[:min(n, SYSCALL_INFO_SIZE)]
+
+
+def seccomp_filter(tid: int, index: int) -> bytes | None:
+    """PTRACE_SECCOMP_GET_FILTER: the cBPF program (8-byte sock_filter
+    instructions) of the INDEX-th filter of ptrace-stopped TID (0: the
+    first installed), or None past the newest.  Raises OSError as the
+    kernel refuses it (EACCES: not CAP_SYS_ADMIN, or allocdiag itself under
+    seccomp; EINVAL: the thread has no filter; EIO: a kernel without
+    CONFIG_CHECKPOINT_RESTORE).  Not translated: every refusal means the
+    same to the caller."""
+    ctypes.set_errno(0)
+    n = _ptrace(abi.PTRACE_SECCOMP_GET_FILTER, tid, index, None)
+    if n >= 0:
+        buf = ctypes.create_string_buffer(max(1, n) * abi.SOCK_FILTER_SIZE)
+        n = _ptrace(abi.PTRACE_SECCOMP_GET_FILTER, tid, index, ctypes.addressof(buf))
+        if n >= 0:
+            return buf.raw[:n * abi.SOCK_FILTER_SIZE]
+    err = ctypes.get_errno()
+    if err == errno.ENOENT:
+        return None
+    raise OSError(err, os.strerror(err))
 
 
 # --------------------------------------------------------------------------

@@ -30,7 +30,9 @@ call_timeout_s=1.0, block_signals=True)``
     After it: ``.pause_us`` (µs each stopped thread was stopped, from the
     PTRACE_INTERRUPT to the detach, rejected candidates included),
     ``.held_signals`` (signals that arrived during the window and were
-    re-delivered), ``.last`` (dict: tid, kind, syscall,
+    re-delivered), ``.skipped_syscalls`` (syscalls of the calls that the
+    thread's seccomp filter would have answered by killing it, a SIGSYS or
+    a supervisor: skipped, they returned ENOSYS), ``.last`` (dict: tid, kind, syscall,
     category, restarted_eintr -- the wait was given back as -ERESTARTNOHAND --,
     boundary, calls).
 
@@ -187,6 +189,12 @@ class RemoteProcess:
         return self._caller.record.held_signals
 
     @property
+    def skipped_syscalls(self) -> list[dict[str, object]]:
+        """The last borrow's syscalls a seccomp filter would not have let
+        run harmlessly, skipped (callframe.Caller.syscall_stop)."""
+        return self._caller.record.skipped_syscalls
+
+    @property
     def stats(self) -> dict[str, int]:
         return dataclasses.asdict(self._stats)
 
@@ -290,6 +298,7 @@ class RemoteProcess:
                     th = self._tracer.stop(c.tid, "running" if c.category == safepoints.RUNNING
                                            else "idle", self.deadline_s)
                     th.verdict.since = c.facts.since
+                    th.seccomp_filter = c.tid in ch.filtered
                     reason = ch.judge(th)
                 except Skip as s:
                     self._unblock(old)

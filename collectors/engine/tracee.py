@@ -116,6 +116,7 @@ class StopKind(enum.Enum):
     INTERRUPT = "interrupt"      # our PTRACE_INTERRUPT stop
     GROUP = "group"              # a group-stop (SIGSTOP & co, an event stop under SEIZE)
     EVENT = "event"              # another ptrace event stop
+    SYSCALL = "syscall"          # a syscall entry or exit (a call resumed with PTRACE_SYSCALL)
     RETURN_TRAP = "return-trap"  # the SIGSEGV of a call returning to address 0
     FAULT = "fault"              # a synchronous signal the thread raised itself (crash)
     SIGNAL = "signal"            # any other signal-delivery-stop (asynchronous signal)
@@ -143,6 +144,8 @@ def classify_stop(status: int, tid: int, pid: int, arch: Arch) -> Stop:
                     ws.sig)
     if ws.event:
         return Stop(StopKind.EVENT, ws.sig)
+    if ws.sig == abi.SYSCALL_STOP_SIG:
+        return Stop(StopKind.SYSCALL, ws.sig)
     si = SigInfo(ptrace.getsiginfo(tid, pid))
     regs = arch.get_regs(tid, pid)
     if arch.is_return_trap(regs, si):
@@ -210,6 +213,10 @@ class Thread:
     gone: bool = False               # the thread exited under us
     orphaned: bool = False
     group_stop_seen: bool = False
+    # under a seccomp filter (or its mode unknown): calls resume with
+    # PTRACE_SYSCALL and each syscall is judged (collectors.engine.seccomp)
+    seccomp_filter: bool = False
+    filters: list[bytes] | str | None = None     # seccomp.read_filters, read at the first syscall
     verdict: Verdict = field(default_factory=Verdict)
     frame: FrameState = field(default_factory=FrameState)
 
@@ -473,24 +480,26 @@ class Tracer:
                 self.check_still_traced(th)
             time.sleep(self.SLEEP_S)
 
-    def next_stop(self, th: Thread, deadline: float, absorb: bool = True) -> Stop:
+    def next_stop(self, th: Thread, deadline: float, absorb: bool = True,
+                  resume: Callable[[int, int, int], None] = ptrace.cont) -> Stop:
         """The next stop of the tracee (``classify_stop``), or a TIMEOUT stop.
 
-        With ABSORB, EVENT stops are resumed and SIGNAL stops are collected
-        into ``th.held`` (suppressed now, re-delivered with their siginfo at
-        the release) and resumed, so the caller sees only the other kinds.
-        The one place that reads tracee stops."""
+        With ABSORB, EVENT stops are resumed (with RESUME: the caller's way
+        of resuming, PTRACE_CONT or PTRACE_SYSCALL) and SIGNAL stops are
+        collected into ``th.held`` (suppressed now, re-delivered with their
+        siginfo at the release) and resumed, so the caller sees only the
+        other kinds.  The one place that reads tracee stops."""
         while True:
             status = self.wait(th, deadline)
             if status is None:
                 return Stop(StopKind.TIMEOUT)
             stop = classify_stop(status, th.tid, self.pid, self.arch)
             if absorb and stop.kind is StopKind.EVENT:
-                ptrace.cont(th.tid, self.pid, 0)
+                resume(th.tid, self.pid, 0)
                 continue
             if absorb and stop.kind is StopKind.SIGNAL and stop.si is not None:
                 th.held.append(stop.si)
-                ptrace.cont(th.tid, self.pid, 0)
+                resume(th.tid, self.pid, 0)
                 continue
             return stop
 
@@ -551,7 +560,10 @@ class Tracer:
         th = Thread(self.arch, self.pid, tid)
         th.verdict.kind = kind
         try:
-            ptrace.seize(tid, self.pid)
+            # TRACESYSGOOD: the syscall stops of a call resumed with
+            # PTRACE_SYSCALL (a thread under a seccomp filter) are told
+            # from a SIGTRAP; without PTRACE_SYSCALL there are none
+            ptrace.seize(tid, self.pid, abi.PTRACE_O_TRACESYSGOOD)
         except AccessDenied:
             f: dict[str, str] = {}
             with contextlib.suppress(Exception):

@@ -70,7 +70,8 @@ def _release_events(args):
     def release(pid):
         try:
             doc = recording.release_event(actions.release(pid))
-            print(f"\nreleased: {doc['call']} returned {doc['return']}", file=sys.stderr)
+            print(f"\nreleased: {doc['call']} {recording.returned_words(doc['return'])}",
+                  file=sys.stderr)
         except AllocdiagError as exc:
             # The recording goes on; the report shows the failed attempt.
             doc = {"pid": pid, "call": call, "error": str(exc)}

@@ -45,10 +45,14 @@ def run(args):
         recording.append_event(args.record, "release", recording.release_event(r))
     if args.json:
         dump_json({"pid": args.pid, "call": r["call"], "return": r["return"],
-                   "pause_us": r["pause_us"], "before": before.to_json(), "after": after.to_json()})
+                   "pause_us": r["pause_us"], "skipped_syscalls": r["skipped_syscalls"],
+                   "before": before.to_json(), "after": after.to_json()})
         return ExitCode.OK
-    print(f"pid {args.pid}: {r['call']} returned {r['return']} "
+    from diag.recording import returned_words
+    print(f"pid {args.pid}: {r['call']} {returned_words(r['return'])} "
           f"(thread stopped {max(r['pause_us'] or [0])} us)")
+    for line in skipped_lines(r["skipped_syscalls"]):
+        print(line)
     b, a = dict(render_text.stack_rows(before)), dict(render_text.stack_rows(after))
     rows = []
     for name, _ in render_text.stack_rows(before):
@@ -58,3 +62,10 @@ def run(args):
                          ("-" if delta < 0 else "+") + render.human_bytes(abs(delta))])
     render.table(rows, ["", "before", "after", "change"], right={1, 2, 3})
     return ExitCode.OK
+
+
+def skipped_lines(skipped):
+    """One line per kind of syscall the call was made to skip, with its count."""
+    from collectors.engine import seccomp
+    return [f"  skipped {n} {name} syscall{'s' if n > 1 else ''} of it (each returned ENOSYS): "
+            f"{why}" for name, why, n in seccomp.tally(skipped)]

@@ -10,9 +10,8 @@ from collectors.allocators.gperftools.home import Tcmalloc
 SIZE_MAX = (1 << 64) - 1    # ReleaseMemoryToSystem(SIZE_MAX): everything it can (tcmalloc/malloc_extension.h)
 
 
-def _release(c: Any, fn: int) -> int:
-    rv: int = c.call(fn, SIZE_MAX)
-    return rv
+def _release(c: Any, fn: int) -> None:
+    c.call(fn, SIZE_MAX)        # void (tcmalloc/malloc_extension.cc)
 
 
 class GoogleTcmalloc(Tcmalloc):

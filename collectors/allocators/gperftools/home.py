@@ -11,9 +11,10 @@ from collectors.allocators.interface import Base, has_symbol, Release, Signature
 from collectors.allocators.gperftools.knobs import Knobs
 
 
-def _release(c: Any, fn: int) -> int:
-    rv: int = c.call(fn)
-    return rv
+def _release(c: Any, fn: int) -> None:
+    # void MallocExtension_ReleaseFreeMemory(void) (malloc_extension_c.h):
+    # rax after it is whatever the function left there, not a result
+    c.call(fn)
 
 
 class Tcmalloc(Base):

@@ -53,9 +53,8 @@ def walk_segments(run: Any, image: Any, stats: dict[str, Any], native: dict[str,
     native["mimalloc_walk"] = {"ok": True, "build": desc, **walk}
 
 
-def _collect(c: Any, fn: int) -> int:
-    rv: int = c.call(fn, FORCE)
-    return rv
+def _collect(c: Any, fn: int) -> None:
+    c.call(fn, FORCE)           # void mi_collect(bool force) (include/mimalloc.h)
 
 
 def _flatten(out: dict[str, tuple[Any, str, str, str]], prefix: str, node: Any, kind: str,
