@@ -11,7 +11,7 @@ from collectors.detect import detect
 from collectors.binary.image import ProcessImage
 from collectors.preload import verdict
 from targets import (LIBDIR, PRELOADS, build_c, build_go, prefixed_jemalloc_archive,
-                     python_argv, start, static_jemalloc_flags)
+                     python_argv, require_file, start, static_jemalloc_flags)
 
 PY_IDLE = ("import os, sys\nkeep = [bytearray(100000) for _ in range(50)]\n"
            "print('READY', os.getpid(), flush=True)\nsys.stdin.read()\n")
@@ -350,3 +350,24 @@ def test_dynamic_string_tokens_read_as_the_loader_reads_them():
     # a bare name ends where no identifier character follows; braces delimit it
     assert [m.group(1) or m.group(2) for m in DST.finditer("/a/$LIB/b/${PLATFORM}/$LIBX/$ORIGIN")] \
         == ["LIB", "PLATFORM", "ORIGIN"]
+
+
+def test_an_allocator_behind_glibcs_names_is_not_glibc():
+    """Chromium's allocator shim (PartitionAlloc) defines glibc's
+    __libc_malloc, mallinfo and hooks in the chromium executable, but not
+    malloc_info, which every glibc defines with malloc: it was taken for a
+    static glibc, and a snapshot then failed on a missing mallinfo2."""
+    from collectors.binary.elf import ObjectFile, load
+    from collectors.detect import _classify_names
+    path = require_file("/usr/lib/chromium/chromium")
+    elf = load(ObjectFile("/nonexistent-proc", 1, 0, 0, path))
+    assert {"__libc_malloc", "mallinfo", "malloc"} <= elf.exports
+    assert "malloc_info" not in elf.exports
+    sig = _classify_names(elf, path, elf.exports, ".dynsym")
+    assert sig.kind == "unknown", sig
+    assert "glibc's __libc_malloc, __malloc_hook, mallinfo but not malloc_info" in \
+        sig.evidence[0], sig.evidence
+    # and glibc itself still is glibc
+    libc = "/usr/lib/x86_64-linux-gnu/libc.so.6"
+    lelf = load(ObjectFile("/nonexistent-proc", 1, 0, 0, libc))
+    assert _classify_names(lelf, libc, lelf.exports, ".dynsym").kind == "glibc"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectors.allocators.interface import Base, Signature
+from collectors.allocators.interface import Base, Signature, Vocabulary
 
 
 class Musl(Base):
@@ -27,10 +27,18 @@ class Unknown(Base):
     def signature(self, elf: Any, names: set[str], base: str, path: str,
                   where: str) -> Signature | None:
         if "malloc" in names:
-            return Signature("unknown", evidence=[f"{base} defines malloc but matches no known allocator"],
-                             defines_malloc=True)
+            glibc_names = sorted(n for n in GLIBC_ENTRY_NAMES if n in names)
+            also = (f"; it also defines glibc's {', '.join(glibc_names)} but not malloc_info: "
+                    "another allocator behind glibc's names") if glibc_names else ""
+            return Signature("unknown", evidence=[
+                f"{base} defines malloc but matches no known allocator{also}"], defines_malloc=True)
         return None
 
 
+# glibc-only entry points an allocator shim may define to take glibc's place
+GLIBC_ENTRY_NAMES = ("__libc_malloc", "mallinfo", "mallinfo2", "__malloc_hook")
+
 MUSL = Musl(kind="musl", name="musl")
-UNKNOWN = Unknown(kind="unknown", name="unknown")
+UNKNOWN = Unknown(kind="unknown", name="unknown", vocabulary=Vocabulary(
+    no_stats="no live stats: the allocator serving malloc is not one allocdiag knows "
+             "(the evidence says what was found)"))

@@ -80,7 +80,11 @@ UVARINT_BITS, UVARINT_MORE, UVARINT_SHIFT = 0x7F, 0x80, 7
 # .rodata strings worth reading: allocator and libc version banners.
 VERSION_PATTERNS = {
     "glibc": re.compile(rb"GNU C Library \([^)]*\) [a-z ]*release version (\d+\.\d+(?:\.\d+)?)"),
-    "jemalloc": re.compile(rb"(\d+\.\d+\.\d+-\d+-g[0-9a-f]{7,40})\0"),
+    # JEMALLOC_VERSION: `git describe --long --abbrev=40` (jemalloc's
+    # configure.ac), a string of its own: a 40-digit hash, NULs around it.
+    # (A shorter git-describe string is someone else's: Chromium's .rodata
+    # holds libvpx's "WebM Project VP9 Encoder v1.17.0-63-gde61454cf".)
+    "jemalloc": re.compile(rb"(?:\A|\0)(\d+\.\d+\.\d+-\d+-g[0-9a-f]{40})\0"),
     "gperftools": re.compile(rb"gperftools (\d+\.\d+(?:\.\d+)?)\0"),
     "go": re.compile(rb"(go1\.\d+(?:\.\d+)?(?:rc\d+|beta\d+)?)"),
     "musl": re.compile(rb"musl libc \(x86_64\)|Version (\d+\.\d+\.\d+)\n"),

@@ -21,7 +21,11 @@ class Glibc(Base):
     def signature(self, elf: Any, names: set[str], base: str, path: str,
                   where: str) -> Signature | None:
         defines_malloc = "malloc" in names
-        if "__libc_malloc" in names and ("malloc_info" in names or "mallinfo" in names):
+        # malloc_info lives in malloc/malloc.c with malloc itself (since
+        # glibc 2.10): every glibc that defines __libc_malloc defines it.
+        # __libc_malloc with only mallinfo is another allocator behind
+        # glibc's names (Chromium's PartitionAlloc shim: other.Unknown).
+        if "__libc_malloc" in names and "malloc_info" in names:
             return Signature("glibc", variant=None, evidence=[
                 f"{base} defines __libc_malloc and malloc_info ({where})"], defines_malloc=defines_malloc)
         if base.startswith("libc_malloc_debug"):
