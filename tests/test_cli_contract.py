@@ -167,6 +167,20 @@ def test_record_of_a_zombie_exit_3(zombie, tmp_path):
     assert r.returncode == 3 and "is a zombie" in r.stderr and clean(r), r.stderr
 
 
+@pytest.mark.parametrize("argv", PID_COMMANDS)
+def test_process_whose_main_thread_exited_is_named_as_such_exit_5(argv):
+    """pthread_exit() in main: the leader is a zombie, the process runs on
+    in its other thread (it was called "a zombie ... nothing is left to
+    read", exit 3)."""
+    with start([build_c("leader_exit.c", "-pthread")]) as t:
+        r = allocdiag(*_pid_argv(argv, t.pid))
+        assert t.alive()
+    assert r.returncode == 5, r.stderr
+    assert "main thread has exited (pthread_exit) and 1 other thread runs on" in r.stderr \
+        and clean(r), r.stderr
+    assert "is a zombie" not in r.stderr
+
+
 # -- input files that are not what the command reads ------------------------------------------
 
 def _bad_inputs(tmp_path):

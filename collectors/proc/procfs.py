@@ -111,12 +111,40 @@ class ProcFS:
         st = status if status is not None else self.status(pid)
         name = st.get(b"Name", b"?").decode(errors="replace")
         if st.get(b"State", b"")[:1] in ZOMBIE_STATES:
+            live = self.live_threads(pid)
+            if live:
+                # The main thread left with pthread_exit(); the kernel shows
+                # the address space only through the threads still running
+                # (the leader's mm is gone: its maps are empty, its mem and
+                # smaps_rollup fail with ESRCH).
+                raise Unsupported(
+                    f"{name}'s main thread has exited (pthread_exit) and {len(live)} other "
+                    f"thread{'s run' if len(live) > 1 else ' runs'} on (tid "
+                    f"{', '.join(map(str, live[:4]))}{', ...' if len(live) > 4 else ''}): the "
+                    f"kernel shows its memory only through those threads (/proc/{pid}/task/"
+                    f"{live[0]}/maps), which allocdiag does not read", pid=pid)
             ppid = st.get(b"PPid", b"?").decode(errors="replace")
             raise NoSuchProcess(pid, f"{name} is a zombie: it has exited and its parent (pid "
                                      f"{ppid}) has not reaped it yet; nothing is left to read")
         if self.is_kernel_thread(pid, st):
             raise Unsupported(f"{name} is a kernel thread: it has no user-space memory and no "
                               "allocator to read", pid=pid)
+
+    def live_threads(self, pid: int) -> list[int]:
+        """The threads of PID not exited (State not Z or X), leader included."""
+        out = []
+        try:
+            tids = sorted(int(t) for t in os.listdir(f"{self.root}/{pid}/task") if t.isdigit())
+        except OSError:
+            return out
+        for tid in tids:
+            try:
+                st = parse_status(read_all(f"{self.root}/{pid}/task/{tid}/status"))
+            except OSError:
+                continue
+            if st.get(b"State", b"Z")[:1] not in ZOMBIE_STATES:
+                out.append(tid)
+        return out
 
     # -- memory ------------------------------------------------------------
 
