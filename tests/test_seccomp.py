@@ -73,6 +73,26 @@ def test_release_under_a_killing_filter_skips_madvise_and_the_target_lives(alloc
         assert t.alive()
 
 
+def test_without_ptrace_get_syscall_info_the_registers_say_the_syscall(monkeypatch):
+    """A kernel before 5.3 refuses PTRACE_GET_SYSCALL_INFO (EIO): the entry
+    is read from the registers instead, and the killing madvise is still
+    skipped (the refusal is injected; the process, filter and call are real)."""
+    from collectors import actions
+    from collectors.detect import detect
+    from collectors.engine import ptrace
+
+    def refused(tid, pid):
+        raise RemoteCallError(f"PTRACE_GET_SYSCALL_INFO failed: EIO (tid {tid})", pid=pid)
+    monkeypatch.setattr(ptrace, "get_syscall_info", refused)
+    with target("kill") as t:
+        image = ProcessImage(t.pid)
+        _, _, _, skipped = actions.release(image, detect(image))
+        assert t.alive()
+        assert_released(t.pid)
+    assert skipped and {s["syscall"] for s in skipped} == {"madvise"}
+    assert all("SECCOMP_RET_KILL_PROCESS" in s["why"] for s in skipped)
+
+
 def test_a_trapping_filter_raises_no_sigsys():
     with target("trap") as t:
         rc, doc = release(t.pid)

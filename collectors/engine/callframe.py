@@ -7,6 +7,7 @@ held signals, and the exact restore at the release.
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
 import time
@@ -133,7 +134,7 @@ class Caller:
         would not let run or fail harmlessly (they kill, raise SIGSYS, or
         wake a supervisor) is skipped -- the kernel runs the filters after
         this stop -- and the call sees -ENOSYS."""
-        entry = seccomp.syscall_entry(ptrace.get_syscall_info(th.tid, self.pid))
+        entry = self.syscall_entry(th)
         if entry is None:
             return      # an exit
         if th.filters is None:
@@ -150,6 +151,24 @@ class Caller:
         self.record.skipped_syscalls.append({"syscall": name, "nr": entry.nr, "why": why})
         log.debug("pid %d tid %d: the call's %s was skipped (it returned ENOSYS): %s",
                   self.pid, th.tid, name, why)
+
+    def syscall_entry(self, th: Thread) -> seccomp.SyscallEntry | None:
+        """The syscall entry TH stops at, or None at an exit.  A kernel
+        before 5.3 has no PTRACE_GET_SYSCALL_INFO: then the registers say
+        it (the entry code sets rax to -ENOSYS; an exit that returned
+        -ENOSYS taken for an entry is judged for nothing), rather than the
+        call being abandoned in the allocator's code."""
+        try:
+            return seccomp.syscall_entry(ptrace.get_syscall_info(th.tid, self.pid))
+        except RemoteCallError as exc:
+            log.debug("pid %d tid %d: %s; the syscall read from the registers", self.pid,
+                      th.tid, exc)
+        regs = self.arch.get_regs(th.tid, self.pid)
+        nr, ret = self.arch.syscall_state(regs)
+        if ret != -errno.ENOSYS or nr < 0:
+            return None
+        return seccomp.SyscallEntry(self.arch.AUDIT_ARCH, self.arch.pc(regs), nr,
+                                    tuple(self.arch.syscall_args(regs)))
 
     def call(self, th: Thread, func: int, args: tuple[int, ...], timeout_s: float | None
              ) -> int:
