@@ -132,7 +132,7 @@ class ProcFS:
 
     def live_threads(self, pid: int) -> list[int]:
         """The threads of PID not exited (State not Z or X), leader included."""
-        out = []
+        out: list[int] = []
         try:
             tids = sorted(int(t) for t in os.listdir(f"{self.root}/{pid}/task") if t.isdigit())
         except OSError:
