@@ -184,6 +184,15 @@ def test_an_unreadable_filter_skips_every_syscall():
                                for s in skipped), skipped
 
 
+@pytest.mark.parametrize("nr, as_int", [(NR["madvise"], NR["madvise"]), ((1 << 64) - 1, -1),
+                                        (1 << 32 | NR["madvise"], NR["madvise"]),
+                                        (0x80000000, -(1 << 31))])
+def test_seccomp_data_holds_nr_as_the_kernels_int(nr, as_int):
+    # syscall_get_nr() gives the filters orig_rax as an int: its low 32 bits
+    entry = seccomp.SyscallEntry(AUDIT_ARCH, 0, nr, (0,) * 6)
+    assert seccomp.SECCOMP_DATA.unpack(entry.seccomp_data())[0] == as_int
+
+
 @pytest.mark.parametrize("prog, words", [
     (b"\x06\x00\x00\x00\x00\x00\xff", "not a program"),                  # 7 bytes
     (struct.pack("<HBBI", 0x94, 0, 0, 3) + struct.pack("<HBBI", 0x06, 0, 0, 0),

@@ -76,6 +76,7 @@ BPF_MEMWORDS = 16
 BPF_MAXINSNS = 4096
 
 U32 = 0xFFFFFFFF
+U64 = (1 << 64) - 1
 
 # struct seccomp_data {int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6];}
 SECCOMP_DATA = struct.Struct("<iIQ6Q")
@@ -117,9 +118,12 @@ class SyscallEntry:
     args: tuple[int, ...]
 
     def seccomp_data(self) -> bytes:
-        """The struct seccomp_data the kernel gives the filters for it."""
-        nr = self.nr if self.nr < 1 << 31 else self.nr - (1 << 64)
-        return SECCOMP_DATA.pack(nr, self.arch, self.instruction_pointer, *self.args)
+        """The struct seccomp_data the kernel gives the filters for it (its
+        nr an int: syscall_get_nr() truncates orig_rax to 32 bits)."""
+        nr = self.nr & U32
+        nr = nr - (1 << 32) if nr & 0x80000000 else nr
+        return SECCOMP_DATA.pack(nr, self.arch & U32, self.instruction_pointer & U64,
+                                 *(a & U64 for a in self.args))
 
 
 def syscall_entry(raw: bytes) -> SyscallEntry | None:
