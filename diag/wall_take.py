@@ -14,6 +14,7 @@ returned.
 import time
 
 from diag.model.errors import AllocdiagError, NoSuchProcess
+from collectors.proc.procfs import ProcFS
 from collectors.sampler import counters as counters_mod
 from collectors.sampler.session import DEFAULT_HZ, DRAIN_S, Session
 from diag import wall_findings
@@ -51,6 +52,9 @@ class Live:
         self.kind = None
 
     def start(self):
+        # a zombie, or a main thread gone with pthread_exit(), said as
+        # such: the sampler would take either for "no such process"
+        ProcFS(self.procfs).check_not_exited(self.pid)
         if self.want_counters:
             try:
                 self.reader = counters_mod.Reader(self.pid, self.procfs)

@@ -181,6 +181,16 @@ def test_process_whose_main_thread_exited_is_named_as_such_exit_5(argv):
     assert "is a zombie" not in r.stderr
 
 
+def test_wall_names_a_zombie_and_a_gone_main_thread(zombie):
+    """The sampler took both for "no such process"."""
+    r = allocdiag("wall", "--duration", "1", str(zombie))
+    assert r.returncode == 3 and "is a zombie" in r.stderr and clean(r), r.stderr
+    with start([build_c("leader_exit.c", "-pthread")]) as t:
+        r = allocdiag("wall", "--duration", "1", str(t.pid))
+    assert r.returncode == 5, r.stderr
+    assert "main thread has exited (pthread_exit)" in r.stderr and clean(r), r.stderr
+
+
 # -- input files that are not what the command reads ------------------------------------------
 
 def _bad_inputs(tmp_path):

@@ -120,9 +120,7 @@ class SyscallEntry:
     def seccomp_data(self) -> bytes:
         """The struct seccomp_data the kernel gives the filters for it (its
         nr an int: syscall_get_nr() truncates orig_rax to 32 bits)."""
-        nr = self.nr & U32
-        nr = nr - (1 << 32) if nr & 0x80000000 else nr
-        return SECCOMP_DATA.pack(nr, self.arch & U32, self.instruction_pointer & U64,
+        return SECCOMP_DATA.pack(_signed(self.nr & U32), self.arch & U32, self.instruction_pointer & U64,
                                  *(a & U64 for a in self.args))
 
 

@@ -109,6 +109,17 @@ class ProcFS:
         kernel thread (Unsupported, exit 5: it has no allocator).  Both would
         otherwise fail later, on smaps_rollup, as a bare "no such process"."""
         st = status if status is not None else self.status(pid)
+        self.check_not_exited(pid, st)
+        if self.is_kernel_thread(pid, st):
+            name = st.get(b"Name", b"?").decode(errors="replace")
+            raise Unsupported(f"{name} is a kernel thread: it has no user-space memory and no "
+                              "allocator to read", pid=pid)
+
+    def check_not_exited(self, pid: int, status: dict[bytes, bytes] | None = None) -> None:
+        """Raise when PID's main thread has exited: a zombie (NoSuchProcess)
+        or, while other threads run on after its pthread_exit(), a process
+        whose memory only those threads show (Unsupported)."""
+        st = status if status is not None else self.status(pid)
         name = st.get(b"Name", b"?").decode(errors="replace")
         if st.get(b"State", b"")[:1] in ZOMBIE_STATES:
             live = self.live_threads(pid)
@@ -126,9 +137,6 @@ class ProcFS:
             ppid = st.get(b"PPid", b"?").decode(errors="replace")
             raise NoSuchProcess(pid, f"{name} is a zombie: it has exited and its parent (pid "
                                      f"{ppid}) has not reaped it yet; nothing is left to read")
-        if self.is_kernel_thread(pid, st):
-            raise Unsupported(f"{name} is a kernel thread: it has no user-space memory and no "
-                              "allocator to read", pid=pid)
 
     def live_threads(self, pid: int) -> list[int]:
         """The threads of PID not exited (State not Z or X), leader included."""
