@@ -796,6 +796,11 @@ def test_spin_budget_follows_free_cpus(tmp_path, runnable, spins_long):
     the CPU the tracee needs.  The runnable count comes from loadavg."""
     p = subprocess.Popen(["sleep", "30"])
     try:
+        # Popen returns once the vfork()ed child's exec has swapped its mm,
+        # before the kernel wrote the new auxv: opened then, the process
+        # reads as having exec'd since (seen once in CI).  Asleep, it is done.
+        wait_for(lambda: open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "S",
+                 what="sleep to finish its exec")
         procfs = tmp_path / "proc"
         procfs.mkdir()
         os.symlink(f"/proc/{p.pid}", procfs / str(p.pid))
