@@ -4,8 +4,9 @@
 without a filter, measured in the same run:
 
   per syscall   a borrow makes N calls to libc getpid() (one syscall each);
-                under a filter each is resumed with PTRACE_SYSCALL, stopped
-                at its entry and exit and judged: the extra µs per call
+                under a filter each is resumed with PTRACE_SYSEMU, stopped
+                at its entry, judged, and made again (its entry and exit
+                stops under PTRACE_SYSCALL): the extra µs per call
   no syscall    a borrow makes N calls to a function that makes no syscall
                 (libc labs): what a filter costs a stats call that makes none
                 (every allocator's, on an idle heap): nothing expected

@@ -12,6 +12,8 @@ import signal
 # ---- ptrace requests (include/uapi/linux/ptrace.h; generic across arches) ----
 PTRACE_CONT = 7
 PTRACE_SYSCALL = 24          # resume, stopping at the next syscall entry or exit
+PTRACE_SYSEMU = 31           # resume, stopping at the next syscall entry, which then does
+                             # not run (x86 and arm64: asm/ptrace-abi.h, asm/ptrace.h)
 PTRACE_GETREGS = 12          # x86 only (arch/x86/include/uapi/asm/ptrace-abi.h)
 PTRACE_SETREGS = 13
 PTRACE_DETACH = 17

@@ -21,7 +21,7 @@ no red zone, return address in x30 instead of on the stack):
 ``syscall_args(regs)``                       the six syscall arguments (at a syscall stop)
 ``code_segment(regs)``                       cs (0x33: 64-bit code)
 ``set_syscall_arg(regs, i, value)``          change syscall argument I for a restart
-``skip_syscall(regs)``                       at a syscall-entry stop: the kernel skips it (ENOSYS)
+``rerun_syscall(regs)``                      at a PTRACE_SYSEMU entry stop: make it again
 ``AUDIT_ARCH``                               seccomp_data.arch of the syscalls SYSCALL_NAMES names
 ``SYSCALL_NAMES``, ``RESTART_SYSCALL``       syscall names for messages; restart_syscall
 ``RED_ZONE``, ``STACK_ALIGN``, ``WORD``
@@ -200,11 +200,17 @@ def syscall_state(regs: user_regs_struct) -> tuple[int, int]:
     return _signed(regs.orig_rax), _signed(regs.rax)
 
 
-def skip_syscall(regs: user_regs_struct) -> None:
-    """At a syscall-entry stop: make the kernel skip the syscall (orig_rax
-    -1); it returns the -ENOSYS the entry code put in rax (measured: a
-    skipped madvise returned -38)."""
-    regs.orig_rax = MASK64
+# every x86 syscall instruction (syscall 0f 05, int $0x80 cd 80) is 2 bytes
+SYSCALL_INSN_SIZE = 2
+
+
+def rerun_syscall(regs: user_regs_struct) -> None:
+    """At a PTRACE_SYSEMU entry stop (the syscall was not run): point the
+    thread back at its syscall instruction with the number in rax, so it
+    makes the same syscall again -- what the kernel's own restart does
+    (arch/x86/kernel/signal.c: ax = orig_ax, ip -= 2)."""
+    regs.rax = regs.orig_rax
+    regs.rip = (regs.rip - SYSCALL_INSN_SIZE) & MASK64
 
 
 def syscall_args(regs: user_regs_struct) -> tuple[int, ...]:

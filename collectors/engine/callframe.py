@@ -11,7 +11,7 @@ import errno
 import logging
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from collectors.engine import abi, memory, ptrace, safepoints, seccomp
@@ -100,16 +100,24 @@ class Caller:
         sp = self.arch.sp(th.regs)
         return (sp - self.arch.RED_ZONE - SCRATCH_GAP) & ~(self.arch.STACK_ALIGN - 1)
 
+    def resume_request(self, th: Thread) -> Callable[[int, int, int], None]:
+        """How TH's call goes on: PTRACE_CONT; under a seccomp filter
+        PTRACE_SYSEMU (each syscall stops before it runs, and before any
+        filter sees it), or PTRACE_SYSCALL while a syscall judged harmless
+        is made again (syscall_stop)."""
+        if not th.seccomp_filter:
+            return ptrace.cont
+        return ptrace.syscall if th.rerun_stops else ptrace.sysemu
+
     def resume_until_trap(self, th: Thread, deadline: float) -> Regs | None:
         """CONT and handle stops until the return-to-0 trap.  Returns the
         registers at the trap, or None at DEADLINE (thread still running).
-        A thread under a seccomp filter is resumed with PTRACE_SYSCALL
+        A thread under a seccomp filter is resumed with PTRACE_SYSEMU
         instead, and each syscall of the call judged at its entry."""
-        resume = ptrace.syscall if th.seccomp_filter else ptrace.cont
-        resume(th.tid, self.pid, 0)
+        self.resume_request(th)(th.tid, self.pid, 0)
         th.at = None
         while True:
-            stop = self.tracer.next_stop(th, deadline, resume=resume)
+            stop = self.tracer.next_stop(th, deadline, resume=self.resume_request(th))
             if stop.kind is StopKind.TIMEOUT:
                 return None
             if stop.kind is StopKind.EXITED:
@@ -127,16 +135,33 @@ class Caller:
                 th.group_stop_seen = True
             if stop.kind is StopKind.SYSCALL:
                 self.syscall_stop(th)
-            resume(th.tid, self.pid, 0)
+            self.resume_request(th)(th.tid, self.pid, 0)
 
     def syscall_stop(self, th: Thread) -> None:
-        """At a syscall stop of a call: an entry the thread's seccomp filters
-        would not let run or fail harmlessly (they kill, raise SIGSYS, or
-        wake a supervisor) is skipped -- the kernel runs the filters after
-        this stop -- and the call sees -ENOSYS."""
+        """At a syscall stop of a call under a seccomp filter.  The call runs
+        under PTRACE_SYSEMU, so this is an entry whose syscall will not run
+        and which no filter has seen (kernel/entry/common.c
+        syscall_trace_enter: the ptrace report comes first, and under SYSEMU
+        it returns before __secure_computing).  One the thread's filters
+        would not let run or fail harmlessly (they kill, raise SIGSYS or
+        wake a supervisor) is left so: the call sees the -ENOSYS the entry
+        code put in rax.  Any other is made again: rip back over the
+        syscall instruction, resumed with PTRACE_SYSCALL through its entry
+        and exit stops, then on with PTRACE_SYSEMU.  (Resuming its entry
+        stop with SYSEMU at once, to save the exit stop, left the call
+        hanging on 6.18.)
+
+        Skipping with orig_rax = -1 under PTRACE_SYSCALL instead is not
+        safe: the filters then run on nr -1, and a filter that kills what
+        it does not know (a hand-written allowlist, as OpenSSH's sandbox;
+        libseccomp's let -1 through) kills the process (measured: audit
+        syscall=-1, SIGSYS)."""
+        if th.rerun_stops:
+            th.rerun_stops -= 1     # the made-again syscall's entry, then its exit
+            return
         entry = self.syscall_entry(th)
         if entry is None:
-            return      # an exit
+            return      # not a stop SYSEMU makes; nothing to judge
         if th.filters is None:
             th.filters = seccomp.read_filters(th.tid)
         try:
@@ -145,10 +170,11 @@ class Caller:
             # (the thread is inside the allocator's code): skip what could not be judged
             ok, why = False, f"the thread's seccomp filter could not be judged ({exc!r})"
         if ok:
+            regs = self.arch.get_regs(th.tid, self.pid)
+            self.arch.rerun_syscall(regs)
+            self.arch.set_regs(th.tid, self.pid, regs)
+            th.rerun_stops = 2
             return
-        regs = self.arch.get_regs(th.tid, self.pid)
-        self.arch.skip_syscall(regs)
-        self.arch.set_regs(th.tid, self.pid, regs)
         name = self.arch.SYSCALL_NAMES.get(entry.nr) if entry.arch == self.arch.AUDIT_ARCH \
             else None
         name = name or f"syscall {entry.nr} (audit arch {entry.arch:#x})"
@@ -239,14 +265,13 @@ class Caller:
         quarantine(self.pid, self.tracer.start, why)
         ptrace.interrupt(th.tid, self.pid)
         deadline = time.monotonic() + TRAP_WAIT_S
-        resume = ptrace.syscall if th.seccomp_filter else ptrace.cont
-        stop = self.tracer.next_stop(th, deadline, resume=resume)
+        stop = self.tracer.next_stop(th, deadline, resume=self.resume_request(th))
         while stop.kind is StopKind.SYSCALL:
             # a filtered call reached a syscall before the interrupt's stop:
             # judged like any other, then on to that stop
             self.syscall_stop(th)
-            resume(th.tid, self.pid, 0)
-            stop = self.tracer.next_stop(th, deadline, resume=resume)
+            self.resume_request(th)(th.tid, self.pid, 0)
+            stop = self.tracer.next_stop(th, deadline, resume=self.resume_request(th))
         if stop.kind is StopKind.TIMEOUT:
             orphan(th)
             raise RemoteCallError(why + " (the thread could not be stopped to "

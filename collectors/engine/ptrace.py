@@ -102,6 +102,12 @@ def syscall(tid: int, pid: int, sig: int = 0) -> None:
     _pt(abi.PTRACE_SYSCALL, tid, None, sig, pid, "PTRACE_SYSCALL")
 
 
+def sysemu(tid: int, pid: int, sig: int = 0) -> None:
+    """PTRACE_SYSEMU: resume, stopping at the next syscall entry; that
+    syscall is then not run, and no seccomp filter sees it."""
+    _pt(abi.PTRACE_SYSEMU, tid, None, sig, pid, "PTRACE_SYSEMU")
+
+
 def detach(tid: int, pid: int, sig: int = 0) -> None:
     _pt(abi.PTRACE_DETACH, tid, None, sig, pid, "PTRACE_DETACH")
 

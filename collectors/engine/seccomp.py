@@ -8,13 +8,22 @@ target, with no ptrace stop to undo (measured: ``allocdiag release`` of a
 glibc process whose filter returns ``SECCOMP_RET_KILL_PROCESS`` for
 ``madvise`` killed it with SIGSYS).
 
-So such a call is resumed with PTRACE_SYSCALL.  The kernel reports the
+So such a call is resumed with PTRACE_SYSEMU.  The kernel reports each
 syscall-entry stop *before* it runs the filter (kernel/entry/common.c
 ``syscall_trace_enter``: ptrace first, "Do seccomp after ptrace, to catch
-any tracer changes"); there the engine runs the thread's filters itself on
-the same ``struct seccomp_data`` (this module), and a syscall the filters
-would not let run or fail harmlessly is skipped (``orig_rax = -1``: it
-returns -ENOSYS, the filter never sees it).
+any tracer changes"), and under SYSEMU returns right after that stop: the
+syscall does not run and no filter sees it.  There the engine runs the
+thread's filters itself on the same ``struct seccomp_data`` (this module).
+A syscall the filters would let run or fail harmlessly is made again
+(``callframe.Caller.syscall_stop``: rip back over the syscall instruction,
+under PTRACE_SYSCALL); any other is left unmade, and the call sees the
+-ENOSYS the entry code put in rax.
+
+Skipping by ``orig_rax = -1`` at a PTRACE_SYSCALL stop, the usual ptrace
+way, is not safe here: the filters then run on nr -1, and one that kills
+what it does not know (a hand-written allowlist, as OpenSSH's sandbox)
+killed the target (measured: audit ``syscall=-1``, SIGSYS).  libseccomp's
+filters let -1 through for this reason; not every filter is libseccomp's.
 
 The filters are the classic BPF programs the kernel kept
 (PTRACE_SECCOMP_GET_FILTER, newest first); the instructions are the ones

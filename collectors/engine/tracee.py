@@ -116,7 +116,8 @@ class StopKind(enum.Enum):
     INTERRUPT = "interrupt"      # our PTRACE_INTERRUPT stop
     GROUP = "group"              # a group-stop (SIGSTOP & co, an event stop under SEIZE)
     EVENT = "event"              # another ptrace event stop
-    SYSCALL = "syscall"          # a syscall entry or exit (a call resumed with PTRACE_SYSCALL)
+    SYSCALL = "syscall"          # a syscall entry or exit (a call resumed with PTRACE_SYSEMU
+                                 # or PTRACE_SYSCALL)
     RETURN_TRAP = "return-trap"  # the SIGSEGV of a call returning to address 0
     FAULT = "fault"              # a synchronous signal the thread raised itself (crash)
     SIGNAL = "signal"            # any other signal-delivery-stop (asynchronous signal)
@@ -214,8 +215,11 @@ class Thread:
     orphaned: bool = False
     group_stop_seen: bool = False
     # under a seccomp filter (or its mode unknown): calls resume with
-    # PTRACE_SYSCALL and each syscall is judged (collectors.engine.seccomp)
+    # PTRACE_SYSEMU and each syscall is judged (collectors.engine.seccomp)
     seccomp_filter: bool = False
+    # a judged syscall being made again (Caller.syscall_stop): its entry
+    # and exit stops are still to come (2, 1), or none is (0)
+    rerun_stops: int = 0
     filters: list[bytes] | str | None = None     # seccomp.read_filters, read at the first syscall
     verdict: Verdict = field(default_factory=Verdict)
     frame: FrameState = field(default_factory=FrameState)
@@ -485,7 +489,7 @@ class Tracer:
         """The next stop of the tracee (``classify_stop``), or a TIMEOUT stop.
 
         With ABSORB, EVENT stops are resumed (with RESUME: the caller's way
-        of resuming, PTRACE_CONT or PTRACE_SYSCALL) and SIGNAL stops are
+        of resuming, PTRACE_CONT, PTRACE_SYSEMU or PTRACE_SYSCALL) and SIGNAL stops are
         collected into ``th.held`` (suppressed now, re-delivered with their
         siginfo at the release) and resumed, so the caller sees only the
         other kinds.  The one place that reads tracee stops."""
@@ -561,8 +565,8 @@ class Tracer:
         th.verdict.kind = kind
         try:
             # TRACESYSGOOD: the syscall stops of a call resumed with
-            # PTRACE_SYSCALL (a thread under a seccomp filter) are told
-            # from a SIGTRAP; without PTRACE_SYSCALL there are none
+            # PTRACE_SYSEMU (a thread under a seccomp filter) are told
+            # from a SIGTRAP; without it there are none
             ptrace.seize(tid, self.pid, abi.PTRACE_O_TRACESYSGOOD)
         except AccessDenied:
             f: dict[str, str] = {}

@@ -55,6 +55,27 @@ static void one(unsigned action, int nr) {
     install(f, sizeof f / sizeof f[0]);
 }
 
+static void allowlist(void) {
+    static const int allowed[] = {
+        SYS_read, SYS_write, SYS_exit, SYS_exit_group, SYS_rt_sigreturn,
+        SYS_rt_sigprocmask, SYS_brk, SYS_mmap, SYS_munmap, SYS_futex, SYS_fstat,
+        SYS_newfstatat,      /* stdio's first printf */
+    };
+    enum { N = sizeof allowed / sizeof allowed[0] };
+    struct sock_filter f[4 + 2 * N + 1];
+    int i = 0;
+    f[i++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, DATA(arch));
+    f[i++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0);
+    f[i++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+    f[i++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, DATA(nr));
+    for (int k = 0; k < N; k++) {
+        f[i++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, allowed[k], 0, 1);
+        f[i++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+    }
+    f[i++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+    install(f, (unsigned short)i);
+}
+
 static void oracle(void) {
     /* older: DONTNEED -> ERRNO(11); more than 16 pages -> ERRNO(22) */
     struct sock_filter a[] = {
@@ -125,6 +146,8 @@ int main(int argc, char **argv) {
         }
     } else if (!strcmp(what, "kill")) {
         one(SECCOMP_RET_KILL_PROCESS, nr);
+    } else if (!strcmp(what, "allowlist")) {
+        allowlist();
     } else if (!strcmp(what, "trap")) {
         one(SECCOMP_RET_TRAP, nr);
     } else if (!strcmp(what, "errno")) {
