@@ -718,7 +718,6 @@ def test_churning_target_soak(alloc, borrows):
 @pytest.mark.parametrize("alloc", ["glibc", "jemalloc"])
 def test_all_threads_busy_is_refused(alloc):
     with start([churn_bin(), "3", "0"], allocator=alloc) as t:
-        a = parse_ready(t.ready)
         rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES),
                            deadline_s=0.5)
         entered = False

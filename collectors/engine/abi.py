@@ -27,6 +27,7 @@ PTRACE_GETSIGMASK = 0x420A
 PTRACE_SETSIGMASK = 0x420B
 PTRACE_SECCOMP_GET_FILTER = 0x420C   # needs CAP_SYS_ADMIN and a tracer not under seccomp
 PTRACE_GET_SYSCALL_INFO = 0x420E     # Linux 5.3
+PTRACE_GET_RSEQ_CONFIGURATION = 0x420F   # Linux 5.13
 
 # PTRACE_SEIZE options: syscall stops report SIGTRAP | 0x80 (and so
 # PTRACE_GET_SYSCALL_INFO can tell an entry from an exit)

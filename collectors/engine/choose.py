@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collectors.binary import unwind
-from collectors.engine import abi, memory, ptrace, safepoints, stackbounds
+from collectors.engine import abi, memory, ptrace, rseq, safepoints, stackbounds
 from collectors.engine.arch import Arch
 from collectors.engine.safepoints import Reason, Refusal, refusal
 from collectors.engine.tracee import At, Thread, Tracer, read_bytes
@@ -130,6 +130,7 @@ class Chooser:
         # tid -> (pc, sp) a look-ahead walk judged before the stop (prepare)
         self.looked_ahead: dict[int, tuple[int, int]] = {}
         self.filtered: set[int] = set()     # threads whose calls' syscalls are judged
+        self.rseq_areas: dict[int, int | None] = {}   # tid -> its struct rseq (rseq_section)
         self.judge_stack: safepoints.StackJudge | None = None   # built for a futex wait
         self._judge_maps: bytes | None = None   # the maps it was built from
 
@@ -143,6 +144,7 @@ class Chooser:
         self.insn_before = {}
         self.looked_ahead = {}
         self.filtered = set()
+        self.rseq_areas = {}
 
     def need(self) -> int:
         """Bytes a call needs below the red zone: the engine's frame budget
@@ -533,6 +535,10 @@ class Chooser:
         where = self.in_forbidden(self.arch.pc(th.regs))
         if where:
             return refusal(Reason.RUNNING_INSIDE, where=where)
+        section = self.rseq_section(th)
+        if section:
+            return refusal(Reason.RUNNING_RSEQ, start=section.start_ip,
+                           length=section.post_commit_offset)
         # Two checks, both must pass: a CFI walk finds allocator frames at
         # any depth (and refuses signal frames: a handler may have
         # interrupted malloc), and the scan of the stack top refuses any
@@ -552,6 +558,16 @@ class Chooser:
         v.kind = "running"
         v.category = safepoints.RUNNING
         return None
+
+    def rseq_section(self, th: Thread) -> rseq.CriticalSection | None:
+        """The rseq critical section stopped TH is inside, if any (its
+        registration read once per thread; none known before Linux 5.13)."""
+        if th.tid not in self.rseq_areas:
+            self.rseq_areas[th.tid] = rseq.registered_area(th.tid, self.pid)
+        area = self.rseq_areas[th.tid]
+        if not area:
+            return None
+        return rseq.section_at(self.pid, area, self.arch.pc(th.regs))
 
     def fit(self, th: Thread, thread_only: bool = False) -> Refusal | None:
         """None when the stopped thread's own stack mapping has room for

@@ -173,6 +173,19 @@ def get_syscall_info(tid: int, pid: int) -> bytes:
     return buf.raw[:min(n, SYSCALL_INFO_SIZE)]
 
 
+RSEQ_CONFIGURATION_SIZE = 24   # sizeof(struct ptrace_rseq_configuration), linux/ptrace.h
+
+
+def get_rseq_configuration(tid: int, pid: int) -> bytes:
+    """PTRACE_GET_RSEQ_CONFIGURATION: the raw struct
+    ptrace_rseq_configuration of ptrace-stopped TID (collectors.engine.rseq
+    decodes it).  A kernel before 5.13 refuses it (EIO): RemoteCallError."""
+    buf = ctypes.create_string_buffer(RSEQ_CONFIGURATION_SIZE)
+    n = _pt(abi.PTRACE_GET_RSEQ_CONFIGURATION, tid, RSEQ_CONFIGURATION_SIZE,
+            ctypes.addressof(buf), pid, "PTRACE_GET_RSEQ_CONFIGURATION")
+    return buf.raw[:min(n, RSEQ_CONFIGURATION_SIZE)]
+
+
 def seccomp_filter(tid: int, index: int) -> bytes | None:
     """PTRACE_SECCOMP_GET_FILTER: the cBPF program (8-byte sock_filter
     instructions) of the INDEX-th filter of ptrace-stopped TID (0: the

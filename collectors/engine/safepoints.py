@@ -65,6 +65,7 @@ class Reason(enum.Enum):
     RUNNING_UNPROVABLE = "running-unprovable"
     RUNNING_CALLED_FROM = "running-called-from"
     RUNNING_RETURN_ADDRESS = "running-return-address"
+    RUNNING_RSEQ = "running-rseq"               # inside a restartable sequence (engine.rseq)
     UNINTERRUPTIBLE = "uninterruptible"
     EXITED = "exited"
     STOPPED = "stopped"
@@ -98,6 +99,8 @@ REASON_TEXT: Mapping[Reason, str] = {
     Reason.RUNNING_UNPROVABLE: "running: stack not provable ({error})",
     Reason.RUNNING_CALLED_FROM: "running: called from {where}",
     Reason.RUNNING_RETURN_ADDRESS: "running: return address into {where} at sp+{offset:#x}",
+    Reason.RUNNING_RSEQ: "running inside a restartable sequence (rseq critical section at "
+                         "{start:#x}, {length} bytes): a call would cancel its abort",
     Reason.UNINTERRUPTIBLE: "uninterruptible sleep (disk or kernel wait)",
     Reason.EXITED: "exited",
     Reason.STOPPED: "stopped",
@@ -133,7 +136,8 @@ PERMANENT_REASONS = frozenset({Reason.SECCOMP_STRICT})
 # when every thread is one, the process is busy inside allocator or libc.
 BUSY_REASONS = frozenset({
     Reason.BUSY_SYSCALL, Reason.RUNNING_UNJUDGED, Reason.RUNNING_INSIDE,
-    Reason.RUNNING_UNPROVABLE, Reason.RUNNING_CALLED_FROM, Reason.RUNNING_RETURN_ADDRESS})
+    Reason.RUNNING_UNPROVABLE, Reason.RUNNING_CALLED_FROM, Reason.RUNNING_RETURN_ADDRESS,
+    Reason.RUNNING_RSEQ})
 RUNNING_SUBJECT = "running"
 
 
