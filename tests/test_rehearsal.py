@@ -5,6 +5,7 @@ warm caches (bench/pause.py --snapshots shows the gain).  Here: that it
 happens, that it never touches the target, that it leaves the understudy as
 it was, that it ends with allocdiag, and that without it stops still work."""
 
+import itertools
 import os
 import signal
 import subprocess
@@ -39,6 +40,7 @@ def syscall_line(pid):
 @pytest.fixture(autouse=True)
 def fresh_understudy(monkeypatch):
     monkeypatch.delenv(rehearsal.ENV_OFF, raising=False)
+    monkeypatch.delenv(rehearsal.ENV_NO_WARM_UP, raising=False)
     # a CPU is free (on a busy CI box it may not be; that case has its test)
     monkeypatch.setattr(Tracer, "free_cpu", lambda self: True)
     rehearsal.reset()
@@ -72,6 +74,36 @@ def test_each_stop_is_rehearsed_on_the_understudy_which_is_left_as_it_was(idle):
     assert rehearsal.reset() == 0
 
 
+def test_a_process_warms_up_on_the_understudy_before_its_first_stop_only(idle):
+    """Ten whole borrows of the understudy (RemoteProcess.borrow, the judge,
+    scratch, a call, a buffer read back) before this process's first stop,
+    none before the later ones; the target is never borrowed for it, and
+    the understudy is left as it was."""
+    rp = RemoteProcess(idle.pid)
+    with rp.borrow():
+        assert rehearsal.warm_up_borrows() == rehearsal.WARM_UP_BORROWS
+    pid = rehearsal.understudy_pid()
+    for _ in range(3):
+        with rp.borrow():
+            pass
+    assert rehearsal.warm_up_borrows() == rehearsal.WARM_UP_BORROWS
+    assert rp.stats["borrows"] == 4               # the target's own stops only
+    st = status(pid)
+    assert st["TracerPid"] == "0" and st["State"].startswith("S")
+    assert rehearsal.reset() == 0
+
+
+@pytest.mark.parametrize("why", ["no free cpu", "switched off"])
+def test_no_warm_up_without_a_free_cpu_or_when_switched_off(idle, monkeypatch, why):
+    if why == "no free cpu":
+        monkeypatch.setattr(Tracer, "free_cpu", lambda self: False)
+    else:
+        monkeypatch.setenv(rehearsal.ENV_NO_WARM_UP, "1")
+    with RemoteProcess(idle.pid).borrow():
+        pass
+    assert rehearsal.warm_up_borrows() == 0
+
+
 def test_no_rehearsal_when_no_cpu_is_free(idle, monkeypatch):
     # on a saturated host allocdiag's own CPU is what the host pays: the
     # stop then goes unrehearsed (and SCHED_FIFO shortens it instead), and
@@ -94,7 +126,8 @@ def test_a_rehearsed_stop_keeps_the_free_cpu_the_rehearsal_saw(idle, monkeypatch
     # every new CLI run): the stop must keep the answer read with the
     # understudy blocked, not boost the target with SCHED_FIFO.
     from collectors.engine import remote
-    answers = iter([True] + [False] * 10)
+    # (the warm-up's own borrows of the understudy ask too: False)
+    answers = itertools.chain([True], itertools.repeat(False))
     monkeypatch.setattr(Tracer, "free_cpu", lambda self: next(answers))
     boosted = []
     monkeypatch.setattr(remote, "boost", lambda tid: boosted.append(tid))

@@ -61,6 +61,19 @@ READ_BACK = 4096
 # How long the first rehearsal waits for a new understudy to block in its
 # read (exec and start-up of cat: ~1-2 ms).
 START_WAIT_S = 0.05
+# The warm-up before a process's first stop.  That stop ran 50-100 us
+# longer than the process's later ones at the same idle, every segment of
+# it ~1.4x slower (bench/README.md, 2026-11-27), and more rehearsals did not
+# help (30 instead of 1: 290 against 296 us); ten whole borrows of the
+# understudy did (tcmalloc 258-291 us against 306-313, alternated; three or
+# five: nothing), as ten snapshots of another process did.  It is the code
+# around the stop that rehearsals do not run -- RemoteProcess.borrow, the
+# judge, the Call methods -- and ten is what CPython 3.11 asks before it
+# specialises a function's bytecode (it quickens a code object after 8
+# runs).  ~11 ms of allocdiag's CPU, once per allocdiag process.
+WARM_UP_BORROWS = 10
+WARM_UP_BUFFER = 16 * 1024
+ENV_NO_WARM_UP = "ALLOCDIAG_NO_WARM_UP"      # bench comparisons
 
 
 class Understudy:
@@ -136,6 +149,8 @@ class Understudy:
 _lock = threading.Lock()
 _understudy: Understudy | None = None
 _broken: str | None = None
+_warmed: int | None = None     # the pid of the allocdiag process that warmed up
+_warm_up_borrows = 0           # borrows the warm-up made (tests)
 
 
 def enabled() -> bool:
@@ -169,7 +184,8 @@ def prepare(arch: Arch) -> None:
 
 def rehearse(arch: Arch, worth_it: Callable[[], bool] | None = None) -> bool | None:
     """Run one rehearsal now, if WORTH_IT() (asked once the understudy is
-    blocked in its read, so it does not count itself).  What WORTH_IT said,
+    blocked in its read, so it does not count itself); before this
+    process's first, the warm-up (WARM_UP_BORROWS).  What WORTH_IT said,
     so the caller need not ask again: True (it ran), False (not worth it);
     None when it was not asked (rehearsals off or broken, another thread of
     this process rehearsing, the understudy not ready)."""
@@ -184,6 +200,8 @@ def rehearse(arch: Arch, worth_it: Callable[[], bool] | None = None) -> bool | N
             return None
         if worth_it is not None and not worth_it():
             return False
+        if _warmed != os.getpid():
+            _warm_up(understudy)
         understudy.rehearse()
         understudy.rehearsals += 1
         return True
@@ -193,6 +211,33 @@ def rehearse(arch: Arch, worth_it: Callable[[], bool] | None = None) -> bool | N
         return None
     finally:
         _lock.release()
+
+
+def _warm_up(understudy: Understudy) -> None:
+    """Before this process's first stop: WARM_UP_BORROWS borrows of the
+    understudy through the whole borrow path, each writing scratch, calling
+    (address 0: the return trap at once) and reading a buffer back.  A
+    failure only ends the warm-up: the rehearsal and the stop go on."""
+    global _warmed, _warm_up_borrows
+    _warmed = os.getpid()
+    if os.environ.get(ENV_NO_WARM_UP, "") not in ("", "0"):
+        return
+    # here, not at the top: collectors.engine.remote imports this module.
+    # Its borrows find the lock held: they are not rehearsed themselves.
+    from collectors.engine.remote import RemoteProcess
+    try:
+        rp = RemoteProcess(understudy.pid, procfs=understudy.procfs, deadline_s=WAIT_S,
+                           boost=False)
+        for _ in range(WARM_UP_BORROWS):
+            with rp.borrow() as c:
+                buf = c.buffer(WARM_UP_BUFFER)
+                at = c.scratch(len(PROGRAM) + 1)
+                c.write(at, PROGRAM.encode() + b"\0")
+                c.call(0)
+                c.read(buf, READ_BACK)
+            _warm_up_borrows += 1
+    except (AllocdiagError, OSError, Skip) as e:
+        log.debug("warm-up ended: %s", e)
 
 
 def understudy_pid() -> int | None:
@@ -210,10 +255,16 @@ def rehearsals() -> int:
     return _understudy.rehearsals if _understudy is not None else 0
 
 
+def warm_up_borrows() -> int:
+    """Borrows of the understudy the warm-up made (tests)."""
+    return _warm_up_borrows
+
+
 def reset() -> int | None:
-    """End the understudy (its exit status) and forget a breakage (tests)."""
-    global _understudy, _broken
+    """End the understudy (its exit status), forget a breakage and the
+    warm-up (tests)."""
+    global _understudy, _broken, _warmed, _warm_up_borrows
     with _lock:
         status = _understudy.close() if _understudy is not None else None
-        _understudy, _broken = None, None
+        _understudy, _broken, _warmed, _warm_up_borrows = None, None, None, 0
     return status

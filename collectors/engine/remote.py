@@ -278,7 +278,8 @@ class RemoteProcess:
                     continue
                 giveway.give_way()
                 # the same requests and code on allocdiag's own understudy
-                # just before the stop, so it runs on warm caches
+                # just before the stop, so it runs on warm caches (and, before
+                # this process's first stop, the whole borrow path ten times)
                 rehearsed = rehearsal.rehearse(self.arch, self._tracer.free_cpu)
                 if not ch.still_asleep(c):
                     # an epoll waiter that ran meanwhile: when it went to
