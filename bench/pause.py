@@ -320,7 +320,7 @@ def snapshot_table(allocator, reps):
     exporter; with and without the rehearsal), taken in turn, and the
     in-process cost of the same calls."""
     exe = build_c(os.path.join(HERE, "pause_target.c"), "-lpthread", "-ldl", name="pause_target")
-    out = {k: [] for k in ("first", "kept", "repeat", "unrehearsed", "hot")}
+    out = {k: [] for k in ("first", "unwarmed", "kept", "repeat", "unrehearsed", "hot")}
     with tempfile.NamedTemporaryFile(prefix="allocdiag-gaps-") as gf:
         gf.write(b"\0" * 4096)
         gf.flush()
@@ -328,8 +328,17 @@ def snapshot_table(allocator, reps):
                    timeout=120) as t:
             snapshot.take(t.pid)
             for _ in range(reps):
+                # the two new-process rows alike: a second's idle, nothing kept
                 forget_kept()
+                time.sleep(RECORD_INTERVAL_S)
                 out["first"].append(fresh_stop_us(t.pid))
+                forget_kept()
+                time.sleep(RECORD_INTERVAL_S)
+                os.environ[rehearsal.ENV_NO_WARM_UP] = "1"
+                try:
+                    out["unwarmed"].append(fresh_stop_us(t.pid))
+                finally:
+                    del os.environ[rehearsal.ENV_NO_WARM_UP]
                 out["kept"].append(fresh_stop_us(t.pid))
                 # the target idles as long as under `record --interval 1`
                 # before each of this process's stops (right after the CLI
@@ -363,6 +372,7 @@ def print_snapshots(allocators_, reps):
     for allocator in allocators_:
         s, inproc = snapshot_table(allocator, reps)
         rows = (("first", "new allocdiag process, nothing kept", "now"),
+                ("unwarmed", "the same without the warm-up", "now"),
                 ("kept", "new process, values kept < 10 s", "repeat"),
                 ("repeat", "one allocdiag process (record, 1 s)", "repeat"),
                 ("unrehearsed", "the same without the rehearsal", "repeat"),

@@ -38,6 +38,8 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from collectors.engine import memory
 from collectors.engine.arch import Arch
@@ -182,10 +184,12 @@ def prepare(arch: Arch) -> None:
         _lock.release()
 
 
-def rehearse(arch: Arch, worth_it: Callable[[], bool] | None = None) -> bool | None:
+def rehearse(arch: Arch, worth_it: Callable[[], bool] | None = None,
+             warm_up: Callable[[int, str], Borrower] | None = None) -> bool | None:
     """Run one rehearsal now, if WORTH_IT() (asked once the understudy is
     blocked in its read, so it does not count itself); before this
-    process's first, the warm-up (WARM_UP_BORROWS).  What WORTH_IT said,
+    process's first, the warm-up: WARM_UP_BORROWS borrows of the
+    understudy by WARM_UP(pid, procfs), a RemoteProcess.  What WORTH_IT said,
     so the caller need not ask again: True (it ran), False (not worth it);
     None when it was not asked (rehearsals off or broken, another thread of
     this process rehearsing, the understudy not ready)."""
@@ -200,8 +204,8 @@ def rehearse(arch: Arch, worth_it: Callable[[], bool] | None = None) -> bool | N
             return None
         if worth_it is not None and not worth_it():
             return False
-        if _warmed != os.getpid():
-            _warm_up(understudy)
+        if _warmed != os.getpid() and warm_up is not None:
+            _warm_up(understudy, warm_up)
         understudy.rehearse()
         understudy.rehearsals += 1
         return True
@@ -213,7 +217,11 @@ def rehearse(arch: Arch, worth_it: Callable[[], bool] | None = None) -> bool | N
         _lock.release()
 
 
-def _warm_up(understudy: Understudy) -> None:
+class Borrower(Protocol):
+    def borrow(self) -> AbstractContextManager[Any]: ...
+
+
+def _warm_up(understudy: Understudy, make: Callable[[int, str], Borrower]) -> None:
     """Before this process's first stop: WARM_UP_BORROWS borrows of the
     understudy through the whole borrow path, each writing scratch, calling
     (address 0: the return trap at once) and reading a buffer back.  A
@@ -222,12 +230,10 @@ def _warm_up(understudy: Understudy) -> None:
     _warmed = os.getpid()
     if os.environ.get(ENV_NO_WARM_UP, "") not in ("", "0"):
         return
-    # here, not at the top: collectors.engine.remote imports this module.
-    # Its borrows find the lock held: they are not rehearsed themselves.
-    from collectors.engine.remote import RemoteProcess
+    # MAKE is collectors.engine.remote's (which imports this module); its
+    # borrows find the lock held: they are not rehearsed themselves
     try:
-        rp = RemoteProcess(understudy.pid, procfs=understudy.procfs, deadline_s=WAIT_S,
-                           boost=False)
+        rp = make(understudy.pid, understudy.procfs)
         for _ in range(WARM_UP_BORROWS):
             with rp.borrow() as c:
                 buf = c.buffer(WARM_UP_BUFFER)

@@ -280,7 +280,8 @@ class RemoteProcess:
                 # the same requests and code on allocdiag's own understudy
                 # just before the stop, so it runs on warm caches (and, before
                 # this process's first stop, the whole borrow path ten times)
-                rehearsed = rehearsal.rehearse(self.arch, self._tracer.free_cpu)
+                rehearsed = rehearsal.rehearse(self.arch, self._tracer.free_cpu,
+                                               understudy_process)
                 if not ch.still_asleep(c):
                     # an epoll waiter that ran meanwhile: when it went to
                     # sleep is no longer known; the next round reads it again
@@ -385,3 +386,12 @@ class RemoteProcess:
                 self._unblock(old)
                 if slack is not None:
                     ptrace.set_timerslack_ns(slack)
+
+
+def understudy_process(pid: int, procfs: str) -> RemoteProcess:
+    """The rehearsal's understudy as a RemoteProcess, for the warm-up
+    before a process's first stop (rehearsal.rehearse): never boosted, and
+    no INFO line per borrow (``-v`` shows the target's stops only)."""
+    rp = RemoteProcess(pid, procfs=procfs, deadline_s=rehearsal.WAIT_S, boost=False)
+    rp._caller.quiet = True
+    return rp
