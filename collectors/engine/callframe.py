@@ -114,6 +114,9 @@ class Caller:
         registers at the trap, or None at DEADLINE (thread still running).
         A thread under a seccomp filter is resumed with PTRACE_SYSEMU
         instead, and each syscall of the call judged at its entry."""
+        # a call never starts inside another's made-again syscall (one that
+        # timed out or crashed may have left it counting)
+        th.rerun_stops = 0
         self.resume_request(th)(th.tid, self.pid, 0)
         th.at = None
         while True:
