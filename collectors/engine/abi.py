@@ -118,3 +118,26 @@ ALL_BLOCKABLE = ((1 << SIGSET_BITS) - 1) & ~(sigbit(signal.SIGKILL) | sigbit(sig
 # include/uapi/asm-generic/unistd.h for aarch64): ptrace.py needs it before
 # any arch module is chosen.
 SYS_TGKILL = {"x86_64": 234, "aarch64": 131}
+
+# ---- siginfo si_code names (include/uapi/asm-generic/siginfo.h) ----------------------
+# for the messages of a call that crashed: (signo, si_code) -> name
+SI_CODE_NAMES: dict[tuple[int, int], str] = {
+    (signal.SIGSEGV, 1): "SEGV_MAPERR", (signal.SIGSEGV, 2): "SEGV_ACCERR",
+    (signal.SIGSEGV, 3): "SEGV_BNDERR", (signal.SIGSEGV, 4): "SEGV_PKUERR",
+    (signal.SIGSEGV, 10): "SEGV_CPERR",
+    (signal.SIGBUS, 1): "BUS_ADRALN", (signal.SIGBUS, 2): "BUS_ADRERR",
+    (signal.SIGBUS, 3): "BUS_OBJERR", (signal.SIGBUS, 4): "BUS_MCEERR_AR",
+    (signal.SIGBUS, 5): "BUS_MCEERR_AO",
+    (signal.SIGILL, 1): "ILL_ILLOPC", (signal.SIGILL, 2): "ILL_ILLOPN",
+    (signal.SIGILL, 3): "ILL_ILLADR", (signal.SIGILL, 4): "ILL_ILLTRP",
+    (signal.SIGILL, 5): "ILL_PRVOPC", (signal.SIGILL, 6): "ILL_PRVREG",
+    (signal.SIGILL, 7): "ILL_COPROC", (signal.SIGILL, 8): "ILL_BADSTK",
+    (signal.SIGFPE, 1): "FPE_INTDIV", (signal.SIGFPE, 2): "FPE_INTOVF",
+    (signal.SIGFPE, 3): "FPE_FLTDIV", (signal.SIGFPE, 4): "FPE_FLTOVF",
+    (signal.SIGFPE, 5): "FPE_FLTUND", (signal.SIGFPE, 6): "FPE_FLTRES",
+    (signal.SIGFPE, 7): "FPE_FLTINV", (signal.SIGFPE, 8): "FPE_FLTSUB",
+    (signal.SIGSYS, 1): "SYS_SECCOMP", (signal.SIGSYS, 2): "SYS_USER_DISPATCH",
+}
+SYS_SECCOMP = 1
+SYS_USER_DISPATCH = 2
+SEGV_CPERR = 10

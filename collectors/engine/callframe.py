@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from collectors.engine import abi, memory, ptrace, safepoints, seccomp
 from collectors.engine.arch import Arch, Regs
 from collectors.engine.choose import TIMESPEC, NS_PER_MS, NS_PER_S, kib
-from collectors.engine.tracee import (At, SigInfo, StopKind, Thread, Tracer, orphan,
-                                      quarantine, signame)
+from collectors.engine.tracee import (CRASH_HINTS, At, SigInfo, StopKind, Thread, Tracer,
+                                      codename, orphan, quarantine, signame)
 from diag.model.errors import NoSuchProcess, RemoteCallError
 
 log = logging.getLogger("collectors.engine")
@@ -223,9 +223,11 @@ class Caller:
         try:
             regs = self.resume_until_trap(th, t0 + timeout)
         except Crash as c:
+            hint = CRASH_HINTS.get((c.si.signo, c.si.code))
             why = (f"the call to {func:#x} on thread {th.tid} crashed with "
-                   f"{signame(c.si.signo)} (code {c.si.code}, address {c.si.addr:#x}, "
-                   f"pc {self.arch.pc(c.regs):#x}); the thread was restored")
+                   f"{signame(c.si.signo)} ({codename(c.si.signo, c.si.code)}, address "
+                   f"{c.si.addr:#x}, pc {self.arch.pc(c.regs):#x})"
+                   f"{': ' + hint if hint else ''}; the thread was restored")
             quarantine(self.pid, self.tracer.start, why)
             raise RemoteCallError(why + "; process quarantined", pid=self.pid) from None
         if regs is None:

@@ -61,6 +61,25 @@ def signame(sig: int) -> str:
         return f"SIG{sig}"
 
 
+def codename(signo: int, code: int) -> str:
+    """The si_code's name for SIGNO (SEGV_MAPERR ...), or "code N"."""
+    return abi.SI_CODE_NAMES.get((signo, code), f"code {code}")
+
+
+# What a call's crash says about the thread, where its si_code tells.
+CRASH_HINTS: dict[tuple[int, int], str] = {
+    (signal.SIGSYS, abi.SYS_USER_DISPATCH):
+        "the thread runs under syscall user dispatch (PR_SET_SYSCALL_USER_DISPATCH, as "
+        "Wine does), which turned a syscall of the call into SIGSYS; it was not delivered",
+    (signal.SIGSYS, abi.SYS_SECCOMP):
+        "the thread's seccomp filter answered a syscall of the call with SECCOMP_RET_TRAP; "
+        "the SIGSYS was not delivered",
+    (signal.SIGSEGV, abi.SEGV_CPERR):
+        "a control-protection fault: the thread has a shadow stack (CET), which a call "
+        "made from outside cannot return through",
+}
+
+
 class SigInfo:
     """A kernel siginfo_t (raw 128 bytes kept for re-injection)."""
 
