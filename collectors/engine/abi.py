@@ -93,6 +93,16 @@ NO_FD = -1                   # mmap's fd for an anonymous mapping
 PAGE_SIZE = 4096             # x86-64 base page (arch/x86/include/asm/page_types.h)
 MAX_ERRNO = 4095             # include/linux/err.h: -4095..-1 are errors
 U64_MASK = (1 << 64) - 1
+U32_MASK = (1 << 32) - 1
+U32_SIGN = 1 << 31
+
+
+def signed32(v: int) -> int:
+    """The low 32 bits of V as a C int (a syscall argument register holding
+    an int in its low half; seccomp_data.nr; a seccomp action compared as
+    the kernel's s32)."""
+    v &= U32_MASK
+    return v - (1 << 32) if v & U32_SIGN else v
 MAP_FAILED_MIN = (1 << 64) - PAGE_SIZE   # mmap returns -errno (as unsigned) on failure
 
 # ---- signals ------------------------------------------------------------------
@@ -120,11 +130,14 @@ ALL_BLOCKABLE = ((1 << SIGSET_BITS) - 1) & ~(sigbit(signal.SIGKILL) | sigbit(sig
 SYS_TGKILL = {"x86_64": 234, "aarch64": 131}
 
 # ---- siginfo si_code names (include/uapi/asm-generic/siginfo.h) ----------------------
+SYS_SECCOMP = 1
+SYS_USER_DISPATCH = 2
+SEGV_CPERR = 10
 # for the messages of a call that crashed: (signo, si_code) -> name
 SI_CODE_NAMES: dict[tuple[int, int], str] = {
     (signal.SIGSEGV, 1): "SEGV_MAPERR", (signal.SIGSEGV, 2): "SEGV_ACCERR",
     (signal.SIGSEGV, 3): "SEGV_BNDERR", (signal.SIGSEGV, 4): "SEGV_PKUERR",
-    (signal.SIGSEGV, 10): "SEGV_CPERR",
+    (signal.SIGSEGV, SEGV_CPERR): "SEGV_CPERR",
     (signal.SIGBUS, 1): "BUS_ADRALN", (signal.SIGBUS, 2): "BUS_ADRERR",
     (signal.SIGBUS, 3): "BUS_OBJERR", (signal.SIGBUS, 4): "BUS_MCEERR_AR",
     (signal.SIGBUS, 5): "BUS_MCEERR_AO",
@@ -136,8 +149,6 @@ SI_CODE_NAMES: dict[tuple[int, int], str] = {
     (signal.SIGFPE, 3): "FPE_FLTDIV", (signal.SIGFPE, 4): "FPE_FLTOVF",
     (signal.SIGFPE, 5): "FPE_FLTUND", (signal.SIGFPE, 6): "FPE_FLTRES",
     (signal.SIGFPE, 7): "FPE_FLTINV", (signal.SIGFPE, 8): "FPE_FLTSUB",
-    (signal.SIGSYS, 1): "SYS_SECCOMP", (signal.SIGSYS, 2): "SYS_USER_DISPATCH",
+    (signal.SIGSYS, SYS_SECCOMP): "SYS_SECCOMP",
+    (signal.SIGSYS, SYS_USER_DISPATCH): "SYS_USER_DISPATCH",
 }
-SYS_SECCOMP = 1
-SYS_USER_DISPATCH = 2
-SEGV_CPERR = 10

@@ -53,17 +53,6 @@ def kib(n: int) -> str:
     return f"{n / 1024:.0f} KiB" if n >= 1024 else f"{n} bytes"
 
 
-U32_MASK = (1 << 32) - 1
-U32_SIGN = 1 << 31
-
-
-def signed32(v: int) -> int:
-    """The low 32 bits of V as a C int (a syscall argument register holds
-    an int in its low half)."""
-    v &= U32_MASK
-    return v - (1 << 32) if v & U32_SIGN else v
-
-
 def exec_start(sched: bytes) -> float | None:
     """se.exec_start (ms, the task's scheduler clock) from /proc/.../sched."""
     for line in sched.splitlines():
@@ -627,7 +616,7 @@ class Chooser:
         nr, _ = self.arch.syscall_state(regs)
         args = self.arch.syscall_args(regs)
         if nr in safepoints.TIMEOUT_MS_ARG:
-            ms = signed32(args[safepoints.TIMEOUT_MS_ARG[nr]])
+            ms = abi.signed32(args[safepoints.TIMEOUT_MS_ARG[nr]])
             return ms * NS_PER_MS if ms > 0 else None
         if nr in safepoints.TIMESPEC_ARG:
             ptr = args[safepoints.TIMESPEC_ARG[nr]]

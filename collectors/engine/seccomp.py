@@ -84,8 +84,6 @@ BPF_TAX, BPF_TXA = 0x00, 0x80
 BPF_MEMWORDS = 16
 BPF_MAXINSNS = 4096
 
-U32 = 0xFFFFFFFF
-U64 = (1 << 64) - 1
 
 # struct seccomp_data {int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6];}
 SECCOMP_DATA = struct.Struct("<iIQ6Q")
@@ -129,8 +127,9 @@ class SyscallEntry:
     def seccomp_data(self) -> bytes:
         """The struct seccomp_data the kernel gives the filters for it (its
         nr an int: syscall_get_nr() truncates orig_rax to 32 bits)."""
-        return SECCOMP_DATA.pack(_signed(self.nr & U32), self.arch & U32, self.instruction_pointer & U64,
-                                 *(a & U64 for a in self.args))
+        return SECCOMP_DATA.pack(abi.signed32(self.nr), self.arch & abi.U32_MASK,
+                                 self.instruction_pointer & abi.U64_MASK,
+                                 *(a & abi.U64_MASK for a in self.args))
 
 
 def syscall_entry(raw: bytes) -> SyscallEntry | None:
@@ -194,7 +193,7 @@ def run(prog: bytes, data: bytes) -> int:
         elif cls == BPF_ALU:
             op = code & 0xF0
             if op == BPF_NEG:
-                a = -a & U32
+                a = -a & abi.U32_MASK
                 continue
             b = x if code & BPF_X else k
             if op == BPF_DIV:
@@ -202,7 +201,7 @@ def run(prog: bytes, data: bytes) -> int:
                     return 0        # classic BPF: division by zero ends the program with 0
                 a = a // b
             elif op in _ALU:
-                a = _ALU[op](a, b) & U32
+                a = _ALU[op](a, b) & abi.U32_MASK
             else:
                 raise MalformedFilter(f"ALU {code:#x} at {pc - 1}")
         elif cls == BPF_JMP:
@@ -234,7 +233,7 @@ def action(filters: list[bytes], data: bytes) -> int:
     ret = SECCOMP_RET_ALLOW
     for prog in filters:
         cur = run(prog, data)
-        if _signed(cur & SECCOMP_RET_ACTION_FULL) < _signed(ret & SECCOMP_RET_ACTION_FULL):
+        if abi.signed32(cur & SECCOMP_RET_ACTION_FULL) < abi.signed32(ret & SECCOMP_RET_ACTION_FULL):
             ret = cur
     return ret
 
@@ -250,10 +249,6 @@ def action_name(ret: int) -> str:
     if act == SECCOMP_RET_ERRNO:
         name += f"({ret & SECCOMP_RET_DATA})"
     return name
-
-
-def _signed(v: int) -> int:
-    return v - (1 << 32) if v & 0x80000000 else v
 
 
 # ---- the thread's filters, and the verdict on one syscall ------------------------------
