@@ -77,15 +77,27 @@ def compare(variants, idle_s, cmd=None, interval=0.5, repeat=1):
 
 
 def assert_delivers(base, finding_id, figure, idle_s, share=0.8, controls=(), settle_s=0,
-                    cmd=None, min_stake=64 * MiB, rss_share=None, interval=0.5):
+                    cmd=None, min_stake=64 * MiB, rss_share=None, interval=0.5, base_runs=1):
     """The finding's suggestion takes FIGURE down by at least SHARE of the
-    bytes the finding put at stake; returns the settled figures."""
+    bytes the finding put at stake; returns the settled figures.
+
+    BASE_RUNS > 1 runs the untuned variant that many times on its own and
+    keeps, per figure, the largest settled value: in an idle process only
+    the sampling's own allocations can make the allocator purge, so sampling
+    can lower the untuned figures, never raise them, and the largest run is
+    the least disturbed one."""
     f, snap = exhibit(base, finding_id, cmd, settle_s=settle_s)
     assert f.knob is not None and f.knob.suggested, f
     stake = f.expected_effect_bytes or snap.stats[figure].value
     assert stake >= min_stake
     tuned = with_knob(base, f.knob)
-    got = compare([base, tuned, *controls], idle_s, cmd, interval)
+    if base_runs == 1:
+        got = compare([base, tuned, *controls], idle_s, cmd, interval)
+    else:
+        got = compare([tuned, *controls], idle_s, cmd, interval)
+        runs = [compare([base], idle_s, cmd, interval)[base] for _ in range(base_runs)]
+        got[base] = {k: max((r[k] for r in runs if r[k] is not None), default=None)
+                     for k in runs[0]}
     before, after = got[base][figure], got[tuned][figure]
     assert before - after >= share * stake, (f.knob, figure, before, after, stake)
     # and the process's own memory follows
@@ -127,13 +139,17 @@ def test_jemalloc_background_thread_purges_an_idle_process():
     # but the background thread may first sleep out an interval it chose
     # before the burst was freed: measured here (4 processes, 1 s samples),
     # decay began 2-11 s after READY and ended 8-9 s later; 24 s covers both.
-    # Snapshots every 2 s, not 0.5: without the background thread, decay runs
-    # on the allocator's own events, and each snapshot's stats print is one
-    # (its 64 KiB output buffer); jemalloc 5.3's decay ticker fires after a
-    # random number of them, and once (1 full CI run in several) a run of
-    # 48 prints purged a third of the untuned process's dirty pages
+    # Without the background thread, decay runs on the allocator's own
+    # events, and each snapshot's stats print is two (its 64 KiB output
+    # buffer's malloc and free); jemalloc 5.3's decay ticker fires after a
+    # geometric number of them (mean 1,000), purging what the decay curve
+    # says is due by then.  Seen in CI: a run of 48 prints purged a third of
+    # the untuned process's dirty pages, and (once in ~10 full runs) a run
+    # of 12 prints did too.  So the process is sampled only at the start and
+    # the end of its idle spell, and the untuned run is made twice (the
+    # larger figure is the undisturbed one, see assert_delivers).
     f, _ = assert_delivers("jemalloc", "jemalloc-background-thread-off", "dirty", idle_s=24,
-                           interval=2)
+                           interval=24, base_runs=2)
     assert (f.knob.name, f.knob.suggested) == ("background_thread", "true")
 
 
