@@ -18,11 +18,11 @@ import ctypes
 import os
 import threading
 
+from collectors.engine import abi
 from diag.model.errors import RemoteCallError
 
 SCRATCH_BYTES = 64 * 1024     # scratch + buffers: jemalloc's 56 KiB stats buffer fits
 _ALIGN = 16
-U64_MASK = (1 << 64) - 1
 
 _libc = ctypes.CDLL(None)
 _strnlen = _libc.strnlen
@@ -50,7 +50,7 @@ class InProcess:
         proto = self._protos.get(n)
         if proto is None:
             proto = self._protos[n] = ctypes.CFUNCTYPE(ctypes.c_uint64, *(ctypes.c_uint64,) * n)
-        ret: int = proto(int(func_addr))(*(int(a) & U64_MASK for a in args))
+        ret: int = proto(int(func_addr))(*(int(a) & abi.U64_MASK for a in args))
         return ret
 
     def read(self, addr: int, n: int) -> bytes:
