@@ -520,6 +520,11 @@ def test_maps_unchanged_after_many_borrows(waits):
 # the target goes away, execs, stops; calls that time out or crash
 
 def _call_in_background(rp, tid, func, arg, box):
+    """FUNC(ARG) on thread TID from a thread of this process; returns once
+    the call runs (slow_fn spins: the thread is traced and running), so
+    what the test does next lands inside the call, however long the borrow
+    took to begin (a process's first borrow is preceded by the rehearsal
+    and the warm-up; under a loaded CI, 0.1 s was once not enough)."""
     def run():
         try:
             with rp.borrow(tid=tid) as c:
@@ -528,6 +533,13 @@ def _call_in_background(rp, tid, func, arg, box):
             box["error"] = e
     th = threading.Thread(target=run)
     th.start()
+
+    def in_call():
+        st = proc_status(rp.pid, tid)
+        return (int(st["TracerPid"]) != 0 and st["State"].startswith("R")) or \
+            not th.is_alive()
+    wait_for(in_call, 10.0, "the call to start")
+    assert th.is_alive(), box
     return th
 
 
@@ -537,7 +549,7 @@ def test_exit_mid_call_is_a_clean_error(waits):
     box = {}
     # ptrace calls must come from one thread: run the whole borrow in one
     th = _call_in_background(rp, a["tid"], a["slow_fn"], 500, box)
-    time.sleep(0.15)
+    time.sleep(0.05)
     t.proc.stdin.write(b"x")
     t.proc.stdin.flush()
     th.join(10)
@@ -550,7 +562,7 @@ def test_kill_mid_call_is_a_clean_error(waits):
     rp = RemoteProcess(t.pid)
     box = {}
     th = _call_in_background(rp, a["tid"], a["slow_fn"], 500, box)
-    time.sleep(0.15)
+    time.sleep(0.05)
     os.kill(t.pid, signal.SIGKILL)
     th.join(10)
     assert not th.is_alive()
@@ -572,7 +584,7 @@ def test_exec_mid_call_and_before_borrow(waits):
     rp = RemoteProcess(t.pid)
     box = {}
     th = _call_in_background(rp, a["tid"], a["slow_fn"], 500, box)
-    time.sleep(0.15)
+    time.sleep(0.05)
     t.proc.stdin.write(b"e")
     t.proc.stdin.flush()
     th.join(10)
@@ -608,7 +620,7 @@ def test_sigstop_mid_call(waits):
     rp = RemoteProcess(t.pid)
     box = {}
     th = _call_in_background(rp, a["tid"], a["slow_fn"], 300, box)
-    time.sleep(0.1)
+    time.sleep(0.05)
     os.kill(t.pid, signal.SIGSTOP)
     th.join(10)
     assert box.get("value") == 300, box
