@@ -127,7 +127,9 @@ def test_hostlive_fills_resident_and_finding_without_blocking():
             rows = hostscan.scan(pids=pids).rows
             t0 = time.perf_counter()
             live.annotate(rows)
-            assert time.perf_counter() - t0 < 0.05          # a cache lookup, no stop
+            # a cache lookup, no stop: nothing read yet when it returns (the
+            # bound is loose for a loaded CI; a cold stop with detection is longer)
+            assert time.perf_counter() - t0 < 0.5
             assert {r["allocator_read"] for r in rows} == {"pending"}
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:

@@ -271,7 +271,14 @@ def counts(t):
 
 
 def assert_one_eintr_per_interrupted_wait(t, signals_each):
-    eintr, handled, in_wait, restarted = counts(t)
+    # the handlers and the waits' returns run on the target's own time:
+    # wait (bounded) for every signal sent to be handled and counted
+    t_end = time.monotonic() + 10
+    while True:
+        eintr, handled, in_wait, restarted = counts(t)
+        if (handled == [signals_each] * N and eintr == in_wait) or time.monotonic() > t_end:
+            break
+        time.sleep(0.05)
     assert handled == [signals_each] * N, f"lost signals: handled {handled}"
     assert eintr == in_wait, f"EINTRs {eintr} for waits interrupted {in_wait}"
     assert restarted == [0] * N, restarted

@@ -21,6 +21,7 @@ from diag.model.errors import RemoteCallError, Unsupported
 from collectors.engine.remote import RemoteProcess, text_ranges
 
 ITERS, EINTR, BAD, LAST_RET, LAST_ERRNO, USR1, DONE, TIMEOUTS = range(8)
+NR_FUTEX = 202
 LIBC_NAMES = ("libc.so", "ld-linux", "libjemalloc", "libtcmalloc", "libmimalloc")
 
 
@@ -56,6 +57,16 @@ def parked(t, a, nr, timeout=3.0):
             return
         time.sleep(0.002)
     raise AssertionError(f"worker never parked in syscall {nr}")
+
+
+def eventually(pred, what, timeout=5.0):
+    """Wait for PRED (what the target does after a stop takes its own
+    scheduling: a fixed sleep is not enough under a loaded CI)."""
+    t_end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() >= t_end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
 
 
 def assert_released(pid):
@@ -108,6 +119,7 @@ def test_epoll_wait_stop_shows_eintr(sp, mode, nr):
     t, a = sp(mode)
     parked(t, a, nr)
     assert rax_at_stop(t.pid, a["tid"]) == (-4, nr)
+    eventually(lambda: stat(t, a, EINTR) >= 1, "the EINTR the program sees")
     time.sleep(0.05)
     assert stat(t, a, EINTR) == 1
 
@@ -266,6 +278,7 @@ def test_restartable_waits_are_borrowed(sp, mode, nr, rax):
 def test_futex_condvar_waits_proven_by_stack_walk(sp, mode):
     env = {"SP_WAIT_MS": "60000"} if mode == "condtimedwait" else {}
     t, a = sp(mode, env=env)
+    parked(t, a, NR_FUTEX)
     rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))
     for _ in range(15):
         with rp.borrow(tid=a["tid"]) as c:
@@ -325,13 +338,13 @@ def test_running_thread_called_from_allocator_is_refused(sp, monkeypatch, walk):
         with rp.borrow(tid=a["tid"]) as c:
             assert c.category == "running"
     it = stat(t, a, ITERS)
-    time.sleep(0.05)
-    assert stat(t, a, ITERS) > it                         # still spinning
+    eventually(lambda: stat(t, a, ITERS) > it, "the thread spinning on")
     assert_released(t.pid)
 
 
 def test_futex_mutex_wait_is_refused(sp):
     t, a = sp("mutex")
+    parked(t, a, NR_FUTEX)
     rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES),
                        deadline_s=0.3)
     with pytest.raises(RemoteCallError, match="futex lock wait"):

@@ -149,7 +149,8 @@ def test_record_wall_of_a_real_process(tmp_path):
     assert len(snaps) >= 3 and len(walls) >= 2
     for _t, w in walls:
         assert w.window.pid == t.pid and w.cpu.samples > 0
-        assert 0.5 < w.window.duration_s < 1.5
+        # the interval less the snapshot's own time (longer on a loaded CI)
+        assert 0.2 < w.window.duration_s < 1.5
     assert {"parse_request", "build_response", "spill_buffer"} & \
         {s.function for _t, w in walls for s in w.sites}
     with gzip.open(path, "rt") as f:
