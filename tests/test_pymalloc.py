@@ -232,7 +232,9 @@ def test_target_never_stopped():
             w.join()
     assert reads >= 50 and tracer and set(tracer) == {0}
     d, b = sorted(during)[2], sorted(base)[2]
-    assert d <= max(2 * b, b + 0.010), (during, base)
+    # the target's longest gap with reads against without (medians of 5):
+    # a stop would add its length; the 0.1 s allows a loaded CI's noise
+    assert d <= max(2 * b, b + 0.1), (during, base)
 
 
 @pytest.mark.parametrize("python", [DEBIAN] + [p for p in PYENV if "3.13" in p or "3.12" in p])
