@@ -903,11 +903,14 @@ def test_the_pause_counts_from_the_interrupt(waits, monkeypatch):
 def _hold_traced(pid, hold_s):
     """A process of its own that PTRACE_SEIZEs PID's main thread (it keeps
     running) and exits after HOLD_S, which detaches it: another tracer."""
-    code = ("import sys, time\n"
+    # os._exit: no interpreter finalisation, so the detach (at exit) comes
+    # right after HOLD_S even on a loaded CI
+    code = ("import os, sys, time\n"
             "from collectors.engine import ptrace\n"
             f"ptrace.seize({pid}, {pid})\n"
             "print('seized', flush=True)\n"
-            f"time.sleep({hold_s})\n")
+            f"time.sleep({hold_s})\n"
+            "os._exit(0)\n")
     p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE)
     assert p.stdout.readline() == b"seized\n"
     return p
