@@ -13,6 +13,7 @@ from diag.model.wall import SYSCALLS
 TOP_FUNCTIONS = 8
 TOP_SITES = 10
 TOP_COUNTERS = 24
+TOP_LEVELS = 8          # levels (gauges) shown after the counts that moved
 COMPACT_TOP = 4         # compact=True (allocdiag demo): rows of each list
 
 
@@ -27,6 +28,23 @@ def _num(x, nd=1):
 def _label(name):
     f = WALL_BY_NAME.get(name)
     return f.label if f is not None else name
+
+
+def counters_shown(w, n):
+    """The counters worth a row: the counts that moved, fastest first (at
+    most N), then the levels that are not 0 -> 0, the changed ones first
+    (the rest of N, at least TOP_LEVELS: gperftools has levels only).
+    jemalloc alone has 26 mutex maxima, all 0 in a process without
+    contention: listed first, they used to fill every row and hide the
+    counts that moved."""
+    if not n:
+        return []
+    moved = sorted((c for c in w.counters.values() if c.kind != "gauge" and c.delta),
+                   key=lambda c: -(c.per_s or 0))
+    levels = sorted((c for c in w.counters.values() if c.kind == "gauge" and (c.start or c.end)),
+                    key=lambda c: (c.start == c.end, c.name))
+    moved = moved[:n]
+    return moved + levels[:max(TOP_LEVELS, n - len(moved))]
 
 
 def text(w, out=None, compact=False):
@@ -97,18 +115,21 @@ def text(w, out=None, compact=False):
                       for s in w.sites[:top_sites]],
                      ["site", "alloc CPU s", "lock wait s", "entry", "called from"],
                      right={1, 2}, out=out)
-    moving = [c for c in w.counters.values() if top_counters and (c.delta or c.kind == "gauge")]
-    if moving:
+    shown = counters_shown(w, top_counters)
+    if shown:
         p("")
         p("Allocator counters over the window (delta, per s; levels: start -> end)")
         rows = []
-        for c in sorted(moving, key=lambda c: (c.kind != "gauge", -(c.per_s or 0)))[:top_counters]:
+        for c in shown:
             if c.kind == "gauge":
                 rows.append([c.name, f"{c.start} -> {c.end}", "", c.unit])
             else:
                 rows.append([c.name, f"{c.delta:,}" if c.delta is not None else "-",
                              _num(c.per_s), c.unit])
         render.table(rows, ["counter", "delta", "per s", "unit"], right={1, 2}, out=out)
+        if len(w.counters) > len(shown):
+            p(f"  ({len(w.counters) - len(shown)} more not shown: counts that did not move, "
+              f"levels at 0, or past the first rows; --json has every one)")
     if w.findings:
         p("")
         p("Findings")

@@ -212,3 +212,33 @@ def test_report_lists_the_windows_findings_with_their_knob(tmp_path):
         assert section.count(f"{fid} · ") == 1
     assert "<dt>knob</dt><dd>arena_max</dd>" in section
     assert f"in {len(docs)} of {len(docs)} windows" in section
+
+
+def test_wall_text_lists_the_counts_that_moved_before_idle_levels():
+    """`allocdiag wall`'s counter table, on a real jemalloc window: the
+    counts that moved (malloc requests, the ctl mutex ...) come first,
+    fastest first, then the levels that are not 0; 26 mutex maxima at
+    0 -> 0 are left out and said so (listed first, they used to fill all
+    24 rows)."""
+    import io
+    from diag import render_wall
+    _snaps, events = read_recording_events(WALL_RECORDING)
+    _t, w = wallfile.walls_of(events)[1]
+    moved = [c for c in w.counters.values() if c.kind == "delta" and c.delta]
+    idle_levels = [c for c in w.counters.values()
+                   if c.kind == "gauge" and not c.start and not c.end]
+    assert len(moved) >= 10 and len(idle_levels) > render_wall.TOP_COUNTERS
+    out = io.StringIO()
+    render_wall.text(w, out=out)
+    table = out.getvalue().split("Allocator counters over the window", 1)[1]
+    rows = [line.split()[0] for line in table.splitlines()[2:] if line.startswith("jemalloc.")
+            or line.startswith("process.")]
+    by_name = {c.name: c for c in moved}
+    count_rows = [r for r in rows if r in by_name]
+    assert count_rows == rows[:len(count_rows)]                     # counts first
+    assert len(count_rows) == min(len(moved), render_wall.TOP_COUNTERS)
+    speeds = [by_name[r].per_s for r in count_rows]
+    assert speeds == sorted(speeds, reverse=True) and speeds[0] == max(c.per_s for c in moved)
+    assert not {c.name for c in idle_levels} & set(rows)
+    assert {"jemalloc.narenas", "jemalloc.arenas.nthreads", "process.threads"} <= set(rows)
+    assert re.search(r"\(\d+ more not shown: counts that did not move, levels at 0", table)
