@@ -235,10 +235,11 @@ class HostLive:
                   f" ({e.code}: {e.reason})" if e.reason else "", e.pause_us)
         if e.pause_us:
             self.budget.spend(e.pause_us / 1e6)
-        self.reads += 1
         with self._lock:
             if key in self._wanted:
                 self._cache[key] = e
+        # counted once stored: whoever sees the count sees the entry
+        self.reads += 1
         if self.on_read is not None:
             self.on_read(pid, e)
         return True
