@@ -22,7 +22,14 @@ GROW, CHURN = "allocdiag_sym_grow_site", "allocdiag_sym_churn_site"
 # jemalloc settings under which freed pages become LazyFree quickly (DESIGN.md)
 LAZYFREE_CONF = ("prof:true,lg_prof_sample:0,background_thread:true,"
                  "dirty_decay_ms:500,muzzy_decay_ms:-1")
-LAZYFREE_WAIT_S = 2.0
+
+
+def lazyfree_bytes(pid):
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("LazyFree:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 @pytest.fixture(scope="module")
@@ -149,14 +156,17 @@ def test_load_errors_are_allocdiag_errors(tmp_path):
     assert heapview.load_context(str(tmp_path / "bad.heap")) is None
 
 
-def _two_moments(sym_alloc, tmp_path, between, env=None, wait=0.0):
-    """Dump + inspect sidecar, run BETWEEN commands, wait, dump + sidecar."""
+def _two_moments(sym_alloc, tmp_path, between, env=None, until=None):
+    """Dump + inspect sidecar, run BETWEEN commands, wait UNTIL(pid) (the
+    allocator's background thread works on its own time), dump + sidecar."""
     with symtarget.running(sym_alloc, "jemalloc", tmp_path, env=env) as s:
         a = s.dump(tmp_path / "a.heap")
         symtarget.inspect_json(s.pid, a + heapview.SIDECAR_SUFFIX)
         for c in between:
             s.cmd(c)
-        time.sleep(wait)
+        t_end = time.monotonic() + 15
+        while until is not None and not until(s.pid) and time.monotonic() < t_end:
+            time.sleep(0.1)
         b = s.dump(tmp_path / "b.heap")
         symtarget.inspect_json(s.pid, b + heapview.SIDECAR_SUFFIX)
     return heapview.diff(heapview.load(a), heapview.load(b))
@@ -206,7 +216,7 @@ def test_diff_verdict_allocator_retention(sym_alloc, tmp_path):
 def test_diff_verdict_lazyfree(sym_alloc, tmp_path):
     env = {"MALLOC_CONF": LAZYFREE_CONF}
     d = _two_moments(sym_alloc, tmp_path, ["churn 4000 5000", "drop"], env=env,
-                     wait=LAZYFREE_WAIT_S)
+                     until=lambda pid: lazyfree_bytes(pid) > 10 << 20)
     doc = heapview.diff_json(d)
     assert doc["verdict"] == heapview.VERDICT_LAZYFREE, doc["verdict_parts"]
     lazy = next(row for row in doc["layers"] if row["layer"] == "lazyfree")
