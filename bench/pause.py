@@ -385,6 +385,10 @@ def print_snapshots(allocators_, reps):
             verdict = ", ".join(f"{'met' if med(s[k]) <= STOP_GOAL_US else 'NOT met'} ({k})"
                                 for k in ("first", "kept", "repeat"))
             print(f"  {'':9} goal: median <= {STOP_GOAL_US} us: {verdict}")
+            # the box's own share: on a shared or nested guest the floor itself
+            # moves by a third from one half hour to the next (bench/README.md)
+            print(f"  {'':9} first / back-to-back floor: {med(s['first']) / med(s['hot']):.1f}x "
+                  f"(floor {med(s['hot']):.0f} us this run)")
 
 
 def main():
