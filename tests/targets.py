@@ -33,6 +33,18 @@ PRELOADS = {
 }
 
 
+def wait_for(pred, timeout=5.0, what="condition"):
+    """Poll PRED until true, for what a target does on its own time (a
+    fixed sleep is not enough under a loaded CI); AssertionError after
+    TIMEOUT."""
+    t_end = time.monotonic() + timeout
+    while time.monotonic() < t_end:
+        if pred():
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def require_file(path):
     """PATH, or fail naming the Debian package (tools/packages.txt) that provides it."""
     return deps.need(path)

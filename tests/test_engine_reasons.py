@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from test_safepoints import LIBC_NAMES, assert_released, eventually, parked, sp  # noqa: F401
+from targets import wait_for
+from test_safepoints import LIBC_NAMES, assert_released, parked, sp, thread_state  # noqa: F401
 
 from collectors.engine import safepoints
 from collectors.engine.remote import RemoteProcess, text_ranges
@@ -19,11 +20,6 @@ from diag.model.errors import RemoteCallError
 
 ENGINE = pathlib.Path(__file__).resolve().parent.parent / "collectors" / "engine"
 NR_FUTEX = 202
-
-
-def _state(pid, tid):
-    with open(f"/proc/{pid}/task/{tid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 def _candidates(rp, tid):
@@ -73,7 +69,8 @@ def test_stopped_process_is_refused_by_group_stop_code(sp):  # noqa: F811
     os.kill(t.pid, signal.SIGSTOP)
     try:
         for tid in os.listdir(f"/proc/{t.pid}/task"):
-            eventually(lambda: _state(t.pid, tid) == "T", f"thread {tid} in the group stop")
+            wait_for(lambda: thread_state(t.pid, tid) == "T",
+                     what=f"thread {tid} in the group stop")
         with pytest.raises(RemoteCallError, match="SIGSTOP / job control"):
             with rp.borrow(tid=a["tid"]):
                 pass

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from targets import build_c, start
+from targets import build_c, start, wait_for
 
 from collectors.engine import tracee as ptrace
 from diag.model.errors import (NoSuchProcess, Quarantined,
@@ -81,15 +81,6 @@ def assert_released(pid):
         st = proc_status(pid, tid)
         assert st["TracerPid"] == "0", (tid, st["TracerPid"])
         assert not st["State"].startswith("t"), (tid, st["State"])
-
-
-def wait_for(pred, timeout=5.0, what="condition"):
-    t_end = time.monotonic() + timeout
-    while time.monotonic() < t_end:
-        if pred():
-            return
-        time.sleep(0.005)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def progressing(t, a, field=ITERS, n=2, timeout=3.0):

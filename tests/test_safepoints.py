@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from targets import build_c, start
+from targets import build_c, start, wait_for
 
 from collectors.engine import tracee as ptrace
 
@@ -47,26 +47,20 @@ def syscall_of(pid, tid):
         return f.read().split()
 
 
+def thread_state(pid, tid):
+    """The State letter of /proc/PID/task/TID/stat."""
+    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 def parked(t, a, nr, timeout=3.0):
     t_end = time.monotonic() + timeout
     while time.monotonic() < t_end:
         sc = syscall_of(t.pid, a["tid"])
-        with open(f"/proc/{t.pid}/task/{a['tid']}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        if sc[0] == str(nr) and state == "S":
+        if sc[0] == str(nr) and thread_state(t.pid, a["tid"]) == "S":
             return
         time.sleep(0.002)
     raise AssertionError(f"worker never parked in syscall {nr}")
-
-
-def eventually(pred, what, timeout=5.0):
-    """Wait for PRED (what the target does after a stop takes its own
-    scheduling: a fixed sleep is not enough under a loaded CI)."""
-    t_end = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() >= t_end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 def assert_released(pid):
@@ -119,7 +113,7 @@ def test_epoll_wait_stop_shows_eintr(sp, mode, nr):
     t, a = sp(mode)
     parked(t, a, nr)
     assert rax_at_stop(t.pid, a["tid"]) == (-4, nr)
-    eventually(lambda: stat(t, a, EINTR) >= 1, "the EINTR the program sees")
+    wait_for(lambda: stat(t, a, EINTR) >= 1, what="the EINTR the program sees")
     time.sleep(0.05)
     assert stat(t, a, EINTR) == 1
 
@@ -338,7 +332,7 @@ def test_running_thread_called_from_allocator_is_refused(sp, monkeypatch, walk):
         with rp.borrow(tid=a["tid"]) as c:
             assert c.category == "running"
     it = stat(t, a, ITERS)
-    eventually(lambda: stat(t, a, ITERS) > it, "the thread spinning on")
+    wait_for(lambda: stat(t, a, ITERS) > it, what="the thread spinning on")
     assert_released(t.pid)
 
 
