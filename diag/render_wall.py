@@ -124,8 +124,7 @@ def text(w, out=None, compact=False):
             if c.kind == "gauge":
                 rows.append([c.name, f"{c.start} -> {c.end}", "", c.unit])
             else:
-                rows.append([c.name, f"{c.delta:,}" if c.delta is not None else "-",
-                             _num(c.per_s), c.unit])
+                rows.append([c.name, f"{c.delta:,}", _num(c.per_s), c.unit])
         render.table(rows, ["counter", "delta", "per s", "unit"], right={1, 2}, out=out)
         if len(w.counters) > len(shown):
             p(f"  ({len(w.counters) - len(shown)} more not shown: counts that did not move, "

@@ -95,6 +95,7 @@ MAX_ERRNO = 4095             # include/linux/err.h: -4095..-1 are errors
 U64_MASK = (1 << 64) - 1
 U32_MASK = (1 << 32) - 1
 U32_SIGN = 1 << 31
+MAP_FAILED_MIN = (1 << 64) - PAGE_SIZE   # mmap returns -errno (as unsigned) on failure
 
 
 def signed32(v: int) -> int:
@@ -103,7 +104,6 @@ def signed32(v: int) -> int:
     the kernel's s32)."""
     v &= U32_MASK
     return v - (1 << 32) if v & U32_SIGN else v
-MAP_FAILED_MIN = (1 << 64) - PAGE_SIZE   # mmap returns -errno (as unsigned) on failure
 
 # ---- signals ------------------------------------------------------------------
 # Signals synchronous to the thread's own execution (a fault it raised):
