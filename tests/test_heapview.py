@@ -16,6 +16,7 @@ import symtarget
 import targets
 from diag.model.errors import BadPath, MalformedData, Unsupported
 from collectors.heapprofile import parse
+from collectors.proc.procfs import ProcFS
 from diag import heapview
 
 GROW, CHURN = "allocdiag_sym_grow_site", "allocdiag_sym_churn_site"
@@ -25,11 +26,7 @@ LAZYFREE_CONF = ("prof:true,lg_prof_sample:0,background_thread:true,"
 
 
 def lazyfree_bytes(pid):
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("LazyFree:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return ProcFS().smaps_rollup(pid)[0].get(b"LazyFree", 0)
 
 
 @pytest.fixture(scope="module")
