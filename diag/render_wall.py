@@ -47,6 +47,16 @@ def counters_shown(w, n):
     return moved + levels[:max(TOP_LEVELS, n - len(moved))]
 
 
+def counters_left_out(w, shown):
+    """The line under a counter table that does not show every counter
+    (SHOWN: counters_shown's answer), or None."""
+    left = len(w.counters) - len(shown)
+    if left <= 0:
+        return None
+    return (f"{left} more not shown: counts that did not move, levels at 0, or past the "
+            f"first rows; --json has every one")
+
+
 def text(w, out=None, compact=False):
     """COMPACT: the first COMPACT_TOP rows of each list and no counters (the
     demo's short window); the full text is ``allocdiag wall``'s."""
@@ -126,9 +136,9 @@ def text(w, out=None, compact=False):
             else:
                 rows.append([c.name, f"{c.delta:,}", _num(c.per_s), c.unit])
         render.table(rows, ["counter", "delta", "per s", "unit"], right={1, 2}, out=out)
-        if len(w.counters) > len(shown):
-            p(f"  ({len(w.counters) - len(shown)} more not shown: counts that did not move, "
-              f"levels at 0, or past the first rows; --json has every one)")
+        left_out = counters_left_out(w, shown)
+        if left_out:
+            p(f"  ({left_out})")
     if w.findings:
         p("")
         p("Findings")

@@ -242,3 +242,25 @@ def test_wall_text_lists_the_counts_that_moved_before_idle_levels():
     assert not {c.name for c in idle_levels} & set(rows)
     assert {"jemalloc.narenas", "jemalloc.arenas.nthreads", "process.threads"} <= set(rows)
     assert re.search(r"\(\d+ more not shown: counts that did not move, levels at 0", table)
+
+
+def test_time_tab_counter_rows_follow_the_text_rule():
+    """The TUI's Time tab shows the counters by the text report's rule: the
+    same window gives the counts that moved first, fastest first, no
+    0 -> 0 level among the rows, and its title says how many were left out
+    (before, it listed the idle mutex maxima after the moved counts)."""
+    from diag import render_wall
+    from tui import wall_tab
+    _snaps, events = read_recording_events(WALL_RECORDING)
+    _t, w = wallfile.walls_of(events)[1]
+    rows = wall_tab.counter_rows(w)
+    names = [r[0] for r in rows]
+    assert names == [c.name for c in render_wall.counters_shown(w, wall_tab.TOP_COUNTERS)]
+    moved = sorted((c for c in w.counters.values() if c.kind == "delta" and c.delta),
+                   key=lambda c: -c.per_s)
+    assert names[:len(moved)] == [c.name for c in moved][:wall_tab.TOP_COUNTERS]
+    idle = {c.name for c in w.counters.values() if c.kind == "gauge" and not c.start and not c.end}
+    assert idle and not idle & set(names)
+    assert len(rows) < len(w.counters)
+    title = wall_tab.counters_title(w)
+    assert f"({len(w.counters) - len(rows)} more not shown" in title

@@ -176,6 +176,11 @@ def test_time_tab_in_a_replay_of_a_wall_recording_follows_the_cursor():
             last = tab.wall
             assert last is walls[-1][1]
             assert "recorded window" in text_of(app, "#wall-state")
+            # the counter table's title says how many rows it left out; a
+            # window with no findings and nothing missing has no notes lines
+            assert "more not shown" in text_of(app, "#wall-counters-title")
+            assert not last.findings and not last.window.missing and last.counters
+            assert app.screen.query_one("#wall-notes").display is False
             # WHEN stepping back two samples  THEN an earlier window is shown
             await pilot.press("left", "left")
             await settle(pilot, app)

@@ -25,6 +25,7 @@ from textual.widgets import DataTable, Static
 
 from diag.model import wall as W
 from diag.fields import WALL_BY_NAME
+from diag.render_wall import counters_left_out, counters_shown
 from diag.wallfile import wall_at
 from tui.messages import clock, error_text
 from tui.widgets import Bound, fill_table
@@ -34,6 +35,7 @@ BAR_WIDTH = 60          # cells of the CPU split bar (fewer on a narrow terminal
 TOP_FUNCTIONS = 4       # allocator functions drawn as their own segment; the rest "other"
 TOP_SITES = 15
 TOP_COUNTERS = 30
+COUNTERS_TITLE = "the allocator's own counters over the window"
 PREVIOUS_WAIT_S = 10.0  # at most this long for the previous worker's window to close
 
 # roles of the CPU bar: (colour, glyph); the glyph tells them apart without colour
@@ -247,12 +249,19 @@ def _count(v, unit):
 
 
 def counter_rows(w, n=TOP_COUNTERS):
-    """The allocator's own counters, the ones that moved first."""
-    items = sorted(w.counters.values(), key=lambda c: (c.kind != "delta", -(abs(c.delta or 0))))
+    """The allocator's own counters worth a row, by the text report's rule
+    (diag.render_wall.counters_shown: the counts that moved, fastest first,
+    then the levels not at 0)."""
     return [(c.name, _count(c.delta, c.unit),
              per_s(c.per_s) if c.per_s is not None else "", _count(c.start, c.unit),
              _count(c.end, c.unit), c.unit + (" (level)" if c.kind == "gauge" else ""),
-             c.provenance) for c in items[:n]]
+             c.provenance) for c in counters_shown(w, n)]
+
+
+def counters_title(w):
+    """The counter table's title, with how many rows counter_rows left out."""
+    left_out = counters_left_out(w, counters_shown(w, TOP_COUNTERS))
+    return COUNTERS_TITLE + (f" ({left_out})" if left_out else "")
 
 
 def notes_text(w):
@@ -317,8 +326,7 @@ class WallTab(Bound, VerticalScroll):
         yield Static("call sites: the first frame outside the allocator",
                      classes="wall-title", id="wall-sites-title")
         yield self.sites
-        yield Static("the allocator's own counters over the window", classes="wall-title",
-                     id="wall-counters-title")
+        yield Static(COUNTERS_TITLE, classes="wall-title", id="wall-counters-title")
         yield self.counters
 
     def on_mount(self):
@@ -428,8 +436,11 @@ class WallTab(Bound, VerticalScroll):
         fill_table(self.rates, RATE_COLUMNS, rate_rows(w), right=RATE_RIGHT)
         fill_table(self.sites, SITE_COLUMNS, site_rows(w), right=SITE_RIGHT)
         fill_table(self.counters, COUNTER_COLUMNS, counter_rows(w), right=COUNTER_RIGHT)
-        self.notes.update(notes_text(w))
+        self.query_one("#wall-counters-title", Static).update(counters_title(w))
+        notes = notes_text(w)
+        self.notes.update(notes)
         self._show_parts(True)
+        self.notes.display = bool(notes.plain)      # no empty lines where none are
         self.sites.display = self.query_one("#wall-sites-title").display = bool(w.sites)
         self.counters.display = self.query_one("#wall-counters-title").display = \
             bool(w.counters)
