@@ -45,14 +45,26 @@ def build_parser():
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for mod in commands.load():
         mod.add_parser(sub)
+    p.set_defaults(command_parsers=sub.choices)
     return p
+
+
+def parse(parser, argv):
+    """The arguments; an unknown one is reported by its command's parser,
+    with that command's usage line (argparse's own parse_args reports it
+    with the top-level usage, which does not show the command's options)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        command = args.command_parsers.get(args.command, parser)
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def main(argv=None):
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if args.command is None:
-        args = parser.parse_args(["top"] + (argv if argv is not None else sys.argv[1:]))
+        args = parse(parser, ["top"] + (argv if argv is not None else sys.argv[1:]))
     handlers = {m.NAME: m.run for m in commands.load()}
     try:
         setup_logging(args)

@@ -65,6 +65,17 @@ def test_usage_exit_2():
     assert r.returncode == 2 and "not a process id" in r.stderr
 
 
+def test_an_unknown_option_is_reported_with_its_commands_usage():
+    """`allocdiag wall PID -d 3` exits 2 and shows wall's usage, which names
+    --duration, not the top-level one (argparse's default)."""
+    r = allocdiag("wall", "1", "-d", "3")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("usage: allocdiag wall ") and "--duration S" in r.stderr
+    assert "allocdiag wall: error: unrecognized arguments: -d 3" in r.stderr
+    r = allocdiag("--bogus")
+    assert r.returncode == 2 and "allocdiag: error: unrecognized arguments: --bogus" in r.stderr
+
+
 @pytest.mark.parametrize("argv", [
     ["inspect", "--from", "{missing}"], ["inspect", "--from", "{dir}"], ["replay", "{missing}"],
     ["serve", "replay", "{missing}"], ["heap", "show", "{missing}"], ["heap", "show", "{dir}"],
