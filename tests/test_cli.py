@@ -72,6 +72,9 @@ def test_an_unknown_option_is_reported_with_its_commands_usage():
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.startswith("usage: allocdiag wall ") and "--duration S" in r.stderr
     assert "allocdiag wall: error: unrecognized arguments: -d 3" in r.stderr
+    r = allocdiag("wall", "1", "--duration", "0")
+    assert r.returncode == 2
+    assert "argument --duration: must be between 0.2 and 3600 seconds" in r.stderr, r.stderr
     r = allocdiag("--bogus")
     assert r.returncode == 2 and "allocdiag: error: unrecognized arguments: --bogus" in r.stderr
 

@@ -8,9 +8,8 @@ from diag.model.exitcodes import ExitCode
 NAME = "wall"
 
 
-_duration = bounded(float, 0.2, 3600, "number of seconds",
-                    "--duration must be between 0.2 and 3600 seconds")
-_hz = bounded(int, 1, 10000, "sampling rate", "--hz must be between 1 and 10000")
+_duration = bounded(float, 0.2, 3600, "number of seconds", "must be between 0.2 and 3600 seconds")
+_hz = bounded(int, 1, 10000, "sampling rate", "must be between 1 and 10000")
 
 
 def add_parser(sub):
