@@ -265,3 +265,50 @@ def test_inspect_native_prints_schema_units():
     line = next(l for l in r.stdout.splitlines() if "stats.arenas.4096.pactive" in l)
     assert " pages (" in line, line
     assert "stats.arenas.4096.pactive" not in plain.stdout
+
+
+def _without_terminal(*args):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("TEXTUAL_DRIVER", None)
+    return subprocess.run([sys.executable, "-m", "diag", *args], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, env=env, cwd="/", timeout=120)
+
+
+@pytest.mark.parametrize("argv, instead", [
+    (["top"], "`allocdiag ps`"), ([], "`allocdiag ps`"),
+    (["watch", "{pid}"], "`allocdiag inspect PID`"),
+    (["replay", os.path.join(ROOT, "tests", "fixtures", "recording-wall-jemalloc.jsonl.gz")],
+     "`allocdiag report FILE -o OUT.html`")])
+def test_the_terminal_ui_without_a_terminal_says_what_to_run_instead(argv, instead):
+    """Piped or redirected, the UI would write escape codes into the pipe and
+    wait for keys that never come: it exits 2 and names the non-UI command."""
+    argv = [a.replace("{pid}", str(os.getpid())) for a in argv]
+    r = _without_terminal(*argv)
+    assert r.returncode == 2, r.stderr
+    assert "is a terminal UI, and stdin and stderr are not a terminal" in r.stderr
+    assert instead in r.stderr and "\x1b[" not in r.stdout + r.stderr and "Traceback" not in r.stderr
+
+
+def test_without_a_terminal_a_bad_input_is_said_first():
+    """The pid or file is checked before the terminal: its own exit code."""
+    assert _without_terminal("watch", "4194303").returncode == 3
+    r = _without_terminal("replay", "/nonexistent/x.jsonl")
+    assert r.returncode == 2 and "/nonexistent/x.jsonl" in r.stderr
+
+
+def test_demo_without_a_terminal_prints_the_text_reports(monkeypatch, capsys):
+    """`allocdiag demo` in a script or CI job falls back to --no-tui (and says
+    so); under serve's web driver (TEXTUAL_DRIVER) it keeps the UI."""
+    import argparse
+    from diag import demo
+    from diag.commands import demo as demo_command
+    calls = []
+    monkeypatch.setattr(demo, "run", lambda only, host_view: calls.append(host_view) or 0)
+    monkeypatch.delenv("TEXTUAL_DRIVER", raising=False)
+    args = argparse.Namespace(list=False, only=None, no_tui=False)
+    with open(os.devnull) as devnull:
+        monkeypatch.setattr(sys, "__stdin__", devnull)
+        assert demo_command.run(args) == 0 and calls == [None]
+        assert "not a terminal: the scenes' text reports follow" in capsys.readouterr().err
+        monkeypatch.setenv("TEXTUAL_DRIVER", "textual.drivers.web_driver:WebDriver")
+        assert demo_command.run(args) == 0 and calls[-1] is demo_command.host_view

@@ -77,11 +77,16 @@ class AllocdiagApp(App):
         self.push_screen(HelpScreen(binding_help(self.screen, self)))
 
 
-def run_host(no_attach=False, pids=None, host_interval=None, live_options=None):
+def run_host(no_attach=False, pids=None, host_interval=None, live_options=None,
+             before_ui=None):
     """The host view.  Unless NO_ATTACH, its "allocator resident" and "top
     finding" columns are filled in the background by diag.hostlive, within a
-    pause budget ("allocator not read: REASON" where it cannot borrow)."""
+    pause budget ("allocator not read: REASON" where it cannot borrow).
+    BEFORE_UI (here and in run_watch/run_replay): called once the input is
+    checked, just before the UI starts (the CLI's terminal check)."""
     import contextlib
+    if before_ui is not None:
+        before_ui()
     from diag.hostlive import HostLive
     live_cm = contextlib.nullcontext() if no_attach else HostLive(**(live_options or {}))
     kw = {} if host_interval is None else {"host_interval": host_interval}
@@ -106,16 +111,20 @@ class _Primed:
         return [first] if first is not None else []
 
 
-def run_watch(pid, interval=DEFAULT_INTERVAL, no_attach=False):
+def run_watch(pid, interval=DEFAULT_INTERVAL, no_attach=False, before_ui=None):
     source = ProcessSource(pid, no_attach=no_attach)
     first = source.sample()          # NoSuchProcess / AccessDenied reach the CLI
+    if before_ui is not None:
+        before_ui()
     app = AllocdiagApp(process_source=_Primed(source, first), interval=interval)
     app.run()
     return app.return_code or 0
 
 
-def run_replay(path):
+def run_replay(path, before_ui=None):
     source = ReplaySource(path)      # MalformedData reaches the CLI
+    if before_ui is not None:
+        before_ui()
     app = AllocdiagApp(process_source=source)
     app.run()
     return app.return_code or 0

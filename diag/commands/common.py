@@ -2,13 +2,15 @@
 
 import argparse
 import json
+import os
 import sys
 
 from diag.model.errors import AllocdiagError
 from diag.model.exitcodes import ExitCode, HELP as EXIT_CODES_HELP
 
 __all__ = ["EXIT_CODES_HELP", "UsageError", "pid_arg", "bounded", "sample_interval", "dump_json",
-           "confirm", "add_command", "print_error", "take"]
+           "confirm", "add_command", "print_error", "take", "need_terminal",
+           "terminal_missing"]
 
 
 class UsageError(AllocdiagError):
@@ -40,6 +42,35 @@ def confirm(question, args):
         raise UsageError(f"{question} -- refusing without --yes (no terminal to ask on)")
     answer = input(f"{question} [y/N] ").strip().lower()
     return answer in ("y", "yes")
+
+
+# serve's textual-serve runs a command with this set (its web driver talks
+# over pipes): no terminal needed there.
+TEXTUAL_DRIVER_ENV = "TEXTUAL_DRIVER"
+
+
+def terminal_missing():
+    """Which of the streams the terminal UI needs are not a terminal
+    ("stdin", "stderr"): textual's Linux driver draws on stderr and reads
+    keys from stdin; into a pipe it would write escape codes and wait for
+    keys that never come.  None missing under serve's web driver."""
+    if os.environ.get(TEXTUAL_DRIVER_ENV):
+        return []
+    return [name for name, stream in (("stdin", sys.__stdin__), ("stderr", sys.__stderr__))
+            if stream is None or not stream.isatty()]
+
+
+def need_terminal(command, instead):
+    """A UsageError unless the terminal UI has a terminal to draw on.
+    INSTEAD: what to run without one.  Called after the command's input is
+    checked (a missing pid or file is said first)."""
+    missing = terminal_missing()
+    if missing:
+        raise UsageError(
+            f"`{command}` is a terminal UI, and {' and '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not a terminal (redirected or piped)",
+            remediation=f"run it in a terminal (ssh -t for a remote one), or without one: "
+                        f"{instead}")
 
 
 def add_command(sub, name, *, help, description, examples=(), keys=None):

@@ -1,6 +1,8 @@
 """``allocdiag demo``: the example situations, live."""
 
-from diag.commands.common import add_command
+import sys
+
+from diag.commands.common import add_command, terminal_missing
 from diag.model.exitcodes import ExitCode
 
 NAME = "demo"
@@ -15,7 +17,7 @@ def add_parser(sub):
                     "keeping a freed burst, and two allocation walls: threads queueing on one "
                     "glibc arena lock, a request handler allocating per request) under the "
                     "installed allocators, then open the terminal UI on them (select a wall "
-                    "scene, Enter, then the Time tab: 6); with --no-tui print `explain` for "
+                    "scene, Enter, then the Time tab: 6); with --no-tui (or without a terminal) print `explain` for "
                     "each and, for the wall scenes, a 2 s `wall` window.  Every "
                     "workload is stopped when the demo ends.  Needs about 1.3 GiB of memory.",
         examples=["allocdiag demo", "allocdiag demo --no-tui --only glibc_held",
@@ -35,7 +37,15 @@ def run(args):
         for s in demo.SCENES:
             print(f"{s.key:24} {s.what}")
         return ExitCode.OK
-    return demo.run(only=args.only, host_view=None if args.no_tui else host_view)
+    no_tui = args.no_tui
+    missing = [] if no_tui else terminal_missing()
+    if missing:
+        # a script or a CI job running the demo: its text, not a UI that
+        # would wait for keys on a pipe
+        print(f"allocdiag demo: {' and '.join(missing)} not a terminal: the scenes' text "
+              f"reports follow (as with --no-tui)", file=sys.stderr)
+        no_tui = True
+    return demo.run(only=args.only, host_view=None if no_tui else host_view)
 
 
 def host_view(pids, host_interval=2.0):

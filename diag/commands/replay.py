@@ -1,8 +1,11 @@
 """``allocdiag replay``: open a recording in the process view."""
 
-from diag.commands.common import add_command
+from diag.commands.common import add_command, need_terminal
 
 NAME = "replay"
+# without a terminal
+INSTEAD = ("`allocdiag report FILE -o OUT.html` (one HTML page), "
+           "`allocdiag serve replay FILE` (in a browser)")
 
 
 def add_parser(sub):
@@ -17,4 +20,5 @@ def add_parser(sub):
 
 def run(args):
     from tui import app
-    return app.run_replay(args.file)
+    return app.run_replay(args.file,
+                          before_ui=lambda: need_terminal(NAME, INSTEAD))

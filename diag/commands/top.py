@@ -1,8 +1,11 @@
 """``allocdiag top`` (also plain ``allocdiag``): the host view."""
 
-from diag.commands.common import add_command
+from diag.commands.common import add_command, need_terminal
 
 NAME = "top"
+# without a terminal
+INSTEAD = ("`allocdiag ps` (the same table once), "
+           "`allocdiag serve top` (in a browser)")
 
 
 def add_parser(sub):
@@ -19,4 +22,5 @@ def add_parser(sub):
 
 def run(args):
     from tui import app
-    return app.run_host(no_attach=args.no_attach)
+    return app.run_host(no_attach=args.no_attach,
+                        before_ui=lambda: need_terminal(NAME, INSTEAD))

@@ -1,8 +1,12 @@
 """``allocdiag watch``: the live process view."""
 
-from diag.commands.common import add_command, pid_arg, sample_interval
+from diag.commands.common import add_command, pid_arg, need_terminal, sample_interval
 
 NAME = "watch"
+# without a terminal
+INSTEAD = ("`allocdiag inspect PID` (one snapshot), "
+           "`allocdiag record PID -o FILE` (a series), "
+           "`allocdiag serve watch PID` (in a browser)")
 
 
 def add_parser(sub):
@@ -26,4 +30,5 @@ def add_parser(sub):
 
 def run(args):
     from tui import app
-    return app.run_watch(args.pid, interval=args.interval, no_attach=args.no_attach)
+    return app.run_watch(args.pid, interval=args.interval, no_attach=args.no_attach,
+                         before_ui=lambda: need_terminal(NAME, INSTEAD))
