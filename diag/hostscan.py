@@ -56,6 +56,18 @@ HOST_VIEW_COLUMNS = ("comm", "allocator", "preload", "rss", "rss_anon", "lazyfre
                      "top_finding", "findings")
 
 
+def unreadable_hint(euid: int | None = None) -> str:
+    """What the count of unreadable processes should say (``ps``, the host
+    view): as a user, that root sees them; as root, that even root was
+    refused (a security module, a process holding capabilities allocdiag's
+    own lacks -- a container's init -- or another user namespace), which
+    no advice to "run as root" helps with."""
+    if (os.geteuid() if euid is None else euid) != 0:
+        return "run as root to see them"
+    return ("refused even to root: a security module, or a process holding capabilities "
+            "this one lacks; `allocdiag inspect PID` names the refusal")
+
+
 class ScanResult:
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []

@@ -146,6 +146,17 @@ def test_permission_denied_partial_with_help():
            "(maps failed)" in text.stdout and "--no-attach)" not in text.stdout
     assert "ptrace_scope" in r.stderr and "CAP_SYS_PTRACE" in r.stderr
     assert ps.returncode == 0 and "not readable" in ps.stderr
+    assert "(permission denied: run as root to see them)" in ps.stderr
+
+
+def test_unreadable_hint_does_not_tell_root_to_run_as_root():
+    """Root refused (a container's init holding capabilities this process
+    lacks, a security module) is not told to run as root."""
+    from diag.hostscan import unreadable_hint
+    assert unreadable_hint(euid=1000) == "run as root to see them"
+    as_root = unreadable_hint(euid=0)
+    assert "run as root" not in as_root and "refused even to root" in as_root
+    assert "allocdiag inspect PID" in as_root
 
 
 def test_demo_from_installed_package_runs_and_leaves_no_children(tmp_path):

@@ -10,6 +10,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
+from diag.hostscan import unreadable_hint
 from diag.render import human_bytes
 from tui import layers
 
@@ -204,7 +205,7 @@ class HostScreen(Screen):
         header = dict((a, h) for a, h, _ in HOST_COLUMNS)[self.sort_column]
         parts = [f"{shown} of {len(self.rows)} processes"]
         if self.denied:
-            parts.append(f"{self.denied} unreadable (run as root to see them)")
+            parts.append(f"{self.denied} unreadable ({unreadable_hint()})")
         parts.append(f"sort: {header} {'↓' if self.sort_reverse else '↑'}")
         if self.filter_text:
             parts.append(f"filter: {self.filter_text!r}")

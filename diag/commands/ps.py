@@ -56,7 +56,8 @@ def run(args):
                        "THR", "PRELOAD"], right={0, 2, 5, 6, 7, 8})
     tail = [f"{len(rows)} processes"]
     if result.denied:
-        tail.append(f"{result.denied} not readable (permission denied: run as root to see them)")
+        tail.append(f"{result.denied} not readable (permission denied: "
+                    f"{hostscan.unreadable_hint()})")
     if result.vanished:
         tail.append(f"{result.vanished} exited while being read")
     if result.failed:
