@@ -56,16 +56,21 @@ HOST_VIEW_COLUMNS = ("comm", "allocator", "preload", "rss", "rss_anon", "lazyfre
                      "top_finding", "findings")
 
 
-def unreadable_hint(euid: int | None = None) -> str:
-    """What the count of unreadable processes should say (``ps``, the host
-    view): as a user, that root sees them; as root, that even root was
-    refused (a security module, a process holding capabilities allocdiag's
-    own lacks -- a container's init -- or another user namespace), which
-    no advice to "run as root" helps with."""
+def unreadable_hint(euid: int | None = None, short: bool = False) -> str:
+    """What the count of unreadable processes should say (``ps``; SHORT:
+    the host view's status line): as a user, that root sees them; as root,
+    that even root was refused, which "run as root" does not help with.
+    Root is refused a process holding capabilities it lacks when it has no
+    CAP_SYS_PTRACE (security/commoncap.c cap_ptrace_access_check; docker
+    drops it by default), and by a security module or kernel policy (this
+    machine's own init, with it)."""
     if (os.geteuid() if euid is None else euid) != 0:
         return "run as root to see them"
-    return ("refused even to root: a security module, or a process holding capabilities "
-            "this one lacks; `allocdiag inspect PID` names the refusal")
+    if short:
+        return "refused even to root"
+    return ("refused even to root: without CAP_SYS_PTRACE (a container's default) root cannot "
+            "read a process holding capabilities it lacks, and a security module can refuse "
+            "too; `allocdiag inspect PID` names the refusal")
 
 
 class ScanResult:

@@ -156,7 +156,9 @@ def test_unreadable_hint_does_not_tell_root_to_run_as_root():
     assert unreadable_hint(euid=1000) == "run as root to see them"
     as_root = unreadable_hint(euid=0)
     assert "run as root" not in as_root and "refused even to root" in as_root
-    assert "allocdiag inspect PID" in as_root
+    assert "allocdiag inspect PID" in as_root and "CAP_SYS_PTRACE" in as_root
+    assert unreadable_hint(euid=0, short=True) == "refused even to root"
+    assert unreadable_hint(euid=1000, short=True) == "run as root to see them"
 
 
 def test_demo_from_installed_package_runs_and_leaves_no_children(tmp_path):

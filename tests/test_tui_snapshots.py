@@ -67,7 +67,8 @@ def process_app(kind):
 def test_host_view(snap_compare, size, monkeypatch):
     # the unreadable count's hint depends on who runs the scan: pinned to a
     # user's, so the picture is the same for root (CI) and a developer
-    monkeypatch.setattr(host_screen, "unreadable_hint", lambda: hostscan.unreadable_hint(1000))
+    monkeypatch.setattr(host_screen, "unreadable_hint",
+                        lambda short: hostscan.unreadable_hint(1000, short))
     app = make_app(host_source=FakeHost(), process_source_factory=lambda pid: None,
                    host_interval=1000)
     assert snap_compare(app, terminal_size=size, run_before=settled)

@@ -205,7 +205,7 @@ class HostScreen(Screen):
         header = dict((a, h) for a, h, _ in HOST_COLUMNS)[self.sort_column]
         parts = [f"{shown} of {len(self.rows)} processes"]
         if self.denied:
-            parts.append(f"{self.denied} unreadable ({unreadable_hint()})")
+            parts.append(f"{self.denied} unreadable ({unreadable_hint(short=True)})")
         parts.append(f"sort: {header} {'↓' if self.sort_reverse else '↑'}")
         if self.filter_text:
             parts.append(f"filter: {self.filter_text!r}")
