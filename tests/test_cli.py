@@ -145,6 +145,7 @@ def test_permission_denied_partial_with_help():
     assert "allocator stats  unknown: not collected: the allocator was not detected " \
            "(maps failed)" in text.stdout and "--no-attach)" not in text.stdout
     assert "ptrace_scope" in r.stderr and "CAP_SYS_PTRACE" in r.stderr
+    assert "refused as root: root without CAP_SYS_PTRACE" in r.stderr
     assert ps.returncode == 0 and "not readable" in ps.stderr
     assert "(permission denied: run as root to see them)" in ps.stderr
 

@@ -22,7 +22,10 @@ PTRACE_HELP = (
     "  - in a container: run with --cap-add=SYS_PTRACE (Kubernetes: "
     "securityContext.capabilities.add: [SYS_PTRACE]) and share the PID namespace "
     "(docker run --pid=container:NAME, or shareProcessNamespace: true);\n"
-    "  - a target that called prctl(PR_SET_DUMPABLE, 0) can only be read by root.\n"
+    "  - a target that called prctl(PR_SET_DUMPABLE, 0) can only be read by root;\n"
+    "  - refused as root: root without CAP_SYS_PTRACE (docker's default) cannot read a "
+    "process holding capabilities it lacks (CapPrm in /proc/PID/status), and a security "
+    "module (AppArmor, SELinux) can refuse ptrace even to root.\n"
     "Use --no-attach to keep to what /proc shows without ptrace."
 )
 
