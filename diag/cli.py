@@ -52,8 +52,20 @@ def build_parser():
 def parse(parser, argv):
     """The arguments; an unknown one is reported by its command's parser,
     with that command's usage line (argparse's own parse_args reports it
-    with the top-level usage, which does not show the command's options)."""
+    with the top-level usage, which does not show the command's options).
+    No command is ``top``: the global options stay before it and the rest
+    go to it (``allocdiag -v --no-attach`` is ``allocdiag -v top
+    --no-attach``)."""
     args, extra = parser.parse_known_args(argv)
+    if args.command is None:
+        rest = list(extra)
+        globals_ = []
+        for a in argv:
+            if rest and a == rest[0]:
+                rest.pop(0)
+            else:
+                globals_.append(a)
+        args, extra = parser.parse_known_args(globals_ + ["top"] + extra)
     if extra:
         command = args.command_parsers.get(args.command, parser)
         command.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -62,9 +74,7 @@ def parse(parser, argv):
 
 def main(argv=None):
     parser = build_parser()
-    args = parse(parser, argv)
-    if args.command is None:
-        args = parse(parser, ["top"] + (argv if argv is not None else sys.argv[1:]))
+    args = parse(parser, list(argv if argv is not None else sys.argv[1:]))
     handlers = {m.NAME: m.run for m in commands.load()}
     try:
         setup_logging(args)

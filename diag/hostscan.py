@@ -62,8 +62,8 @@ def unreadable_hint(euid: int | None = None, short: bool = False) -> str:
     that even root was refused, which "run as root" does not help with.
     Root is refused a process holding capabilities it lacks when it has no
     CAP_SYS_PTRACE (security/commoncap.c cap_ptrace_access_check; docker
-    drops it by default), and by a security module or kernel policy (this
-    machine's own init, with it)."""
+    drops it by default), and a security module or kernel policy can refuse
+    it even with CAP_SYS_PTRACE (the VM this was built on refuses its init)."""
     if (os.geteuid() if euid is None else euid) != 0:
         return "run as root to see them"
     if short:

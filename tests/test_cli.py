@@ -75,8 +75,9 @@ def test_an_unknown_option_is_reported_with_its_commands_usage():
     r = allocdiag("wall", "1", "--duration", "0")
     assert r.returncode == 2
     assert "argument --duration: must be between 0.2 and 3600 seconds" in r.stderr, r.stderr
-    r = allocdiag("--bogus")
-    assert r.returncode == 2 and "allocdiag: error: unrecognized arguments: --bogus" in r.stderr
+    # no command is top: its parser reports what neither it nor the globals know
+    r = allocdiag("-v", "--bogus")
+    assert r.returncode == 2 and "allocdiag top: error: unrecognized arguments: --bogus" in r.stderr
 
 
 @pytest.mark.parametrize("argv", [
@@ -290,6 +291,8 @@ def _without_terminal(*args):
 
 @pytest.mark.parametrize("argv, instead", [
     (["top"], "`allocdiag ps`"), ([], "`allocdiag ps`"),
+    # global options and top's own without the command (before: "unrecognized arguments")
+    (["-v"], "`allocdiag ps`"), (["--no-cache", "--no-attach"], "`allocdiag ps`"),
     (["watch", "{pid}"], "`allocdiag inspect PID`"),
     (["replay", os.path.join(ROOT, "tests", "fixtures", "recording-wall-jemalloc.jsonl.gz")],
      "`allocdiag report FILE -o OUT.html`")])

@@ -17,8 +17,9 @@ def add_parser(sub):
                     "keeping a freed burst, and two allocation walls: threads queueing on one "
                     "glibc arena lock, a request handler allocating per request) under the "
                     "installed allocators, then open the terminal UI on them (select a wall "
-                    "scene, Enter, then the Time tab: 6); with --no-tui (or without a terminal) print `explain` for "
-                    "each and, for the wall scenes, a 2 s `wall` window.  Every "
+                    "scene, Enter, then the Time tab: 6); with --no-tui (or without a "
+                    "terminal) print `explain` for each and, for the wall scenes, a 2 s "
+                    "`wall` window.  Every "
                     "workload is stopped when the demo ends.  Needs about 1.3 GiB of memory.",
         examples=["allocdiag demo", "allocdiag demo --no-tui --only glibc_held",
                   "allocdiag demo --no-tui --only arena_sprawl:glibc:busy --only alloc_wall"])
