@@ -257,3 +257,9 @@ def test_bad_view_and_bad_recording_fail_before_serving(tmp_path):
     assert res.returncode == 2 and str(bad) in res.stderr and "Traceback" not in res.stderr
     res = allocdiag("serve", "--port", str(free_port()), "watch", "999999999")
     assert res.returncode == 3
+    # the view's options too (before: a server whose every view failed)
+    res = allocdiag("serve", "--port", str(free_port()), "top", "--bogus")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "allocdiag top: error: unrecognized arguments: --bogus" in res.stderr
+    res = allocdiag("serve", "--port", str(free_port()), "watch", "1", "--interval", "0")
+    assert res.returncode == 2 and "--interval: must be at least 0.2 seconds" in res.stderr

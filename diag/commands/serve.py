@@ -73,6 +73,11 @@ def view_argv(view):
         raise UsageError(f"cannot serve {mode!r}: the views are {', '.join(MODES)}")
     if len(view) < 1 + MODES[mode]:
         raise UsageError(f"serve {mode} needs {'a PID' if mode == 'watch' else 'a FILE'}")
+    # The view's own options, by the parser a terminal's `allocdiag VIEW`
+    # uses (an unknown one exits 2 with that view's usage): here, once,
+    # rather than in every browser that connects.
+    from diag.cli import build_parser, parse
+    parse(build_parser(), view)
     if mode == "replay":
         # Fail here, once, rather than in every browser that connects.
         from diag.recording import read_recording
