@@ -68,6 +68,10 @@ def parse(parser, argv):
         args, extra = parser.parse_known_args(globals_ + ["top"] + extra)
     if extra:
         command = args.command_parsers.get(args.command, parser)
+        # a command with actions of its own (heap show, heap dump ...)
+        actions = getattr(args, "action_parsers", None)
+        if actions:
+            command = actions.get(getattr(args, args.action_dest, None), command)
         command.error(f"unrecognized arguments: {' '.join(extra)}")
     return args
 

@@ -75,6 +75,9 @@ def test_an_unknown_option_is_reported_with_its_commands_usage():
     r = allocdiag("wall", "1", "--duration", "0")
     assert r.returncode == 2
     assert "argument --duration: must be between 0.2 and 3600 seconds" in r.stderr, r.stderr
+    r = allocdiag("heap", "show", "/nonexistent.heap", "--bogus")       # an action's own usage
+    assert r.returncode == 2 and r.stderr.startswith("usage: allocdiag heap show ")
+    assert "allocdiag heap show: error: unrecognized arguments: --bogus" in r.stderr
     # no command is top: its parser reports what neither it nor the globals know
     r = allocdiag("-v", "--bogus")
     assert r.returncode == 2 and "allocdiag top: error: unrecognized arguments: --bogus" in r.stderr

@@ -58,7 +58,8 @@ def add_parser(sub):
                   "allocdiag heap show b.heap --collapsed > b.folded   # flamegraph.pl",
                   "allocdiag heap dump 1234 --latest -o last.heap   # its own HEAPPROFILE"])
     hs = p.add_subparsers(dest="heap_command", metavar="ACTION")
-    p.set_defaults(heap_command=None)
+    # diag.cli.parse reports an unknown option with the action's usage
+    p.set_defaults(heap_command=None, action_dest="heap_command", action_parsers=hs.choices)
 
     def action(name, help_text, more=""):
         return hs.add_parser(name, help=help_text, description=help_text + more,
