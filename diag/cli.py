@@ -53,19 +53,12 @@ def parse(parser, argv):
     """The arguments; an unknown one is reported by its command's parser,
     with that command's usage line (argparse's own parse_args reports it
     with the top-level usage, which does not show the command's options).
-    No command is ``top``: the global options stay before it and the rest
-    go to it (``allocdiag -v --no-attach`` is ``allocdiag -v top
-    --no-attach``)."""
+    No command is ``top``: what the global options left over goes to it,
+    into the same namespace (``allocdiag -v --no-attach`` is ``allocdiag -v
+    top --no-attach``; argparse sets only the defaults a namespace lacks)."""
     args, extra = parser.parse_known_args(argv)
     if args.command is None:
-        rest = list(extra)
-        globals_ = []
-        for a in argv:
-            if rest and a == rest[0]:
-                rest.pop(0)
-            else:
-                globals_.append(a)
-        args, extra = parser.parse_known_args(globals_ + ["top"] + extra)
+        args, extra = parser.parse_known_args(["top"] + extra, namespace=args)
     if extra:
         command = args.command_parsers.get(args.command, parser)
         # a command with actions of its own (heap show, heap dump ...)
