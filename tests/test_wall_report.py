@@ -253,7 +253,8 @@ def test_time_tab_counter_rows_follow_the_text_rule():
     from tui import wall_tab
     _snaps, events = read_recording_events(WALL_RECORDING)
     _t, w = wallfile.walls_of(events)[1]
-    rows = wall_tab.counter_rows(w)
+    shown = wall_tab.shown_counters(w)
+    rows = wall_tab.counter_rows(shown)
     names = [r[0] for r in rows]
     assert names == [c.name for c in render_wall.counters_shown(w, wall_tab.TOP_COUNTERS)]
     moved = sorted((c for c in w.counters.values() if c.kind == "delta" and c.delta),
@@ -262,5 +263,5 @@ def test_time_tab_counter_rows_follow_the_text_rule():
     idle = {c.name for c in w.counters.values() if c.kind == "gauge" and not c.start and not c.end}
     assert idle and not idle & set(names)
     assert len(rows) < len(w.counters)
-    title = wall_tab.counters_title(w)
+    title = wall_tab.counters_title(w, shown)
     assert f"({len(w.counters) - len(rows)} more not shown" in title

@@ -248,19 +248,24 @@ def _count(v, unit):
     return f"{v:,.0f}" if isinstance(v, (int, float)) else str(v)
 
 
-def counter_rows(w, n=TOP_COUNTERS):
+def shown_counters(w):
     """The allocator's own counters worth a row, by the text report's rule
     (diag.render_wall.counters_shown: the counts that moved, fastest first,
-    then the levels not at 0)."""
+    then the levels not at 0), at most TOP_COUNTERS."""
+    return counters_shown(w, TOP_COUNTERS)
+
+
+def counter_rows(shown):
+    """The table rows of SHOWN (shown_counters)."""
     return [(c.name, _count(c.delta, c.unit),
              per_s(c.per_s) if c.per_s is not None else "", _count(c.start, c.unit),
              _count(c.end, c.unit), c.unit + (" (level)" if c.kind == "gauge" else ""),
-             c.provenance) for c in counters_shown(w, n)]
+             c.provenance) for c in shown]
 
 
-def counters_title(w):
-    """The counter table's title, with how many rows counter_rows left out."""
-    left_out = counters_left_out(w, counters_shown(w, TOP_COUNTERS))
+def counters_title(w, shown):
+    """The counter table's title, with how many counters SHOWN left out."""
+    left_out = counters_left_out(w, shown)
     return COUNTERS_TITLE + (f" ({left_out})" if left_out else "")
 
 
@@ -435,8 +440,9 @@ class WallTab(Bound, VerticalScroll):
         self.lock.update(lock_text(w, width))
         fill_table(self.rates, RATE_COLUMNS, rate_rows(w), right=RATE_RIGHT)
         fill_table(self.sites, SITE_COLUMNS, site_rows(w), right=SITE_RIGHT)
-        fill_table(self.counters, COUNTER_COLUMNS, counter_rows(w), right=COUNTER_RIGHT)
-        self.query_one("#wall-counters-title", Static).update(counters_title(w))
+        shown = shown_counters(w)
+        fill_table(self.counters, COUNTER_COLUMNS, counter_rows(shown), right=COUNTER_RIGHT)
+        self.query_one("#wall-counters-title", Static).update(counters_title(w, shown))
         notes = notes_text(w)
         self.notes.update(notes)
         self._show_parts(True)
