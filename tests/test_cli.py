@@ -18,10 +18,15 @@ TOP_KEYS = ["schema_version", "pid", "comm", "exe", "taken_at", "allocator", "pr
             "cgroup", "stats", "native", "findings", "collectors"]
 
 
-def allocdiag(*args, python=sys.executable):
+def allocdiag(*args, python=sys.executable, stdin=None):
+    """`python -m diag ARGS` from /, as a terminal-less caller would run it
+    (STDIN: subprocess.DEVNULL for no terminal at all; never serve's web
+    driver)."""
     env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("TEXTUAL_DRIVER", None)
     cmd = [python, "-m", "diag", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd="/", timeout=120)
+    return subprocess.run(cmd, stdin=stdin, capture_output=True, text=True, env=env, cwd="/",
+                          timeout=120)
 
 
 def test_inspect_json_document():
@@ -286,10 +291,7 @@ def test_inspect_native_prints_schema_units():
 
 
 def _without_terminal(*args):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    env.pop("TEXTUAL_DRIVER", None)
-    return subprocess.run([sys.executable, "-m", "diag", *args], stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, env=env, cwd="/", timeout=120)
+    return allocdiag(*args, stdin=subprocess.DEVNULL)
 
 
 @pytest.mark.parametrize("argv, instead", [
