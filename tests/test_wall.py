@@ -13,6 +13,7 @@ import ctypes
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
 
@@ -528,6 +529,49 @@ def test_background_thread_sleep_is_idle_with_or_without_libc_debug_file(debug_r
     assert a.function != wall.GLIBC_INTERNAL
     if debug_root == "/nonexistent":
         assert a.function == LIBC_INTERNAL, a.function
+
+
+# a thread that runs 0.6 s, then exits; the main thread sleeps
+SPIN_THEN_EXIT = """
+import threading, time
+def spin():
+    end = time.monotonic() + 0.6
+    while time.monotonic() < end:
+        pass
+t = threading.Thread(target=spin)
+t.start()
+print("READY", t.native_id, flush=True)
+t.join()
+time.sleep(60)
+"""
+
+
+def test_the_reader_wakes_for_a_half_full_ring_not_for_an_exited_thread():
+    """The drain loop waits on the rings' fds: a ring half full at 999 Hz
+    wakes it long before its timeout (a fixed sleep lost 1-3 % of 999 Hz
+    samples), and a ring whose thread exited (it polls as hung up until the
+    next rescan) is taken out of the set, not spun on."""
+    from collectors.sampler.session import Session
+    with targets.start([sys.executable, "-c", SPIN_THEN_EXIT]) as t:
+        spinner = int(t.ready.split()[-1])
+        s = Session(t.pid, hz=999, switches=False, syscalls=())
+        s.start()
+        try:
+            t0 = time.monotonic()
+            s.wait(5.0)
+            woke_s = time.monotonic() - t0
+            deadline = time.monotonic() + 10
+            while os.path.exists(f"/proc/{t.pid}/task/{spinner}") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            for _ in range(3):              # what was pending: data, the hang-up
+                s.wait(0.05)
+            t0 = time.monotonic()
+            s.wait(0.4)
+            idle_s = time.monotonic() - t0
+        finally:
+            s.stop()
+    assert woke_s < 2.5, woke_s
+    assert idle_s >= 0.3, idle_s
 
 
 def test_stack_word_beyond_off_t_is_unreadable_not_a_crash():
