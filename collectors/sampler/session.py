@@ -20,9 +20,9 @@ Threads created during the window are found by a rescan of /proc/PID/task
 every RESCAN_S (each new thread's first <= RESCAN_S is not seen; the
 reference measured per-CPU inherit as the alternative, which needs a ring
 per CPU and sees other processes' records filtered only by pid).  Rings are
-drained every DRAIN_S, and at once when one is half full.  Memory is bounded whatever the duration: stacks,
-sites and caches are capped (MAX_STACKS, MAX_SITES, MAX_CACHE) and overflow
-into an "[other]" bucket.
+drained every DRAIN_S, and at once when one is half full.  Memory is bounded
+whatever the duration: stacks, sites and caches are capped (MAX_STACKS,
+MAX_SITES, MAX_CACHE) and overflow into an "[other]" bucket.
 
 Switch samples can arrive at tens of thousands per second under lock
 contention; each one's classification is cached by the first CACHE_FRAMES
@@ -35,6 +35,7 @@ from __future__ import annotations
 import errno
 import gc
 import logging
+import math
 import os
 import resource
 import select
@@ -404,7 +405,7 @@ class Session:
         """Sleep up to TIMEOUT_S, less when a ring is half full.  A ring
         whose thread exited polls as hung up until the next rescan retires
         the thread: it is taken out of the set at once, not spun on."""
-        for fd, ev in self._rings_ready.poll(max(0, int(timeout_s * 1000))):
+        for fd, ev in self._rings_ready.poll(max(0, math.ceil(timeout_s * 1000))):
             if ev & _POLL_TROUBLE:
                 self._unwatch(fd)
 
