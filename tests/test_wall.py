@@ -531,16 +531,19 @@ def test_background_thread_sleep_is_idle_with_or_without_libc_debug_file(debug_r
         assert a.function == LIBC_INTERNAL, a.function
 
 
-# a thread that runs 0.6 s, then exits; the main thread sleeps
-SPIN_THEN_EXIT = """
-import threading, time
+# a thread that spins until a line arrives on stdin, then exits; the main
+# thread sleeps
+SPIN_UNTIL_TOLD = """
+import sys, threading, time
+told = threading.Event()
 def spin():
-    end = time.monotonic() + 0.6
-    while time.monotonic() < end:
+    while not told.is_set():
         pass
 t = threading.Thread(target=spin)
 t.start()
 print("READY", t.native_id, flush=True)
+sys.stdin.readline()
+told.set()
 t.join()
 time.sleep(60)
 """
@@ -552,14 +555,17 @@ def test_the_reader_wakes_for_a_half_full_ring_not_for_an_exited_thread():
     samples), and a ring whose thread exited (it polls as hung up until the
     next rescan) is taken out of the set, not spun on."""
     from collectors.sampler.session import Session
-    with targets.start([sys.executable, "-c", SPIN_THEN_EXIT]) as t:
+    with targets.start([sys.executable, "-c", SPIN_UNTIL_TOLD]) as t:
         spinner = int(t.ready.split()[-1])
         s = Session(t.pid, hz=999, switches=False, syscalls=())
         s.start()
         try:
+            assert spinner in s.threads
             t0 = time.monotonic()
             s.wait(5.0)
             woke_s = time.monotonic() - t0
+            t.proc.stdin.write(b"exit\n")
+            t.proc.stdin.flush()
             deadline = time.monotonic() + 10
             while os.path.exists(f"/proc/{t.pid}/task/{spinner}") and time.monotonic() < deadline:
                 time.sleep(0.05)
