@@ -129,8 +129,12 @@ def test_jemalloc_dirty_pages_without_background_thread():
 
 
 def test_jemalloc_dirty_pages_with_background_thread():
+    # the untuned process keeps its ~95 MiB dirty through the 3 s idle (6 of 6
+    # runs here, idle or with both CPUs busy), but in one pristine-chroot run
+    # it settled at 0, as low as the tuned one: cause not found.  Its larger
+    # figure of two runs is the baseline (the knob must still take 80 % off).
     f, _ = assert_delivers("jemalloc:background_thread=true,dirty_decay_ms=60000",
-                           "jemalloc-dirty-pages", "dirty", idle_s=3)
+                           "jemalloc-dirty-pages", "dirty", idle_s=3, base_runs=2)
     assert (f.knob.name, f.knob.suggested) == ("dirty_decay_ms", "1000")
 
 
