@@ -6,7 +6,9 @@ Target: tests/targets/sp_waits.c -- one worker thread parked in a chosen
 wait, counting every EINTR its waits return (read without stopping it).
 """
 
+import logging
 import os
+import re
 import signal
 import time
 
@@ -313,10 +315,11 @@ def _fake_range(name, a):
 
 
 @pytest.mark.parametrize("walk", [True, False])
-def test_running_thread_called_from_allocator_is_refused(sp, monkeypatch, walk):
+def test_running_thread_called_from_allocator_is_refused(sp, monkeypatch, caplog, walk):
     """A thread running application code ~3 KiB of frames below an allocator
     frame: the CFI walk refuses it; the stack-top scan alone (walk switched
-    off) does not see that frame and would borrow it."""
+    off) does not see that frame and would borrow it.  Each stop refused
+    after it was made is said at -v's level (INFO), with why and how long."""
     t, a = sp("fakespin")
     if not walk:
         from collectors.engine.choose import Chooser
@@ -325,9 +328,17 @@ def test_running_thread_called_from_allocator_is_refused(sp, monkeypatch, walk):
     rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES) + fake,
                        deadline_s=0.5)
     if walk:
-        with pytest.raises(RemoteCallError, match="called from inside libfakealloc.so"):
-            with rp.borrow(tid=a["tid"]):
-                pass
+        with caplog.at_level(logging.INFO, logger="collectors.engine"):
+            with pytest.raises(RemoteCallError, match="called from inside libfakealloc.so"):
+                with rp.borrow(tid=a["tid"]):
+                    pass
+        said = [r.getMessage() for r in caplog.records if r.name == "collectors.engine"]
+        tid = a["tid"]
+        assert any(m.startswith(f"pid {t.pid} tid {tid} refused after the stop: ") and
+                   "libfakealloc.so" in m for m in said), said
+        assert any(re.fullmatch(rf"pid {t.pid} tid {tid} refused after the stop: stopped "
+                                r"\d+ us, no call made", m) for m in said), said
+        assert not any("None" in m for m in said), said
     else:
         with rp.borrow(tid=a["tid"]) as c:
             assert c.category == "running"

@@ -464,9 +464,14 @@ class Caller:
                 self.record.pause_us.append(us)
                 self.stats.pause_us_total += us
                 if not self.quiet and log.isEnabledFor(logging.INFO):
-                    log.info("pid %d tid %d (%s %s) borrowed: stopped %d us for %d calls",
-                             self.pid, th.tid, th.verdict.category, th.verdict.syscall, us,
-                             th.frame.calls)
+                    if th.verdict.category is None:     # the judge refused it, stopped
+                        log.info("pid %d tid %d refused after the stop: stopped %d us, "
+                                 "no call made", self.pid, th.tid, us)
+                    else:
+                        log.info("pid %d tid %d (%s) borrowed: stopped %d us for %d calls",
+                                 self.pid, th.tid, " ".join(filter(None, (
+                                     th.verdict.category, th.verdict.syscall))),
+                                 us, th.frame.calls)
             self.record.held_signals.extend(h.as_dict() for h in th.held)
 
 

@@ -320,8 +320,9 @@ class RemoteProcess:
                               th.verdict.category, th.verdict.syscall, c.facts.room)
                     return th, old
                 last_why[c.tid] = reason
-                log.debug("pid %d tid %d refused after the stop: %s (%s)", self.pid, c.tid,
-                          reason.code.value, reason.text)
+                # a stop the target paid for without a call: -v says why
+                log.info("pid %d tid %d refused after the stop: %s (%s)", self.pid, c.tid,
+                         reason.code.value, reason.text)
                 self._stats.rejected_stops += 1
                 try:
                     self._caller.release(th)
