@@ -169,13 +169,9 @@ class Ring:
     """The mmapped ring of one event: 1 header page + 2^n data pages.
     ``drain()`` returns the bytes of every complete record since the last
     call and publishes data_tail (x86-64 is TSO: no fence needed between the
-    head load and the record copies, nor before the tail store).  ``fd``
-    polls readable once the ring is half full (kernel/events/ring_buffer.c
-    ``ring_buffer_init``: with attr.watermark unset, the wakeup watermark is
-    half the data size)."""
+    head load and the record copies, nor before the tail store)."""
 
     def __init__(self, fd: int, pages: int = RING_DATA_PAGES) -> None:
-        self.fd = fd
         self.size = pages * PAGE
         self.map = mmap.mmap(fd, (pages + 1) * PAGE, mmap.MAP_SHARED,
                              mmap.PROT_READ | mmap.PROT_WRITE)

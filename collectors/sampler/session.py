@@ -20,9 +20,9 @@ Threads created during the window are found by a rescan of /proc/PID/task
 every RESCAN_S (each new thread's first <= RESCAN_S is not seen; the
 reference measured per-CPU inherit as the alternative, which needs a ring
 per CPU and sees other processes' records filtered only by pid).  Rings are
-drained every DRAIN_S, and at once when one is half full.  Memory is bounded
-whatever the duration: stacks, sites and caches are capped (MAX_STACKS,
-MAX_SITES, MAX_CACHE) and overflow into an "[other]" bucket.
+drained every DRAIN_S.  Memory is bounded whatever the duration: stacks,
+sites and caches are capped (MAX_STACKS, MAX_SITES, MAX_CACHE) and overflow
+into an "[other]" bucket.
 
 Switch samples can arrive at tens of thousands per second under lock
 contention; each one's classification is cached by the first CACHE_FRAMES
@@ -35,10 +35,8 @@ from __future__ import annotations
 import errno
 import gc
 import logging
-import math
 import os
 import resource
-import select
 import struct
 import time
 from collections import Counter, defaultdict
@@ -71,13 +69,15 @@ MAX_THREADS = 512
 # are locked kernel memory: smaller per thread when there are many (a LOST
 # count says when one overflowed).  (threads at most, pages)
 RING_PAGES_BY_THREADS = ((16, 256), (128, 64), (MAX_THREADS, 32))
-# Rings are drained every DRAIN_S from the last drain's start, and at once
-# when one is half full (its fd polls readable).  A sleep of DRAIN_S after
-# each drain made the drains 55-73 ms apart (the drain's own 10-20 ms on
-# top), while a 1 MiB ring holds ~60 ms of 999 Hz samples of one busy
-# thread: 1-3 % of them were lost on an idle 2-vCPU machine.
+# Above HIGH_RATE_HZ a few threads get 1024 pages (4 MiB, ~240 ms of one busy
+# thread's 999 Hz samples): the drains are DRAIN_S plus their own work apart
+# (55-73 ms at 999 Hz on a slow 2-vCPU guest) while 256 pages held ~60 ms of
+# it, and 1-3 % of the samples were lost.  (Draining at once when a ring is
+# half full kept them all, but under lock contention the reader then kept up
+# with every switch record too and overran the window by seconds.)
+HIGH_RATE_HZ = 500
+HIGH_RATE_RING_PAGES = 1024
 DRAIN_S = 0.05
-_POLL_TROUBLE = select.POLLHUP | select.POLLERR | select.POLLNVAL
 RESCAN_S = 0.2
 MAX_STACKS = 4096
 MAX_SITES = 1024
@@ -125,7 +125,6 @@ class Session:
         self.pid, self.hz, self.procfs = pid, hz, procfs
         self.want_switches, self.want_syscalls = switches, tuple(syscalls)
         self.threads: dict[int, _Thread] = {}
-        self._rings_ready = select.poll()   # every open ring's fd (POLLIN)
         self.by_ident: dict[int, tuple[str, str | None]] = {}  # event id -> (kind, syscall)
         self.missing: dict[str, wall.Missing] = {}             # figure -> why
         self.exclude_kernel = False
@@ -300,7 +299,10 @@ class Session:
 
     def _ring_pages(self):
         n = len(self.threads) + 1
-        return next(pages for most, pages in RING_PAGES_BY_THREADS if n <= most)
+        pages = next(pages for most, pages in RING_PAGES_BY_THREADS if n <= most)
+        if self.hz > HIGH_RATE_HZ and n <= RING_PAGES_BY_THREADS[0][0]:
+            return HIGH_RATE_RING_PAGES
+        return pages
 
     def _flags(self, extra=0):
         return _BASE_FLAGS | extra | (perf.F_EXCLUDE_KERNEL if self.exclude_kernel else 0)
@@ -318,7 +320,6 @@ class Session:
                 if t.ring is None:
                     t.ring = perf.Ring(fd, self._ring_pages())
                     rings.append(fd)
-                    self._rings_ready.register(fd, select.POLLIN)
                 else:
                     perf.ioctl(fd, perf.PERF_EVENT_IOC_SET_OUTPUT, rings[0])
                 self.by_ident[perf.event_id(fd)] = (kind, name)
@@ -401,20 +402,6 @@ class Session:
             self._scan()
         return any(t.end_ns is None for t in self.threads.values())
 
-    def wait(self, timeout_s: float) -> None:
-        """Sleep up to TIMEOUT_S, less when a ring is half full.  A ring
-        whose thread exited polls as hung up until the next rescan retires
-        the thread: it is taken out of the set at once, not spun on."""
-        for fd, ev in self._rings_ready.poll(max(0, math.ceil(timeout_s * 1000))):
-            if ev & _POLL_TROUBLE:
-                self._unwatch(fd)
-
-    def _unwatch(self, fd):
-        try:
-            self._rings_ready.unregister(fd)
-        except KeyError:
-            pass
-
     def _retire(self, t, now):
         if t.ring is not None:
             self._consume(t, t.ring.drain())
@@ -429,7 +416,6 @@ class Session:
         for name, fd in t.syscalls.items():
             self.final_counts["sys:" + name] += perf.read_count(fd) or 0
         if t.ring is not None:
-            self._unwatch(t.ring.fd)
             t.ring.close()
         for fd in t.fds:
             try:
@@ -622,14 +608,12 @@ class Session:
         """The polling loop of run() for a session already started."""
         ended = wall.COMPLETE
         deadline = time.monotonic() + duration_s
-        due = time.monotonic() + DRAIN_S
         try:
             while True:
-                now = time.monotonic()
-                if now >= deadline:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     break
-                self.wait(min(due, deadline) - now)
-                due = time.monotonic() + DRAIN_S
+                time.sleep(min(DRAIN_S, left))
                 if not self.poll():
                     ended = wall.EXITED
                     break
