@@ -348,20 +348,26 @@ def test_unprivileged_user_on_a_root_process_is_told_the_fix(exe):
     assert "CAP_PERFMON" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_unprivileged_user_on_its_own_process_gets_what_it_can(exe, tracefs):
+def _as_user_on_its_own_mix(exe, threads, imports, *body):
+    """Run BODY (lines; ``p`` is the target) as an unprivileged user on that
+    user's own ``EXE mix THREADS``; returns the JSON BODY printed."""
     prog = unpriv.executable(exe)
-    code = ("import json, subprocess, time\n"
-            "from diag import wall_take\n"
-            f"p = subprocess.Popen([{prog!r}, 'mix', '1'], stdout=subprocess.DEVNULL)\n"
+    code = ("import json, subprocess, time\n" + imports + "\n" +
+            f"p = subprocess.Popen([{prog!r}, 'mix', '{threads}'], stdout=subprocess.DEVNULL)\n"
             "time.sleep(0.3)\n"
-            "try:\n"
-            "    w = wall_take.take(p.pid, duration_s=1.0, counters=False)\n"
-            "    print(json.dumps(w.to_json()))\n"
+            "try:\n" + "".join(f"    {line}\n" for line in body) +
             "finally:\n"
             "    p.kill()\n")
     r = unpriv.run(["-c", code])
     assert r.returncode == 0, r.stderr
-    doc = json.loads(r.stdout)
+    return json.loads(r.stdout)
+
+
+def test_unprivileged_user_on_its_own_process_gets_what_it_can(exe, tracefs):
+    doc = _as_user_on_its_own_mix(
+        exe, 1, "from diag import wall_take",
+        "w = wall_take.take(p.pid, duration_s=1.0, counters=False)",
+        "print(json.dumps(w.to_json()))")
     assert doc["cpu"]["samples"] > 0                       # user-mode sampling works
     missing = {m["figure"]: m for m in doc["window"]["missing"]}
     assert "syscalls" in missing and missing["syscalls"]["fix"]   # tracefs is root's
@@ -546,6 +552,19 @@ def test_a_high_rate_window_gives_a_few_threads_4_mib_rings(exe):
             finally:
                 s.stop()
     assert sizes == {99: {1 << 20}, 999: {HIGH_RATE_RING_PAGES * perf.PAGE}}, sizes
+
+
+def test_an_unprivileged_high_rate_window_keeps_a_ring_for_every_thread(exe):
+    """Without CAP_IPC_LOCK a user may lock perf_event_mlock_kb per CPU plus
+    RLIMIT_MEMLOCK: two 4 MiB rings filled it and three of five threads got
+    none.  Such a user keeps the usual 1 MiB rings at any rate."""
+    sizes = _as_user_on_its_own_mix(
+        exe, 4, "from collectors.sampler.session import Session",
+        "s = Session(p.pid, hz=999, switches=False, syscalls=())",
+        "s.start()",
+        "print(json.dumps([t.ring.size if t.ring else 0 for t in s.threads.values()]))",
+        "s.stop()")
+    assert sizes == [1 << 20] * 5, sizes
 
 
 def test_stack_word_beyond_off_t_is_unreadable_not_a_crash():

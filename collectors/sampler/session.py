@@ -70,7 +70,7 @@ MAX_THREADS = 512
 # count says when one overflowed).  (threads at most, pages)
 RING_PAGES_BY_THREADS = ((16, 256), (128, 64), (MAX_THREADS, 32))
 # Above HIGH_RATE_HZ a few threads get 1024 pages (4 MiB, ~240 ms of one busy
-# thread's 999 Hz samples): the drains are DRAIN_S plus their own work apart
+# thread's 999 Hz samples) when allocdiag may lock memory freely: the drains are DRAIN_S plus their own work apart
 # (55-73 ms at 999 Hz on a slow 2-vCPU guest) while 256 pages held ~60 ms of
 # it, and 1-3 % of the samples were lost.  (Draining at once when a ring is
 # half full kept them all, but under lock contention the reader then kept up
@@ -99,6 +99,22 @@ NOFILE_PER_THREAD = 9           # descriptors per thread at most: see _open_thre
 NOFILE_SPARE = 64
 TRACEFS_FIX = ("mount tracefs and run as root: mount -t tracefs nodev /sys/kernel/tracing "
                "(its events/*/id files are readable by root only)")
+
+
+CAP_IPC_LOCK = 14                   # include/uapi/linux/capability.h
+
+
+def _may_lock_memory() -> bool:
+    """True when this process holds CAP_IPC_LOCK (its locked memory is not
+    limited: perf's ring accounting, kernel/events/core.c perf_mmap)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_IPC_LOCK & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 class _Thread:
@@ -299,10 +315,18 @@ class Session:
 
     def _ring_pages(self):
         n = len(self.threads) + 1
-        pages = next(pages for most, pages in RING_PAGES_BY_THREADS if n <= most)
-        if self.hz > HIGH_RATE_HZ and n <= RING_PAGES_BY_THREADS[0][0]:
-            return HIGH_RATE_RING_PAGES
-        return pages
+        return next(pages for most, pages in RING_PAGES_BY_THREADS if n <= most)
+
+    def _ring(self, fd):
+        """FD's ring: HIGH_RATE_RING_PAGES above HIGH_RATE_HZ for a few threads
+        when allocdiag may lock memory freely (CAP_IPC_LOCK), else the usual
+        size.  Without it a user gets perf_event_mlock_kb per CPU plus
+        RLIMIT_MEMLOCK (9 MiB here), which two such rings would fill, leaving
+        the process's other threads with no ring at all."""
+        if (self.hz > HIGH_RATE_HZ and len(self.threads) < RING_PAGES_BY_THREADS[0][0]
+                and _may_lock_memory()):
+            return perf.Ring(fd, HIGH_RATE_RING_PAGES)
+        return perf.Ring(fd, self._ring_pages())
 
     def _flags(self, extra=0):
         return _BASE_FLAGS | extra | (perf.F_EXCLUDE_KERNEL if self.exclude_kernel else 0)
@@ -318,7 +342,7 @@ class Session:
             t.fds.append(fd)
             try:
                 if t.ring is None:
-                    t.ring = perf.Ring(fd, self._ring_pages())
+                    t.ring = self._ring(fd)
                     rings.append(fd)
                 else:
                     perf.ioctl(fd, perf.PERF_EVENT_IOC_SET_OUTPUT, rings[0])
