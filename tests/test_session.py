@@ -139,6 +139,11 @@ def test_a_reused_pid_starts_afresh(tmp_path):
     assert session.builds == 2
 
 
+def _maps(pid):
+    with open(f"/proc/{pid}/maps", "rb") as f:
+        return f.read()
+
+
 def test_exporter_rereads_a_target_through_its_session(spies):
     # GIVEN the exporter with a real server as its live target, read at
     # every scrape
@@ -146,16 +151,22 @@ def test_exporter_rereads_a_target_through_its_session(spies):
         col = exporter.AllocdiagCollector(exporter.Options(
             targets=(srv.pid,), refresh_s=0.05, min_gap_s=0.0, max_pause_ms_per_minute=1e6),
             sync=True)
-        # WHEN it is scraped several times
+        # WHEN it is scraped several times (the maps read just before each)
+        maps = []
         for _ in range(SNAPSHOTS):
+            maps.append(_maps(srv.pid))
             col.collect()
             time.sleep(0.06)
         session = col.sessions.get(srv.pid)
-    # THEN each scrape read the target, and the maps gave one image, one
-    # detection and one remote handle (the host scan builds its own images)
+    # THEN each scrape read the target, and each set of maps gave one image,
+    # one detection (the host scan builds its own images): redis mapped more
+    # memory between two scrapes in 1 of 4 runs of this test on a slow machine,
+    # which is a new build, as it should be
+    changed = sum(a != b for a, b in zip(maps, maps[1:]))
+    assert changed < SNAPSHOTS - 1, "the maps changed at every scrape: nothing was kept"
     assert col.live.reads == SNAPSHOTS, col.live.reads
-    assert session.builds == 1, session.builds
-    assert spies["open_remote"].calls == 1
+    assert session.builds == 1 + changed, (session.builds, changed)
+    assert spies["open_remote"].calls <= 1 + changed
     assert col.live.entry(srv.pid).state == "ok"
 
 
