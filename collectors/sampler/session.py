@@ -70,9 +70,9 @@ MAX_THREADS = 512
 # count says when one overflowed).  (threads at most, pages)
 RING_PAGES_BY_THREADS = ((16, 256), (128, 64), (MAX_THREADS, 32))
 # Above HIGH_RATE_HZ a few threads get 1024 pages (4 MiB, ~240 ms of one busy
-# thread's 999 Hz samples) when allocdiag may lock memory freely: the drains are DRAIN_S plus their own work apart
-# (55-73 ms at 999 Hz on a slow 2-vCPU guest) while 256 pages held ~60 ms of
-# it, and 1-3 % of the samples were lost.  (Draining at once when a ring is
+# thread's 999 Hz samples) when allocdiag may lock memory freely: the drains
+# are DRAIN_S plus their own work apart (55-73 ms at 999 Hz on a slow 2-vCPU
+# guest) while 256 pages held ~60 ms of it, and 1-3 % of the samples were lost.  (Draining at once when a ring is
 # half full kept them all, but under lock contention the reader then kept up
 # with every switch record too and overran the window by seconds.)
 HIGH_RATE_HZ = 500
@@ -141,6 +141,10 @@ class Session:
         self.pid, self.hz, self.procfs = pid, hz, procfs
         self.want_switches, self.want_syscalls = switches, tuple(syscalls)
         self.threads: dict[int, _Thread] = {}
+        # 4 MiB rings above HIGH_RATE_HZ only with CAP_IPC_LOCK: without it a
+        # user may lock perf_event_mlock_kb per CPU plus RLIMIT_MEMLOCK (9 MiB
+        # here), which two such rings would fill, leaving other threads none
+        self._big_rings = hz > HIGH_RATE_HZ and _may_lock_memory()
         self.by_ident: dict[int, tuple[str, str | None]] = {}  # event id -> (kind, syscall)
         self.missing: dict[str, wall.Missing] = {}             # figure -> why
         self.exclude_kernel = False
@@ -314,19 +318,12 @@ class Session:
             return None
 
     def _ring_pages(self):
+        """The next thread's ring size: by the thread count, and
+        HIGH_RATE_RING_PAGES for the first tier when ``_big_rings``."""
         n = len(self.threads) + 1
+        if self._big_rings and n <= RING_PAGES_BY_THREADS[0][0]:
+            return HIGH_RATE_RING_PAGES
         return next(pages for most, pages in RING_PAGES_BY_THREADS if n <= most)
-
-    def _ring(self, fd):
-        """FD's ring: HIGH_RATE_RING_PAGES above HIGH_RATE_HZ for a few threads
-        when allocdiag may lock memory freely (CAP_IPC_LOCK), else the usual
-        size.  Without it a user gets perf_event_mlock_kb per CPU plus
-        RLIMIT_MEMLOCK (9 MiB here), which two such rings would fill, leaving
-        the process's other threads with no ring at all."""
-        if (self.hz > HIGH_RATE_HZ and len(self.threads) < RING_PAGES_BY_THREADS[0][0]
-                and _may_lock_memory()):
-            return perf.Ring(fd, HIGH_RATE_RING_PAGES)
-        return perf.Ring(fd, self._ring_pages())
 
     def _flags(self, extra=0):
         return _BASE_FLAGS | extra | (perf.F_EXCLUDE_KERNEL if self.exclude_kernel else 0)
@@ -342,7 +339,7 @@ class Session:
             t.fds.append(fd)
             try:
                 if t.ring is None:
-                    t.ring = self._ring(fd)
+                    t.ring = perf.Ring(fd, self._ring_pages())
                     rings.append(fd)
                 else:
                     perf.ioctl(fd, perf.PERF_EVENT_IOC_SET_OUTPUT, rings[0])
