@@ -7,6 +7,7 @@ Each command lives in its own module under ``diag.commands`` (parser and
 """
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -18,14 +19,7 @@ from diag.commands.common import EXIT_CODES_HELP, print_error
 from diag.model.exitcodes import ExitCode
 
 
-def build_parser():
-    p = argparse.ArgumentParser(
-        prog="allocdiag",
-        description="Which allocator serves malloc in a running Linux process, what it holds, "
-                    "and how that reconciles with the kernel's RSS, LazyFree and cgroup numbers.",
-        epilog=EXIT_CODES_HELP + "\nRun 'allocdiag COMMAND --help' for each command's options.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version", version=f"allocdiag {__version__}")
+def _add_global_options(p):
     p.add_argument("-v", "--verbose", action="store_true",
                    help="log what allocdiag decides on stderr, one line each: which "
                         "allocator serves malloc, which thread was borrowed and how long "
@@ -42,11 +36,43 @@ def build_parser():
                         "(same as ALLOCDIAG_NO_CACHE=1)")
     p.add_argument("--proc", default="/proc", metavar="DIR",
                    help="procfs root to read (default /proc; a captured tree for offline use)")
+
+
+def build_parser(command=None):
+    """The whole command line; with COMMAND (a word of ``commands.MODULES``)
+    only that command's sub-parser: importing and building all seventeen
+    costs a CLI run ~25 ms (issue 23), and a run uses one."""
+    p = argparse.ArgumentParser(
+        prog="allocdiag",
+        description="Which allocator serves malloc in a running Linux process, what it holds, "
+                    "and how that reconciles with the kernel's RSS, LazyFree and cgroup numbers.",
+        epilog=EXIT_CODES_HELP + "\nRun 'allocdiag COMMAND --help' for each command's options.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"allocdiag {__version__}")
+    _add_global_options(p)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for mod in commands.load():
+    for mod in commands.load() if command is None else [commands.module(command)]:
         mod.add_parser(sub)
     p.set_defaults(command_parsers=sub.choices)
     return p
+
+
+def command_word(argv):
+    """The command ARGV names, when its first word after the global options
+    is one; else None (no command: ``top``; a top-level --help or --version;
+    a typo, which the whole parser reports with the list of commands)."""
+    pre = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    _add_global_options(pre)
+    try:
+        _known, rest = pre.parse_known_args(argv)
+    except argparse.ArgumentError:  # a global option's value missing: the whole parser says so
+        return None
+    for word in rest:
+        if word in ("-h", "--help", "--version"):
+            return None
+        if not word.startswith("-"):
+            return word if word in commands.MODULES else None
+    return None
 
 
 def parse(parser, argv):
@@ -69,10 +95,20 @@ def parse(parser, argv):
     return args
 
 
+# The cyclic collector's first threshold for a CLI run.  A command starts by
+# importing ~100 modules: ~50,000 objects, almost none of them garbage, which
+# the collector at its default (700) traversed in ~70 passes before the first
+# snapshot was printed: 20 ms of a 270 ms `inspect` on the slow guest (issue
+# 23).  At 100,000 a short command runs without a pass, and a long one still
+# collects every 100,000 new objects, which bounds what cycles can hold.
+GC_THRESHOLD0 = 100_000
+
+
 def main(argv=None):
-    parser = build_parser()
-    args = parse(parser, list(argv if argv is not None else sys.argv[1:]))
-    handlers = {m.NAME: m.run for m in commands.load()}
+    gc.set_threshold(GC_THRESHOLD0, *gc.get_threshold()[1:])
+    argv = list(argv if argv is not None else sys.argv[1:])
+    parser = build_parser(command_word(argv))
+    args = parse(parser, argv)
     try:
         setup_logging(args)
         if args.no_cache:
@@ -81,7 +117,7 @@ def main(argv=None):
             os.environ[diskcache.ENV_DISABLE] = "1"
             diskcache.configure(False)
         log.debug("allocdiag %s: %s", __version__, " ".join(sys.argv[1:] if argv is None else argv))
-        return int(handlers[args.command](args))
+        return int(commands.module(args.command).run(args))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED

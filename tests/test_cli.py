@@ -104,6 +104,50 @@ def test_unusable_paths_are_usage_errors_naming_the_path(argv, tmp_path):
         (d in r.stderr and "directory" in r.stderr), r.stderr
 
 
+@pytest.mark.parametrize("argv, word", [
+    (["inspect", "1"], "inspect"), (["-v", "--log-file", "x", "ps", "--json"], "ps"),
+    (["--proc=/tmp/p", "--no-cache", "heap", "show", "f"], "heap"),
+    (["--log-file", "inspect"], None),             # the option's value, not a command
+    ([], None), (["-v", "--no-attach"], None),     # top
+    (["--help"], None), (["-h", "inspect"], None), (["--version"], None),
+    (["bogus"], None), (["1234"], None), (["--log-file"], None)])
+def test_the_command_word_is_found_before_any_command_is_imported(argv, word):
+    from diag import cli
+    assert cli.command_word(argv) == word
+
+
+def test_a_run_imports_and_builds_its_own_command_only():
+    """`allocdiag inspect` imports one command module and builds one
+    sub-parser (all seventeen cost a CLI run ~25 ms); the top-level help
+    still lists every command."""
+    code = ("import sys; from diag import cli; p = cli.build_parser(cli.command_word(sys.argv[1:]));"
+            "print(sorted(p.get_default('command_parsers')));"
+            "print(sorted(m for m in sys.modules if m.startswith('diag.commands.')))")
+    r = subprocess.run([sys.executable, "-c", code, "inspect", "--json", "1"], capture_output=True,
+                       text=True, env=dict(os.environ, PYTHONPATH=ROOT), cwd="/", timeout=60)
+    assert r.stdout.splitlines() == ["['inspect']",
+                                     "['diag.commands.common', 'diag.commands.inspect']"], r.stderr
+    r = allocdiag("--help")
+    assert r.returncode == 0
+    from diag import commands
+    for name in commands.MODULES:
+        assert f"\n    {name} " in r.stdout, name
+
+
+def test_a_short_command_runs_without_a_cyclic_collection():
+    """Start-up's objects are not garbage: `inspect` (imports, detection,
+    the document) runs without one pass of the cyclic collector, which at
+    its default threshold made ~70 (diag.cli.GC_THRESHOLD0)."""
+    code = ("import gc, sys; from diag import cli; passes = [];"
+            "gc.callbacks.append(lambda phase, info: phase == 'start' and passes.append(info));"
+            "rc = cli.main(sys.argv[1:]); print(rc, len(passes), gc.get_threshold()[0])")
+    with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
+        r = subprocess.run([sys.executable, "-c", code, "inspect", "--json", str(t.pid)],
+                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT),
+                           cwd="/", timeout=120)
+    assert r.stdout.splitlines()[-1] == "0 0 100000", r.stderr[-2000:]
+
+
 def test_help_teaches_exit_codes():
     r = allocdiag("inspect", "--help")
     assert r.returncode == 0

@@ -90,8 +90,9 @@ def test_stack_judged_from_cached_cfi(tmp_path):
     for r in runs:
         assert r.returncode == 0, r.stderr[-3000:]
         assert "futex condition-variable/semaphore wait" in r.stdout
-    assert (LIBC, "cfi") in events(runs[0], "stored")
-    assert (LIBC, "cfi") in events(runs[1], "hit")
+    for part in ("cfi", "libcfuncs"):
+        assert (LIBC, part) in events(runs[0], "stored")
+        assert (LIBC, part) in events(runs[1], "hit")
 
 
 def test_replaced_library_is_parsed_again(tmp_path):
@@ -279,6 +280,52 @@ def test_restored_cfi_rows_equal_parsed(store):
     assert warm._cfi is None                        # no FDE parsed: all from disk
     assert {pc: warm.row(pc) for pc in unseen} == {pc: want[pc] for pc in unseen}
     assert warm._cfi is not None
+    _forget_objects()
+
+
+def test_libc_functions_built_once_per_file_and_restored(store, monkeypatch):
+    """The stack judge's libc function ranges are a fact of the file: built
+    once for every load address that maps it (a rehearsal on allocdiag's
+    own understudy and the target's stop), stored, read back equal in the
+    next run without being built; a stored part of another shape is built
+    again."""
+    from types import SimpleNamespace
+    from collectors.engine import safepoints
+    built = []
+    real = safepoints._libc_functions
+    monkeypatch.setattr(safepoints, "_libc_functions",
+                        lambda obj, opener: built.append(obj) or real(obj, opener))
+
+    def facts_at(bias):
+        obj = elf.load(_open(LIBC))
+        return obj, safepoints._libc_facts_of(obj, bias, SimpleNamespace(path=LIBC,
+                                                                         opener=_open(LIBC)))
+
+    def fresh_run():
+        _forget_objects()
+        safepoints._LIBC_RANGES.clear()
+
+    fresh_run()
+    obj, here = facts_at(0x7F00_0000_0000)
+    _, there = facts_at(0x5500_0000_0000)
+    assert len(built) == 1
+    for name, table in (("malloc", 2), ("pthread_cond_wait", 1), ("nanosleep", 3)):
+        st_value = obj.dynamic(name).st_value
+        assert here[table](0x7F00_0000_0000 + st_value).startswith(name)
+        assert there[table](0x5500_0000_0000 + st_value).startswith(name)
+        assert here[table](st_value) is None
+    want = real(obj, _open(LIBC))
+
+    fresh_run()
+    obj, again = facts_at(0x7F00_0000_0000)
+    assert len(built) == 1 and obj.load_part(safepoints.LIBC_PART) == want
+    malloc = 0x7F00_0000_0000 + obj.dynamic("malloc").st_value
+    assert again[2](malloc) == here[2](malloc) == "malloc"
+
+    obj.store_part(safepoints.LIBC_PART, ["not", "the", "rows"])
+    fresh_run()
+    _, rebuilt = facts_at(0x7F00_0000_0000)
+    assert len(built) == 2 and rebuilt[2](malloc) == "malloc"
     _forget_objects()
 
 

@@ -9,7 +9,8 @@ One file per (ELF identity, part): the identity is the file's (st_dev,
 st_ino, st_size, st_mtime_ns) from ``fstat`` of the descriptor actually
 parsed, plus its build-id read from that descriptor; the part is what the
 entry holds (``elf``: the facts detection needs; ``symtab``; ``rodata``: the
-version banners found; ``cfi``: the ``.eh_frame_hdr`` index).  A part is read
+version banners found; ``cfi``: the ``.eh_frame_hdr`` index; ``libcfuncs``:
+a C library's wait, malloc and exported function ranges, for the stack judge).  A part is read
 only when a command asks for it.  Each file holds plain data only (``marshal``
 of dicts, lists, tuples, strings, bytes and numbers; never a pickled object) behind a
 header naming the format, the producer (a digest of the source of the modules
@@ -50,9 +51,11 @@ MAX_BYTES = 64 << 20          # the store's bound on disk
 MAX_ENTRIES = 4096
 EVICT_TO = 0.75               # eviction removes the oldest down to this share of a bound
 DIR_MODE, FILE_MODE = 0o700, 0o600
-# The modules whose code decides what an entry holds: a change to any of them
-# makes every entry foreign.
-_PRODUCER_MODULES = ("diskcache.py", "elf.py", "unwind.py")
+# The modules whose code decides what an entry holds (paths under the
+# collectors package): a change to any of them makes every entry foreign.
+# engine/safepoints.py computes the libcfuncs part.
+_PRODUCER_MODULES = ("binary/diskcache.py", "binary/elf.py", "binary/unwind.py",
+                     "engine/safepoints.py")
 
 # (st_dev, st_ino, st_size, st_mtime_ns, build-id hex or None)
 Key = tuple[int, int, int, int, "str | None"]
@@ -133,7 +136,7 @@ def _producer() -> str | None:
     if _state.producer is None:
         crc = zlib.crc32(f"{FORMAT} {sys.version_info[:2]}".encode())
         size = 0
-        here = os.path.dirname(os.path.abspath(__file__))
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         try:
             for name in _PRODUCER_MODULES:
                 with open(os.path.join(here, name), "rb") as f:

@@ -390,7 +390,7 @@ class ElfObject:
             if ".symtab" not in self.sections:
                 self._symtab = {}
                 return self._symtab
-            stored = self._load_part("symtab")
+            stored = self.load_part("symtab")
             if stored is not None:
                 try:
                     self._symtab = StoredSymbols(*stored)
@@ -404,7 +404,7 @@ class ElfObject:
                 same = self._same_file(f)
             self._symtab = {s.name: s for s in syms if s.defined and s.name}
             if same:
-                self._store_part("symtab", pack_symbols(list(self._symtab.values())))
+                self.store_part("symtab", pack_symbols(list(self._symtab.values())))
             return self._symtab
 
     def rodata_version(self, kind: str, f_opener: Callable[[], IO[bytes]]) -> str | None:
@@ -412,7 +412,7 @@ class ElfObject:
         None.  Cached per kind."""
         with self._lock:
             if self._rodata_hits is None:
-                stored = self._load_part("rodata")
+                stored = self.load_part("rodata")
                 self._rodata_hits = stored if isinstance(stored, dict) else {}
             if kind in self._rodata_hits:
                 return self._rodata_hits[kind]
@@ -430,15 +430,21 @@ class ElfObject:
         with self._lock:
             self._rodata_hits[kind] = hit
             if same:
-                self._store_part("rodata", dict(self._rodata_hits))
+                self.store_part("rodata", dict(self._rodata_hits))
         return hit
 
     # -- the lazy parts on disk ------------------------------------------------
 
-    def _load_part(self, part):
+    def load_part(self, part: str) -> Any:
+        """What was stored as PART of this file (plain data), or None: not
+        stored, the store off, or a file whose identity is unknown.  PART's
+        producer checks the shape: the store vouches for the identity and
+        the version of allocdiag that wrote it, not for the payload."""
         return diskcache.load(self.key, part, self.path) if self.key is not None else None
 
-    def _store_part(self, part, payload):
+    def store_part(self, part: str, payload: Any) -> None:
+        """Keep PAYLOAD (plain data, computed from this very file) as PART
+        of its facts on disk."""
         if self.key is not None:
             diskcache.store(self.key, part, payload, self.path)
 

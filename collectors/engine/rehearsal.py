@@ -33,7 +33,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -82,10 +81,8 @@ class Understudy:
     """The ``cat`` child and the engine objects that stop it."""
 
     def __init__(self, arch: Arch, procfs: str = "/proc") -> None:
-        exe = shutil.which(PROGRAM)
-        if exe is None:
-            raise OSError(f"{PROGRAM} not found")
-        self.proc = subprocess.Popen([exe], stdin=subprocess.PIPE,
+        # found on PATH by the exec itself (FileNotFoundError when missing)
+        self.proc = subprocess.Popen([PROGRAM], stdin=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, close_fds=True)
         self.pid = self.proc.pid

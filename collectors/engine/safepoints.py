@@ -352,32 +352,70 @@ def _tail_call_targets(obj: Any, opener: Any, sym: Any) -> list[tuple[int, int]]
     return out
 
 
-# A libc's facts at one load address, kept for the judges of later borrows
-# (every snapshot builds a judge; the facts cost ~2 ms of CPU to build: a
-# sort of libc's ~3,000 functions and a scan of its wait functions' code).
-# Keyed by the parsed object (cached per file identity) and the bias.
-_LIBC_FACTS: dict[tuple[Any, int, str], LibcFacts] = {}
-LIBC_FACTS_KEPT = 32
+# A libc's functions, in the object's own addresses (its load address
+# applied at lookup, Ranges.at): one set per file, whatever process or
+# address maps it (a stop's rehearsal on allocdiag's own understudy and the
+# target share it).  Building them costs 8-10 ms of CPU on the slow guest
+# (the ~3,000 .dynsym entries and a scan of the wait functions' code), so
+# they are also kept on disk with the file's other facts (diskcache; this
+# module is one of its producers).  Keyed by the parsed object, which the
+# ELF cache keeps one of per file identity.
+LIBC_PART = "libcfuncs"
+_LIBC_RANGES: dict[Any, tuple[Ranges, Ranges, Ranges]] = {}
+LIBC_RANGES_KEPT = 8
 
 
-def _libc_facts_of(obj: Any, bias: int, m: Any) -> LibcFacts:
+def _libc_functions(obj: Any, opener: Any) -> tuple[list[tuple[int, int, str]], ...]:
+    """(waits, malloc, named): [(start, end, name)] in object addresses of
+    OBJ's wait functions (with their tail-call targets), its malloc
+    functions, and every exported function under one name each."""
     waits: list[tuple[int, int, str]] = []
-    malloc: list[tuple[int, int, str]] = []
+    malloc: dict[tuple[int, int], tuple[int, int, str]] = {}
     named: dict[tuple[int, int], tuple[int, int, str]] = {}
     for s in obj.dynsym:
         if not s.defined or not s.st_value or s.type not in (STT_FUNC, STT_GNU_IFUNC):
             continue
-        rng = (bias + s.st_value, bias + s.st_value + max(s.st_size, 1), s.name)
-        # one name per range: the public one (nanosleep, not __nanosleep)
-        if rng[:2] not in named or named[rng[:2]][2].startswith("_"):
-            named[rng[:2]] = rng
+        rng = (s.st_value, s.st_value + max(s.st_size, 1), s.name)
+        _keep_public(named, rng)
         if s.name in LIBC_WAIT_FUNCTIONS:
             waits.append(rng)
-            waits.extend((bias + a, bias + b, f"{s.name} (tail call)")
-                         for a, b in _tail_call_targets(obj, m.opener, s))
+            waits.extend((a, b, f"{s.name} (tail call)")
+                         for a, b in _tail_call_targets(obj, opener, s))
         elif s.name in GLIBC_MALLOC_FUNCTIONS:
-            malloc.append(rng)
-    return (m.path, new_ranges(waits), new_ranges(malloc), new_ranges(named.values()))
+            _keep_public(malloc, rng)
+    return waits, sorted(malloc.values()), sorted(named.values())
+
+
+def _keep_public(table: dict[tuple[int, int], tuple[int, int, str]],
+                 rng: tuple[int, int, str]) -> None:
+    """One name per range in TABLE: the public one (nanosleep, not
+    __nanosleep; malloc, not __libc_malloc)."""
+    if rng[:2] not in table or table[rng[:2]][2].startswith("_"):
+        table[rng[:2]] = rng
+
+
+def _libc_ranges(obj: Any, opener: Any) -> tuple[Ranges, Ranges, Ranges]:
+    ranges = _LIBC_RANGES.get(obj)
+    if ranges is None:
+        stored = obj.load_part(LIBC_PART)
+        rows: tuple[Any, ...]
+        # written by this very code (the store's producer check): its shape only
+        if isinstance(stored, tuple) and len(stored) == 3 and \
+                all(isinstance(rows, list) for rows in stored):
+            rows = stored
+        else:
+            rows = _libc_functions(obj, opener)
+            obj.store_part(LIBC_PART, rows)
+        ranges = _LIBC_RANGES[obj] = (new_ranges(rows[0]), new_ranges(rows[1]),
+                                      new_ranges(rows[2]))
+        while len(_LIBC_RANGES) > LIBC_RANGES_KEPT:
+            del _LIBC_RANGES[next(iter(_LIBC_RANGES))]
+    return ranges
+
+
+def _libc_facts_of(obj: Any, bias: int, m: Any) -> LibcFacts:
+    waits, malloc, named = _libc_ranges(obj, m.opener)
+    return (m.path, waits.at(bias), malloc.at(bias), named.at(bias))
 
 
 class StackJudge:
@@ -418,12 +456,7 @@ class StackJudge:
                 bias = bias_of(m)
             except Exception:
                 return None
-            key = (obj, bias, m.path)
-            self._libc = _LIBC_FACTS.get(key)
-            if self._libc is None:
-                self._libc = _LIBC_FACTS[key] = _libc_facts_of(obj, bias, m)
-                while len(_LIBC_FACTS) > LIBC_FACTS_KEPT:
-                    del _LIBC_FACTS[next(iter(_LIBC_FACTS))]
+            self._libc = _libc_facts_of(obj, bias, m)
             break
         return self._libc
 

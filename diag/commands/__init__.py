@@ -21,4 +21,9 @@ MODULES = ("top", "watch", "record", "replay", "demo", "ps", "inspect", "preload
 
 def load():
     """The command modules, in help order."""
-    return [importlib.import_module(f"diag.commands.{m}") for m in MODULES]
+    return [module(m) for m in MODULES]
+
+
+def module(name):
+    """The module of the command NAME (a word of MODULES)."""
+    return importlib.import_module(f"diag.commands.{name}")
