@@ -1,5 +1,5 @@
 import sys
 
-from diag.cli import main
+from diag.cli import entry
 
-sys.exit(main())
+sys.exit(entry())

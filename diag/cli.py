@@ -146,6 +146,20 @@ def main(argv=None):
         return _internal_error()
 
 
+def entry():
+    """The ``allocdiag`` program (the console script and ``python -m
+    diag``): main(), then the objects it made are frozen out of the cyclic
+    collector.  The interpreter's finalisation collects every tracked object
+    once more whether the collector is on or not: 45-70 ms of a 260 ms
+    `inspect` on the slow guest, 10 ms with them frozen, for a process that
+    is ending anyway (atexit handlers still run; the standard streams are
+    still flushed).  Not in main(), which tests and `compare` call in a
+    process that goes on."""
+    rc = main()
+    gc.freeze()
+    return rc
+
+
 # One logger per package; these are the roots the options turn on.
 LOGGERS = ("collectors", "diag", "tui")
 log = logging.getLogger("diag")
