@@ -738,6 +738,24 @@ def test_all_threads_busy_is_refused(alloc):
         assert_released(t.pid)
 
 
+def test_busy_threads_are_stopped_for_nothing_within_a_budget():
+    """Threads that run inside the allocator are stopped, judged and let go
+    with no call; over a 2 s wait that was hundreds of stops.  A borrow
+    stops running threads for nothing for RUNNING_STOPS_BUDGET_US at most
+    (plus the stop that crossed it), then only watches them, and says so."""
+    budget = RemoteProcess.RUNNING_STOPS_BUDGET_US
+    with start([churn_bin(), "3", "0"], allocator="glibc") as t:
+        rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))
+        with pytest.raises(RemoteCallError) as ei:
+            with rp.borrow():
+                pass
+        assert t.alive()
+        assert_released(t.pid)
+    assert rp.stats["calls"] == 0 and rp.stats["rejected_stops"] == len(rp.pause_us) > 0
+    assert budget <= sum(rp.pause_us) <= budget + max(rp.pause_us), rp.pause_us
+    assert f"then no more, a bound of {budget // 1000} ms" in str(ei.value)
+
+
 def test_stack_arguments_beyond_six(waits):
     # snprintf(buf, n, fmt, a, b, c, d, e): 8 arguments, two on the stack
     # (SysV: the 7th at [rsp+8] at entry).  The string it writes proves each.
