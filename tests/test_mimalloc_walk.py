@@ -15,6 +15,7 @@ from targets import BUILD_DIR, PRELOADS, build_c, start
 from collectors.allocators.mimalloc import segments as ms
 from collectors.binary.image import ProcessImage
 from diag import snapshot
+from diag.model import invariant_violations
 
 
 def _target():
@@ -54,6 +55,29 @@ def test_snapshot_allocated_is_real_for_pinned_build():
     # free blocks the target left in those pages (a third of thread B's, half of A's)
     act = snap.stats["active"]
     assert act.provenance == "derived" and act.value > a.value
+
+
+def test_a_heap_growing_during_the_snapshot_is_counted_again_after_the_walk():
+    """The committed count is read before the stop, the segments are walked
+    after it.  A burst running meanwhile (its one thread busy in malloc, so
+    the snapshot waits for it to sleep) shows the walk far more present
+    pages than were counted (measured: 64 MiB counted, 1.5 GiB walked).  The
+    count is read again after the walk, and resident <= committed holds."""
+    with start([build_c("idle.c"), "1"], allocator="mimalloc") as t:
+        snapshot.take(t.pid)        # _mi_stats_main's address checked, kept for the file
+    burst = subprocess.Popen([build_c("burst.c"), "1024", "16", "0", "sleep"],
+                             env=dict(os.environ, LD_PRELOAD=PRELOADS["mimalloc"]),
+                             stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(0.02)
+        snap, _ = snapshot.take(burst.pid)
+    finally:
+        burst.kill()
+        burst.wait()
+    committed, resident = snap.stats["committed"], snap.stats["resident"]
+    assert "read again after the segment walk" in committed.source, (committed, resident)
+    assert 512 << 20 <= resident.value <= committed.value
+    assert invariant_violations(snap) == []
 
 
 def test_other_build_is_unknown():
