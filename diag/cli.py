@@ -105,8 +105,18 @@ GC_THRESHOLD0 = 100_000
 
 
 def main(argv=None):
-    gc.set_threshold(GC_THRESHOLD0, *gc.get_threshold()[1:])
-    argv = list(argv if argv is not None else sys.argv[1:])
+    """Run one command; its exit code.  The collector's threshold is the
+    CLI's while it runs and the caller's again after (tests and `compare`
+    call main() in a process that goes on)."""
+    threshold = gc.get_threshold()
+    gc.set_threshold(GC_THRESHOLD0, *threshold[1:])
+    try:
+        return _run(list(argv if argv is not None else sys.argv[1:]))
+    finally:
+        gc.set_threshold(*threshold)
+
+
+def _run(argv):
     parser = build_parser(command_word(argv))
     args = parse(parser, argv)
     try:

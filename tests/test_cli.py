@@ -137,15 +137,17 @@ def test_a_run_imports_and_builds_its_own_command_only():
 def test_a_short_command_runs_without_a_cyclic_collection():
     """Start-up's objects are not garbage: `inspect` (imports, detection,
     the document) runs without one pass of the cyclic collector, which at
-    its default threshold made ~70 (diag.cli.GC_THRESHOLD0)."""
+    its default threshold made ~70 (diag.cli.GC_THRESHOLD0); the caller's
+    threshold is back after main() returns."""
     code = ("import gc, sys; from diag import cli; passes = [];"
             "gc.callbacks.append(lambda phase, info: phase == 'start' and passes.append(info));"
-            "rc = cli.main(sys.argv[1:]); print(rc, len(passes), gc.get_threshold()[0])")
+            "gc.set_threshold(700, 10, 10);"
+            "rc = cli.main(sys.argv[1:]); print(rc, len(passes), gc.get_threshold())")
     with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
         r = subprocess.run([sys.executable, "-c", code, "inspect", "--json", str(t.pid)],
                            capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT),
                            cwd="/", timeout=120)
-    assert r.stdout.splitlines()[-1] == "0 0 100000", r.stderr[-2000:]
+    assert r.stdout.splitlines()[-1] == "0 0 (700, 10, 10)", r.stderr[-2000:]
 
 
 def test_the_program_ends_without_collecting_what_it_made():
