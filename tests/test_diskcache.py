@@ -314,7 +314,8 @@ def test_libc_functions_built_once_per_file_and_restored(store, monkeypatch):
         assert here[table](0x7F00_0000_0000 + st_value).startswith(name)
         assert there[table](0x5500_0000_0000 + st_value).startswith(name)
         assert here[table](st_value) is None
-    want = real(obj, _open(LIBC))
+    want, complete = real(obj, _open(LIBC))
+    assert complete and any("tail call" in w[2] for w in want[0])   # sem_wait's slow path
 
     fresh_run()
     obj, again = facts_at(0x7F00_0000_0000)
@@ -326,6 +327,16 @@ def test_libc_functions_built_once_per_file_and_restored(store, monkeypatch):
     fresh_run()
     _, rebuilt = facts_at(0x7F00_0000_0000)
     assert len(built) == 2 and rebuilt[2](malloc) == "malloc"
+
+    # a wait function's code unreadable: built without its tail calls, not kept
+    unreadable = elf.ObjectFile("/nonexistent-proc", None, 0, 0, "/nonexistent/libc.so.6")
+    (waits, _, _), complete = real(obj, unreadable)
+    assert not complete and waits and not any("tail call" in w[2] for w in waits)
+    obj.store_part(safepoints.LIBC_PART, ["not", "the", "rows"])
+    fresh_run()
+    obj = elf.load(_open(LIBC))
+    safepoints._libc_ranges(obj, unreadable)
+    assert len(built) == 3 and obj.load_part(safepoints.LIBC_PART) == ["not", "the", "rows"]
     _forget_objects()
 
 

@@ -325,8 +325,9 @@ LibcFacts = tuple[str, Ranges, Ranges, Ranges]
 JMP_REL32 = 0xE9
 
 
-def _tail_call_targets(obj: Any, opener: Any, sym: Any) -> list[tuple[int, int]]:
-    """[(start, end)] (object addresses) of the functions SYM tail-calls.
+def _tail_call_targets(obj: Any, opener: Any, sym: Any) -> list[tuple[int, int]] | None:
+    """[(start, end)] (object addresses) of the functions SYM tail-calls;
+    None when its code or the CFI could not be read.
 
     A tail call leaves no frame: glibc's sem_wait and sem_clockwait end with
     ``jmp`` into an internal, unexported slow path, which is then the
@@ -338,7 +339,7 @@ def _tail_call_targets(obj: Any, opener: Any, sym: Any) -> list[tuple[int, int]]
         code = obj.text_bytes(sym.st_value, sym.st_size, opener.open)
         table = unwind.cfi_table(opener)
     except Exception:
-        return []
+        return None
     out = []
     for i in range(len(code or b"") - 4):
         if code[i] != JMP_REL32:
@@ -365,10 +366,15 @@ _LIBC_RANGES: dict[Any, tuple[Ranges, Ranges, Ranges]] = {}
 LIBC_RANGES_KEPT = 8
 
 
-def _libc_functions(obj: Any, opener: Any) -> tuple[list[tuple[int, int, str]], ...]:
-    """(waits, malloc, named): [(start, end, name)] in object addresses of
-    OBJ's wait functions (with their tail-call targets), its malloc
-    functions, and every exported function under one name each."""
+def _libc_functions(obj: Any, opener: Any
+                    ) -> tuple[tuple[list[tuple[int, int, str]], ...], bool]:
+    """((waits, malloc, named), complete): [(start, end, name)] in object
+    addresses of OBJ's wait functions (with their tail-call targets), its
+    malloc functions, and every exported function under one name each;
+    COMPLETE is False when a wait function's code could not be read (its
+    tail-call targets are then missing: a thread there is refused, and the
+    rows are not kept on disk)."""
+    complete = True
     waits: list[tuple[int, int, str]] = []
     malloc: dict[tuple[int, int], tuple[int, int, str]] = {}
     named: dict[tuple[int, int], tuple[int, int, str]] = {}
@@ -379,11 +385,12 @@ def _libc_functions(obj: Any, opener: Any) -> tuple[list[tuple[int, int, str]], 
         _keep_public(named, rng)
         if s.name in LIBC_WAIT_FUNCTIONS:
             waits.append(rng)
-            waits.extend((a, b, f"{s.name} (tail call)")
-                         for a, b in _tail_call_targets(obj, opener, s))
+            targets = _tail_call_targets(obj, opener, s)
+            complete = complete and targets is not None
+            waits.extend((a, b, f"{s.name} (tail call)") for a, b in targets or ())
         elif s.name in GLIBC_MALLOC_FUNCTIONS:
             _keep_public(malloc, rng)
-    return waits, sorted(malloc.values()), sorted(named.values())
+    return (waits, sorted(malloc.values()), sorted(named.values())), complete
 
 
 def _keep_public(table: dict[tuple[int, int], tuple[int, int, str]],
@@ -401,11 +408,12 @@ def _libc_ranges(obj: Any, opener: Any) -> tuple[Ranges, Ranges, Ranges]:
         rows: tuple[Any, ...]
         # written by this very code (the store's producer check): its shape only
         if isinstance(stored, tuple) and len(stored) == 3 and \
-                all(isinstance(rows, list) for rows in stored):
+                all(isinstance(table, list) for table in stored):
             rows = stored
         else:
-            rows = _libc_functions(obj, opener)
-            obj.store_part(LIBC_PART, rows)
+            rows, complete = _libc_functions(obj, opener)
+            if complete:
+                obj.store_part(LIBC_PART, rows)
         ranges = _LIBC_RANGES[obj] = (new_ranges(rows[0]), new_ranges(rows[1]),
                                       new_ranges(rows[2]))
         while len(_LIBC_RANGES) > LIBC_RANGES_KEPT:
