@@ -47,7 +47,9 @@ from collectors.binary import unwind
 from collectors.proc import oserror
 from collectors.proc.maps import parse_maps
 from collectors.proc.procfs import ProcFS
+from collectors.proc.readall import read_all
 from collectors.proc.stat import ZOMBIE_STATES, parse_state
+from collectors.proc.status import parse_status
 from diag.model.errors import AccessDenied, NoSuchProcess
 from collectors.sampler import perf, records
 from collectors.sampler.attribution import ALLOCATOR, UNKNOWN, Attributor, is_lock_wait
@@ -108,13 +110,10 @@ def _may_lock_memory() -> bool:
     """True when this process holds CAP_IPC_LOCK (its locked memory is not
     limited: perf's ring accounting, kernel/events/core.c perf_mmap)."""
     try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"CapEff:"):
-                    return bool(int(line.split()[1], 16) >> CAP_IPC_LOCK & 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
+        caps = int(parse_status(read_all("/proc/self/status")).get(b"CapEff", b"0"), 16)
+    except (OSError, ValueError):
+        return False
+    return bool(caps >> CAP_IPC_LOCK & 1)
 
 
 class _Thread:

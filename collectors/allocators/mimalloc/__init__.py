@@ -304,9 +304,9 @@ def prefetch(image: Any, a: Any) -> dict[str, Any]:
                 if got:
                     out["option_entries"] = optiontable.values(got, n)
             if committed:
-                got = mem.read(a["stats_main"][0] + statsmain.RESERVED, statsmain.OS_COUNTS.size)
-                if got:
-                    out["os_counts"] = statsmain.OS_COUNTS.unpack(got)
+                words = statsmain.read_os_counts(mem.read, a["stats_main"][0])
+                if words:
+                    out["os_counts"] = words
             elif checking:
                 # the words to be checked, before the stop too: a check whose
                 # words moved meanwhile says nothing against the address
@@ -392,10 +392,8 @@ def parse(raw: Any, alloc: Any) -> Any:
                           + STATS_MAIN_CHECKED[outcome])
     if "os_counts" in raw:
         addr, mkey = raw["stats_main_at"]
-        n = len(statsmain.COUNT_FIELDS)
         native["stats_main"] = {
-            "reserved": dict(zip(statsmain.COUNT_FIELDS, raw["os_counts"][:n])),
-            "committed": dict(zip(statsmain.COUNT_FIELDS, raw["os_counts"][n:])),
+            **statsmain.os_counts(raw["os_counts"]),
             "address": f"{addr:#x}",
             "found_by": STATS_MAIN.found_by(mkey)}
     if "options" in raw:

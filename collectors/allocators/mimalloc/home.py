@@ -75,21 +75,20 @@ def _count_again_after_walk(image: Any, stats: dict[str, Any], native: dict[str,
         return
     try:
         with MemoryReader(image.pid, image.procfs.root) as mem:
-            got = mem.read(int(sm["address"], 16) + statsmain.RESERVED, statsmain.OS_COUNTS.size)
+            words = statsmain.read_os_counts(mem.read, int(sm["address"], 16))
     except AllocdiagError:
         return
-    if not got:
+    if not words:
         return
-    n = len(statsmain.COUNT_FIELDS)
-    counts = statsmain.OS_COUNTS.unpack(got)
+    counts = statsmain.os_counts(words)
     why = (f"; read again after the segment walk, which found {walked} bytes against "
            f"{committed.value} counted before the stop: the heap grew during the snapshot")
-    stats["committed"] = Value.measured(dict(zip(statsmain.COUNT_FIELDS, counts[n:]))["current"],
-                                        committed.source + why)
+    # with the counts read from memory, committed and mapped both came from them
+    # (mimalloc_stats.normalise_mimalloc)
+    stats["committed"] = Value.measured(counts["committed"]["current"], committed.source + why)
     mapped = stats.get("mapped")
-    if mapped is not None and mapped.source and "_mi_stats_main.reserved" in mapped.source:
-        stats["mapped"] = Value.measured(dict(zip(statsmain.COUNT_FIELDS, counts[:n]))["current"],
-                                         mapped.source + why)
+    if mapped is not None and mapped.value is not None:
+        stats["mapped"] = Value.measured(counts["reserved"]["current"], mapped.source + why)
 
 
 def _collect(c: Any, fn: int) -> None:

@@ -42,6 +42,22 @@ CHECKED = struct.Struct("<qq")          # committed.peak, committed.current: wha
 CHECKED_OFFSET = COMMITTED + PEAK       # where those two words begin
 SYMBOL = "_mi_stats_main"               # unstripped builds name it
 
+
+def read_os_counts(read: Callable[[int, int], bytes | None], address: int
+                   ) -> tuple[int, ...] | None:
+    """The OS_COUNTS words of the ``_mi_stats_main`` at ADDRESS, through
+    READ(addr, n) (a MemoryReader's), or None when they could not be read."""
+    got = read(address + RESERVED, OS_COUNTS.size)
+    return OS_COUNTS.unpack(got) if got else None
+
+
+def os_counts(words: tuple[int, ...]) -> dict[str, dict[str, int]]:
+    """OS_COUNTS WORDS as {"reserved": {...}, "committed": {...}}, each keyed
+    by COUNT_FIELDS (what the native document holds)."""
+    n = len(COUNT_FIELDS)
+    return {"reserved": dict(zip(COUNT_FIELDS, words[:n])),
+            "committed": dict(zip(COUNT_FIELDS, words[n:]))}
+
 # x86-64 encodings used by the pattern
 CALL_REL32 = 0xE8
 LEA = 0x8D
