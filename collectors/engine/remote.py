@@ -82,7 +82,7 @@ from collectors.engine import abi, arch, ptrace, rehearsal, safepoints
 from collectors.engine.callframe import MAX_SCRATCH, Call, Caller, Stats
 from collectors.engine.choose import FRAME_BUDGET, Chooser
 from collectors.engine.memory import MemoryReader
-from collectors.engine.safepoints import Reason, Refusal
+from collectors.engine.safepoints import Reason, Refusal, refusal
 from collectors.engine.tracee import (REGISTRY, STOPPED_MSG, Registry, SigInfo, Skip, Stop,
                                       Thread, Tracer, boost, detach_orphans,
                                       is_quarantined, quarantine_reason, read_bytes,
@@ -256,6 +256,7 @@ class RemoteProcess:
         rounds = parked_rounds = 0
         fresh_maps = False
         running_refused = running_refused_us = 0     # this borrow's stops for nothing
+        stopped_why: dict[int, Refusal] = {}          # running threads' refusals after a stop
         while True:
             rounds += 1
             rnd = ch.candidates(only_tid)
@@ -273,6 +274,10 @@ class RemoteProcess:
             for c in rnd.candidates:
                 if c.category == safepoints.RUNNING and \
                         running_refused_us >= self.RUNNING_STOPS_BUDGET_US:
+                    # it runs now: why it was refused when last stopped, not an
+                    # older round's reason (a moment in D state is "not busy")
+                    last_why[c.tid] = stopped_why.get(c.tid) or \
+                        refusal(Reason.RUNNING_NOT_STOPPED)
                     continue
                 # between reading the threads, preparing one and stopping
                 # it (collectors.giveway): none of the target's is stopped
@@ -341,6 +346,7 @@ class RemoteProcess:
                 finally:
                     self._unblock(old)
                     if c.category == safepoints.RUNNING:
+                        stopped_why[c.tid] = reason
                         running_refused += 1
                         running_refused_us += sum(self._caller.record.pause_us[paused:])
                         if running_refused_us >= self.RUNNING_STOPS_BUDGET_US:

@@ -66,6 +66,7 @@ class Reason(enum.Enum):
     RUNNING_CALLED_FROM = "running-called-from"
     RUNNING_RETURN_ADDRESS = "running-return-address"
     RUNNING_RSEQ = "running-rseq"               # inside a restartable sequence (engine.rseq)
+    RUNNING_NOT_STOPPED = "running-not-stopped"  # the borrow's budget of stops without a call spent
     UNINTERRUPTIBLE = "uninterruptible"
     EXITED = "exited"
     STOPPED = "stopped"
@@ -101,6 +102,8 @@ REASON_TEXT: Mapping[Reason, str] = {
     Reason.RUNNING_RETURN_ADDRESS: "running: return address into {where} at sp+{offset:#x}",
     Reason.RUNNING_RSEQ: "running inside a restartable sequence (rseq critical section at "
                          "{start:#x}, {length} bytes): a call would cancel its abort",
+    Reason.RUNNING_NOT_STOPPED: "running (not stopped again: this borrow's stops that made no "
+                                "call reached their bound)",
     Reason.UNINTERRUPTIBLE: "uninterruptible sleep (disk or kernel wait)",
     Reason.EXITED: "exited",
     Reason.STOPPED: "stopped",
@@ -137,7 +140,7 @@ PERMANENT_REASONS = frozenset({Reason.SECCOMP_STRICT})
 BUSY_REASONS = frozenset({
     Reason.BUSY_SYSCALL, Reason.RUNNING_UNJUDGED, Reason.RUNNING_INSIDE,
     Reason.RUNNING_UNPROVABLE, Reason.RUNNING_CALLED_FROM, Reason.RUNNING_RETURN_ADDRESS,
-    Reason.RUNNING_RSEQ})
+    Reason.RUNNING_RSEQ, Reason.RUNNING_NOT_STOPPED})
 RUNNING_SUBJECT = "running"
 
 
