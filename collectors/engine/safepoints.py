@@ -66,7 +66,7 @@ class Reason(enum.Enum):
     RUNNING_CALLED_FROM = "running-called-from"
     RUNNING_RETURN_ADDRESS = "running-return-address"
     RUNNING_RSEQ = "running-rseq"               # inside a restartable sequence (engine.rseq)
-    RUNNING_NOT_STOPPED = "running-not-stopped"  # the borrow's budget of stops without a call spent
+    RUNNING_NOT_STOPPED = "running-not-stopped"  # stops without a call past their budget: paced
     UNINTERRUPTIBLE = "uninterruptible"
     EXITED = "exited"
     STOPPED = "stopped"
@@ -102,8 +102,8 @@ REASON_TEXT: Mapping[Reason, str] = {
     Reason.RUNNING_RETURN_ADDRESS: "running: return address into {where} at sp+{offset:#x}",
     Reason.RUNNING_RSEQ: "running inside a restartable sequence (rseq critical section at "
                          "{start:#x}, {length} bytes): a call would cancel its abort",
-    Reason.RUNNING_NOT_STOPPED: "running (not stopped again: this borrow's stops that made no "
-                                "call reached their bound)",
+    Reason.RUNNING_NOT_STOPPED: "running (not stopped in this round: this borrow's stops that "
+                                "made no call reached their bound, and are paced)",
     Reason.UNINTERRUPTIBLE: "uninterruptible sleep (disk or kernel wait)",
     Reason.EXITED: "exited",
     Reason.STOPPED: "stopped",
