@@ -323,7 +323,7 @@ def test_running_thread_called_from_allocator_is_refused(sp, monkeypatch, caplog
     t, a = sp("fakespin")
     if not walk:
         from collectors.engine.choose import Chooser
-        monkeypatch.setattr(Chooser, "walk_running", lambda self, th: None)
+        monkeypatch.setattr(Chooser, "walk_running", lambda self, th: (None, False))
     fake = _fake_range("fake_allocator_spin", a)
     rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES) + fake,
                        deadline_s=0.5)
@@ -346,6 +346,30 @@ def test_running_thread_called_from_allocator_is_refused(sp, monkeypatch, caplog
     wait_for(lambda: stat(t, a, ITERS) > it, what="the thread spinning on")
     assert_released(t.pid)
 
+
+
+def test_running_thread_just_above_libc_is_borrowed(sp, monkeypatch):
+    """A thread spinning in application code right above start_thread: the
+    stack-top scan sees return addresses into libc (start_thread's, live,
+    and stale ones left by an earlier snprintf), but the CFI walk reaches
+    clone3, the thread's first frame by its CFI's own rule, with no
+    allocator frame: it is borrowed, running.  Without a walk (switched off)
+    the scan refuses it, as it refused every busy Python 3.11 main thread."""
+    t, a = sp("shallowspin")
+    wait_for(lambda: stat(t, a, ITERS) > 0, what="the thread spinning")
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES), deadline_s=2.0)
+    with rp.borrow(tid=a["tid"]) as c:
+        assert c.category == "running"
+    assert_released(t.pid)
+    from collectors.engine.choose import Chooser
+    monkeypatch.setattr(Chooser, "walk_running", lambda self, th: (None, False))
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES), deadline_s=0.3)
+    with pytest.raises(RemoteCallError, match="return address into libc"):
+        with rp.borrow(tid=a["tid"]):
+            pass
+    it = stat(t, a, ITERS)
+    wait_for(lambda: stat(t, a, ITERS) > it, what="the thread spinning on")
+    assert_released(t.pid)
 
 def test_futex_mutex_wait_is_refused(sp):
     t, a = sp("mutex")

@@ -66,8 +66,18 @@ def test_walk_names_the_call_chain():
             t0 = time.thread_time()         # CPU time: immune to preemption
             frames = uw.walk(unwind.regs_from_user(regs), parse=False)
             walk_ms = (time.thread_time() - t0) * 1e3
+            w = uw.walk(unwind.regs_from_user(regs), parse=False, tolerant=True)
         finally:
             ptrace.detach(tid, t.pid)
+        # the end is clone3's own CFI rule (what the running-thread judge
+        # takes as proof), not a zero word read from the stack ...
+        assert w.complete and w.end == unwind.END_RULE and len(w.frames) == len(frames)
+
+        class Zeros:                        # ... which a walk gone astray may meet
+            def word(self, addr):
+                return 0
+        z = uw.walk(unwind.regs_from_user(regs), parse=False, tolerant=True, memory=Zeros())
+        assert z.complete and z.end == unwind.END_ZERO, (z.frames, z.error)
         exe = [f for f in frames if os.path.basename(f.path) == os.path.basename(sp_bin())]
         names = [name_of(f, symbols(sp_bin())) for f in exe]
         assert names[0] == "fake_allocator_wait", names

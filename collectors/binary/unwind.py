@@ -640,16 +640,17 @@ class Unwinder:
         if tolerant:
             frames = []
             try:
-                complete = self._walk(regs, parse, partial, memory, frames, max_frames)
+                end = self._walk(regs, parse, partial, memory, frames, max_frames)
             except UnwindError as exc:
                 return Walk(frames, False, str(exc), exc)
-            return Walk(frames, complete, None)
+            return Walk(frames, end is not None, None, end=end)
         frames = []
         self._walk(regs, parse, partial, memory, frames, MAX_FRAMES)
         return frames
 
     def _walk(self, regs, parse, partial, memory, frames, max_frames):
-        """Appends to FRAMES; True when the walk reached the thread's first frame."""
+        """Appends to FRAMES; how the walk reached the thread's first frame
+        (END_RULE or END_ZERO), or None when it stopped before."""
         regs = dict(regs)
         stack = memory if memory is not None else PagedMemory(self._read)
         for depth in range(max_frames):
@@ -672,7 +673,7 @@ class Unwinder:
             if base is None:
                 if partial:
                     frames.append(Frame(pc, m.path, vaddr, None))
-                    return False
+                    return None
                 raise UnwindError(f"register {DWARF_REGS.get(cfa_rule.reg)} unknown at "
                                   f"{os.path.basename(m.path)}+{vaddr:#x}")
             cfa = (base + cfa_rule.offset) & ADDR_MASK
@@ -695,7 +696,7 @@ class Unwinder:
                 elif t == UNDEFINED:
                     new.pop(reg, None)
                     if reg == RA:
-                        return True            # the outermost frame (_start, clone3)
+                        return END_RULE        # the outermost frame (_start, clone3)
                 else:
                     raise UnwindError(f"register rule {t} at "
                                       f"{os.path.basename(m.path)}+{vaddr:#x}")
@@ -705,12 +706,12 @@ class Unwinder:
                                   f"{os.path.basename(m.path)}+{vaddr:#x}")
             new[RSP] = cfa
             if not new.get(RA):
-                return True                    # return address 0: end of stack
+                return END_ZERO                # return address 0: end of stack
             if cfa <= regs[RSP]:
                 raise UnwindError(f"stack does not grow outward at frame {depth}")
             regs = new
         if max_frames < MAX_FRAMES:
-            return False
+            return None
         raise UnwindError(f"more than {MAX_FRAMES} frames")
 
     def prepare(self, pc: int, sp: int) -> list[Frame]:
@@ -724,16 +725,27 @@ class Unwinder:
             return []
 
 
+# How a complete walk ended (Walk.end).  END_RULE: the last frame's CFI says
+# the return address is undefined, which glibc's _start and clone3 (and
+# clone) say of the thread's first frame (cfi_undefined (rip)): the end is
+# the code's own word.  END_ZERO: a return address of 0 was read from the
+# stack, which a walk gone astray may also meet.
+END_RULE = "rule"
+END_ZERO = "zero"
+
+
 class Walk:
     """A tolerant walk's result: ``frames`` found (innermost first),
     ``complete`` (reached the thread's first frame), ``error`` (why it
-    stopped early, or None) and ``cause`` (the UnwindError it stopped on)."""
+    stopped early, or None), ``cause`` (the UnwindError it stopped on) and
+    ``end`` (how a complete walk ended: END_RULE or END_ZERO; else None)."""
 
-    __slots__ = ("frames", "complete", "error", "cause")
+    __slots__ = ("frames", "complete", "error", "cause", "end")
 
     def __init__(self, frames: list[Frame], complete: bool, error: str | None,
-                 cause: UnwindError | None = None) -> None:
+                 cause: UnwindError | None = None, end: str | None = None) -> None:
         self.frames, self.complete, self.error, self.cause = frames, complete, error, cause
+        self.end = end
 
 
 class NeedsParse(UnwindError):

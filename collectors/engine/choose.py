@@ -528,16 +528,21 @@ class Chooser:
         if section:
             return refusal(Reason.RUNNING_RSEQ, start=section.start_ip,
                            length=section.post_commit_offset)
-        # Two checks, both must pass: a CFI walk finds allocator frames at
-        # any depth (and refuses signal frames: a handler may have
-        # interrupted malloc), and the scan of the stack top refuses any
-        # return-address-looking word into libc or the allocator (it also
-        # covers JIT or unmapped code, where no walk is possible).
-        walked = self.walk_running(th)
+        # A CFI walk finds allocator frames at any depth (and refuses signal
+        # frames: a handler may have interrupted malloc).  Unless it reached
+        # the thread's first frame by the CFI's own word, the scan of the
+        # stack top must pass too: it refuses any return-address-looking word
+        # into libc or the allocator, covering JIT or unmapped code and
+        # objects without CFI, where no walk is possible.  After a proven
+        # walk the scan would only refuse for nothing: the live return
+        # addresses into __libc_start_call_main or start_thread of a shallow
+        # stack, and stale words of earlier calls (a busy Python 3.11 main
+        # thread, whose eval loop runs ~1 KiB above them, was never borrowed).
+        walked, proven = self.walk_running(th)
         if walked:
             return walked
         sp = self.arch.sp(th.regs)
-        for addr, word in self.stack_words(sp, self.stack_window):
+        for addr, word in () if proven else self.stack_words(sp, self.stack_window):
             where = self.in_forbidden(word)
             if where:
                 return refusal(Reason.RUNNING_RETURN_ADDRESS, where=where, offset=addr - sp)
@@ -571,24 +576,28 @@ class Chooser:
         th.frame.callee_need = self.stack_need
         return None
 
-    def walk_running(self, th: Thread) -> Refusal | None:
-        """CFI walk of a running thread: None when every frame lies outside
-        allocator code or no walk is possible, a refusal when one does not
-        or when the walk meets a CFA given as an expression (a signal frame
-        or PLT stub: a handler may have interrupted malloc)."""
+    def walk_running(self, th: Thread) -> tuple[Refusal | None, bool]:
+        """CFI walk of a running thread: (a refusal when a frame lies in
+        allocator code or the walk meets a CFA given as an expression (a
+        signal frame or PLT stub: a handler may have interrupted malloc),
+        else None; proven).  PROVEN: the walk reached the thread's first
+        frame by its CFI's rule (unwind.END_RULE), every frame in mapped
+        code with CFI.  (None, False) when no walk is possible."""
         judge = self.judge_stack
         if judge is None:
-            return None
+            return None, False
         try:
-            frames = judge.unwinder.walk(unwind.regs_from_user(th.regs), parse=False)
-        except unwind.NeedsParse:
-            return None
-        except unwind.CFAExpression as e:
-            return refusal(Reason.RUNNING_UNPROVABLE, error=str(e))
+            w = judge.unwinder.walk(unwind.regs_from_user(th.regs), parse=False, tolerant=True)
         except Exception:
-            return None
-        where = judge.allocator_frame(frames)
-        return refusal(Reason.RUNNING_CALLED_FROM, where=f"inside {where}") if where else None
+            return None, False
+        if isinstance(w.cause, unwind.CFAExpression):
+            return refusal(Reason.RUNNING_UNPROVABLE, error=str(w.cause)), False
+        if not w.complete:
+            return None, False
+        where = judge.allocator_frame(w.frames)
+        if where:
+            return refusal(Reason.RUNNING_CALLED_FROM, where=f"inside {where}"), False
+        return None, w.end == unwind.END_RULE
 
     def walk_resumed(self, th: Thread) -> Refusal | None:
         """A sleep or poll resumed by restart_syscall: None when an

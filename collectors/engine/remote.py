@@ -13,9 +13,11 @@ call_timeout_s=1.0, block_signals=True)``
     A target process.  Raises NoSuchProcess / AccessDenied / RemoteCallError
     early (gone, not readable, ignores SIGSEGV, address 0 mapped).
     ``forbidden_ranges``: ``[(start, end, name)]`` of allocator + libc (+ ld.so)
-    text, e.g. from ``text_ranges()``; a *running* thread whose PC or any word
-    in the top ``stack_window`` bytes of its stack points into them is never
-    borrowed.  Without ranges only threads parked in an idle wait are used.
+    text, e.g. from ``text_ranges()``; a *running* thread whose PC points into
+    them, or whose CFI walk finds an allocator frame, is never borrowed, nor,
+    unless that walk reached the thread's first frame by the CFI's own rule,
+    one with any word in the top ``stack_window`` bytes of its stack pointing
+    into them.  Without ranges only threads parked in an idle wait are used.
 
 ``RemoteProcess.borrow(tid=None)`` (context manager) -> ``Call``
     Picks a safe thread (or only TID), stops only it (PTRACE_SEIZE +

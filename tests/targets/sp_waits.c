@@ -178,6 +178,19 @@ static long __attribute__((noinline)) spin_deep(int depth)
     }
 }
 
+/* "shallowspin": application code spinning right above start_thread, its
+ * frame holding what an earlier libc call left there: a 2 KiB stack-top scan
+ * sees start_thread's live return address into libc and stale ones. */
+static void __attribute__((noinline)) shallow_spin(void)
+{
+    volatile char buf[256];
+    snprintf((char *)buf, sizeof buf, "%s %d", "spin", 1);
+    for (;;) {
+        stats.iters++;
+        __asm__ volatile("" ::: "memory");
+    }
+}
+
 __attribute__((noinline)) long fake_allocator_spin(void)
 {
     long r = spin_deep(6);
@@ -272,6 +285,8 @@ static void one_wait(void)
         note(r ? -1 : 0, r, 0);
     } else if (!strcmp(mode, "fakespin")) {
         fake_allocator_spin();
+    } else if (!strcmp(mode, "shallowspin")) {
+        shallow_spin();
     } else if (!strcmp(mode, "fakealloc")) {
         r = fake_allocator_wait();
         note(r ? -1 : 0, r, 0);
