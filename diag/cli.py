@@ -17,6 +17,7 @@ from diag.model.errors import AccessDenied, AllocdiagError, BadPath
 from diag import __version__, commands
 from diag.commands.common import EXIT_CODES_HELP, print_error
 from diag.model.exitcodes import ExitCode
+from diag.terminal import HelpFormatter
 
 
 def _add_global_options(p):
@@ -47,7 +48,7 @@ def build_parser(command=None):
         description="Which allocator serves malloc in a running Linux process, what it holds, "
                     "and how that reconciles with the kernel's RSS, LazyFree and cgroup numbers.",
         epilog=EXIT_CODES_HELP + "\nRun 'allocdiag COMMAND --help' for each command's options.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=HelpFormatter)
     p.add_argument("--version", action="version", version=f"allocdiag {__version__}")
     _add_global_options(p)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -61,7 +62,8 @@ def command_word(argv):
     """The command ARGV names, when its first word after the global options
     is one; else None (no command: ``top``; a top-level --help or --version;
     a typo, which the whole parser reports with the list of commands)."""
-    pre = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    pre = argparse.ArgumentParser(add_help=False, exit_on_error=False,
+                                  formatter_class=HelpFormatter)
     _add_global_options(pre)
     try:
         _known, rest = pre.parse_known_args(argv)

@@ -1,9 +1,9 @@
 """Human-readable text for the CLI: byte sizes, aligned tables, sections."""
 
 import os
-import shutil
 import sys
 
+from diag import terminal
 from diag.fields import BY_NAME, evidence_unit
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
@@ -37,7 +37,7 @@ def table(rows, headers, right=(), out=None, max_width=None):
         for i in range(cols):
             widths[i] = max(widths[i], len(r[i]))
     if max_width is None:
-        max_width = shutil.get_terminal_size((160, 24)).columns if out.isatty() else 10_000
+        max_width = terminal.columns(160) if out.isatty() else 10_000
     fixed = sum(widths[:-1]) + 2 * (cols - 1)
     widths[-1] = max(8, min(widths[-1], max_width - fixed))
 

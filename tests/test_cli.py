@@ -134,6 +134,29 @@ def test_a_run_imports_and_builds_its_own_command_only():
         assert f"\n    {name} " in r.stdout, name
 
 
+
+def test_a_run_leaves_shutil_unimported():
+    """argparse imports shutil (and with it bz2 and lzma, ~3 ms) for
+    the terminal's width each time it makes a help formatter, as does a
+    text table: diag.terminal reads the width instead.  A text `inspect` and
+    a command's --help import none of them, and the options are wrapped to
+    the terminal's width ($COLUMNS here, less argparse's 2)."""
+    code = ("import sys, io, contextlib; from diag import cli\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            "    try: cli.main(sys.argv[1:])\n"
+            "    except SystemExit: pass\n"
+            "print(sorted({'shutil', 'bz2', 'lzma'} & set(sys.modules)))\n"
+            "text = out.getvalue().split('options:')[-1].split('examples:')[0]\n"
+            "print(max(map(len, text.splitlines())))")
+    for argv in (["inspect", "--no-attach", str(os.getpid())], ["inspect", "--help"]):
+        r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=ROOT, COLUMNS="64"), cwd="/",
+                           timeout=60)
+        lines = r.stdout.splitlines()
+        assert lines[0] == "[]", (argv, r.stdout, r.stderr)
+        if argv[-1] == "--help":
+            assert 50 < int(lines[1]) <= 64 - 2, r.stdout
+
 def test_a_short_command_runs_without_a_cyclic_collection():
     """Start-up's objects are not garbage: `inspect` (imports, detection,
     the document) runs without one pass of the cyclic collector, which at

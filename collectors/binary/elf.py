@@ -647,12 +647,17 @@ class ObjectFile:
 
     def __init__(self, procfs_root: str, pid: int | None, start: int, end: int, path: str) -> None:
         self.display_path = path
-        self._candidates = [
-            os.path.join(procfs_root, str(pid), "map_files", f"{start:x}-{end:x}"),
-            os.path.join(procfs_root, str(pid), "root", path.lstrip("/")),
-            path,
-        ]
+        # the candidates are spelt out at the first open or stat: a host scan
+        # makes one of these for each object of each process (~2,700 over 430
+        # processes) and opens none whose facts the cache holds
+        self._where = (procfs_root, pid, start, end)
         self._chosen: str | None = None
+
+    def _candidates(self) -> list[str]:
+        root, pid, start, end = self._where
+        return [os.path.join(root, str(pid), "map_files", f"{start:x}-{end:x}"),
+                os.path.join(root, str(pid), "root", self.display_path.lstrip("/")),
+                self.display_path]
 
     @property
     def chosen_path(self) -> str | None:
@@ -662,7 +667,7 @@ class ObjectFile:
     def _pick(self) -> str:
         if self._chosen is None:
             last: OSError | None = None
-            for cand in self._candidates:
+            for cand in self._candidates():
                 try:
                     os.stat(cand)
                     self._chosen = cand

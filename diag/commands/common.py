@@ -7,6 +7,7 @@ import sys
 
 from diag.model.errors import AllocdiagError
 from diag.model.exitcodes import ExitCode, HELP as EXIT_CODES_HELP
+from diag.terminal import HelpFormatter
 
 __all__ = ["EXIT_CODES_HELP", "UsageError", "pid_arg", "bounded", "sample_interval", "dump_json",
            "confirm", "add_command", "print_error", "take", "need_terminal",
@@ -82,7 +83,7 @@ def add_command(sub, name, *, help, description, examples=(), keys=None):
         epilog += f"keys: {keys}\n\n"
     epilog += EXIT_CODES_HELP
     return sub.add_parser(name, help=help, description=description, epilog=epilog,
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+                          formatter_class=HelpFormatter)
 
 
 def bounded(convert, lo, hi, not_a, out_of_range):

@@ -3,7 +3,6 @@
 remote-call engine (collectors.heapcontrol), and views of a dump (show) or
 of two dumps (diff) from diag.heapview."""
 
-import argparse
 import os
 import sys
 import time
@@ -11,6 +10,7 @@ import time
 from diag.commands.common import (EXIT_CODES_HELP, UsageError, add_command, confirm,
                                   dump_json, pid_arg, print_error)
 from diag.model.exitcodes import ExitCode
+from diag.terminal import HelpFormatter
 
 NAME = "heap"
 VIEW_KEYS = ("inuse_bytes", "inuse_objects", "alloc_bytes", "alloc_objects")
@@ -64,7 +64,7 @@ def add_parser(sub):
     def action(name, help_text, more=""):
         return hs.add_parser(name, help=help_text, description=help_text + more,
                              epilog=EXIT_CODES_HELP,
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
+                             formatter_class=HelpFormatter)
 
     s = action("status", "what heap profiling the process can do, and why (exit 5: none)")
     s.add_argument("pid", type=pid_arg)
