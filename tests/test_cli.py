@@ -134,7 +134,6 @@ def test_a_run_imports_and_builds_its_own_command_only():
         assert f"\n    {name} " in r.stdout, name
 
 
-
 def test_a_run_leaves_shutil_unimported():
     """argparse imports shutil (and with it bz2 and lzma, ~3 ms) for
     the terminal's width each time it makes a help formatter, as does a
@@ -156,6 +155,7 @@ def test_a_run_leaves_shutil_unimported():
         assert lines[0] == "[]", (argv, r.stdout, r.stderr)
         if argv[-1] == "--help":
             assert 50 < int(lines[1]) <= 64 - 2, r.stdout
+
 
 def test_a_short_command_runs_without_a_cyclic_collection():
     """Start-up's objects are not garbage: `inspect` (imports, detection,

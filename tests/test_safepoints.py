@@ -347,7 +347,6 @@ def test_running_thread_called_from_allocator_is_refused(sp, monkeypatch, caplog
     assert_released(t.pid)
 
 
-
 def test_running_thread_just_above_libc_is_borrowed(sp, monkeypatch):
     """A thread spinning in application code right above start_thread: the
     stack-top scan sees return addresses into libc (start_thread's, live,
@@ -370,6 +369,7 @@ def test_running_thread_just_above_libc_is_borrowed(sp, monkeypatch):
     it = stat(t, a, ITERS)
     wait_for(lambda: stat(t, a, ITERS) > it, what="the thread spinning on")
     assert_released(t.pid)
+
 
 def test_futex_mutex_wait_is_refused(sp):
     t, a = sp("mutex")
