@@ -9,6 +9,7 @@ each time it makes a help formatter, which it does for every ``add_argument``.
 import argparse
 import os
 import sys
+from typing import Any
 
 
 def columns(fallback: int = 80) -> int:
@@ -33,6 +34,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     (argparse's own default: the terminal's, less 2)."""
 
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
-                 width: int | None = None) -> None:
+                 width: int | None = None, **later: Any) -> None:
+        # LATER: what a newer argparse may pass besides (it grows keywords)
         super().__init__(prog, indent_increment, max_help_position,
-                         columns() - 2 if width is None else width)
+                         columns() - 2 if width is None else width, **later)
