@@ -541,11 +541,12 @@ class Chooser:
         walked, proven = self.walk_running(th)
         if walked:
             return walked
-        sp = self.arch.sp(th.regs)
-        for addr, word in () if proven else self.stack_words(sp, self.stack_window):
-            where = self.in_forbidden(word)
-            if where:
-                return refusal(Reason.RUNNING_RETURN_ADDRESS, where=where, offset=addr - sp)
+        if not proven:
+            sp = self.arch.sp(th.regs)
+            for addr, word in self.stack_words(sp, self.stack_window):
+                where = self.in_forbidden(word)
+                if where:
+                    return refusal(Reason.RUNNING_RETURN_ADDRESS, where=where, offset=addr - sp)
         tight = self.fit(th)
         if tight:
             return tight.about(safepoints.RUNNING_SUBJECT)
