@@ -62,8 +62,8 @@ from __future__ import annotations
 import math
 import re
 from collections import namedtuple
-from dataclasses import dataclass, field
 
+from diag.model.records import field, record
 from collectors.proc.maps import parse_maps
 from diag.model.errors import MalformedData
 
@@ -93,7 +93,7 @@ Counts = namedtuple("Counts", "inuse_objects inuse_bytes alloc_objects alloc_byt
 ZERO = Counts(0, 0, 0, 0)
 
 
-@dataclass
+@record
 class Mapping:
     start: int
     end: int
@@ -102,7 +102,7 @@ class Mapping:
     path: str
 
 
-@dataclass
+@record
 class Sample:
     stack: list            # raw return addresses as in the file, top first
     raw: Counts            # as written
@@ -116,7 +116,7 @@ class Sample:
     alloc_bytes = property(lambda self: self.scaled.alloc_bytes)
 
 
-@dataclass
+@record
 class HeapProfile:
     format: str            # heapprofile | heap_v2 | heapz_v2 | heap | jemalloc_heap_v2
     period: int            # as written in the header (0 when absent)

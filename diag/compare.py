@@ -40,8 +40,8 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 
+from diag.model.records import field, field_names, record
 from collectors.allocators import registry
 from diag.model.errors import AllocdiagError, NoSuchProcess
 from collectors.proc.cgroup import cgroup_memory
@@ -94,7 +94,7 @@ class CompareError(AllocdiagError):
 
 # --- variants ----------------------------------------------------------------
 
-@dataclass
+@record
 class Variant:
     name: str                       # as the user wrote it (or the allocator name)
     allocator: str                  # allocator name, or the library's file name
@@ -520,7 +520,7 @@ def _preload(snap, variant):
     return pre.effective, pre.verdict, reason
 
 
-@dataclass
+@record
 class Settings:
     command: list
     load: str | None = None
@@ -541,7 +541,7 @@ class Settings:
     example_env: bool = False       # set ALLOCDIAG_EXAMPLE_ALLOCATOR (examples/ presets)
 
     def to_json(self):
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return {k: getattr(self, k) for k in field_names(self)}
 
 
 def run_variant(variant, settings, index=0, progress=None):

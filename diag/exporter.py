@@ -16,9 +16,9 @@ import re
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Optional
 
+from diag.model.records import record
 from diag.model.errors import AccessDenied, AllocdiagError, MissingExtra
 from diag.model.exitcodes import ExitCode
 from diag import hostlive, hostscan, metrics as M, snapshot, walllive
@@ -41,7 +41,7 @@ EXPORTER_COLUMNS = ("comm", "user", "exe", "rss", "rss_anon", "lazyfree", "threa
 UNKNOWN = "unknown"
 
 
-@dataclass
+@record
 class Options:
     group_by: str = "comm"
     groups: tuple = ()                  # ((compiled regex, name), ...): first match wins

@@ -47,8 +47,8 @@ import io
 import json
 import os
 from collections import defaultdict
-from dataclasses import dataclass, field
 
+from diag.model.records import field, record
 from collectors import heapprofile
 from diag.model.errors import AccessDenied, BadInput, BadPath, MalformedData, Unsupported
 from collectors.binary.symbolize import DEBUG_ROOT, Symbolizer, drop_allocator_frames
@@ -77,7 +77,7 @@ VERDICT_PART_LABELS = {VERDICT_LIVE: "live", VERDICT_RETENTION: "retention",
                        VERDICT_LAZYFREE: "lazyfree"}
 
 
-@dataclass
+@record
 class ProfileView:
     path: str | None
     profile: heapprofile.HeapProfile
@@ -348,7 +348,7 @@ def write_legacy(view, path):
 
 # -- diff ------------------------------------------------------------------------
 
-@dataclass
+@record
 class DiffView:
     a: ProfileView
     b: ProfileView

@@ -33,9 +33,9 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
 from typing import Optional
 
+from diag.model.records import record
 from collectors.proc.stat import start_time
 from diag.model.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,
                                RemoteCallError, Unsupported)
@@ -48,7 +48,7 @@ REASONS = ("vanished", "denied", "quarantined", "remote_failed", "unsupported",
            "no_stats_interface", "error")
 
 
-@dataclass
+@record
 class Entry:
     state: str                          # ok | not read
     taken_at: float                     # monotonic

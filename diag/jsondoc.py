@@ -5,6 +5,7 @@ offending key; each reader turns it into MalformedData once, naming what
 it expected."""
 
 from diag.model import Finding, Knob
+from diag.model.records import field_names
 
 
 class Bad(Exception):
@@ -36,7 +37,7 @@ def finding(doc, what):
         knob = obj(knob, f"{what}.knob")
         if not isinstance(knob.get("name"), str):
             raise Bad(f"{what}.knob has no name")
-        knob = Knob(**{k: knob[k] for k in Knob.__dataclass_fields__ if k in knob})
+        knob = Knob(**{k: knob[k] for k in field_names(Knob) if k in knob})
     return Finding(id=doc["id"], severity=doc.get("severity", "info"), title=doc["title"],
                    evidence=obj(doc.get("evidence"), f"{what}.evidence"), knob=knob,
                    expected_effect_bytes=int_or_none(doc.get("expected_effect_bytes"),

@@ -11,8 +11,8 @@ A knob here is {name: Knob(name, current, source, how)}; findings copy it
 and add ``suggested``.
 """
 
-import dataclasses
 
+from diag.model.records import replace
 from collectors.allocators.registry import for_kind
 
 DEFAULT = "compiled default"
@@ -27,6 +27,6 @@ def knobs(kind, native):
     k = for_kind(kind).knobs
     out = k.read(native) if k is not None else {}
     if ((native or {}).get("config") or {}).get("env_unreadable"):
-        out = {name: dataclasses.replace(knob, source=DEFAULT_ENV_UNREADABLE)
+        out = {name: replace(knob, source=DEFAULT_ENV_UNREADABLE)
                if knob.source == DEFAULT else knob for name, knob in out.items()}
     return out

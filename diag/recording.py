@@ -33,6 +33,7 @@ import json
 import time
 import zlib
 
+from diag.model.records import field_names
 from diag.model.errors import BadInput, MalformedData, NoSuchProcess
 from diag.jsondoc import Bad as _Bad, finding as _finding, int_or_none as _int_or_none, \
     obj as _obj
@@ -117,10 +118,10 @@ def _tuple(v, what):
 
 
 def _ints(cls, doc, what, text=("path", "error", "source")):
-    """A dataclass of optional ints (plus a few text fields) from DOC."""
+    """A record of optional ints (plus a few text fields) from DOC."""
     doc = _obj(doc, what)
     kwargs = {}
-    for name in cls.__dataclass_fields__:
+    for name in field_names(cls):
         if name not in doc:
             continue
         v = doc[name]
@@ -148,7 +149,7 @@ def _preload(doc):
     for i, b in enumerate(_tuple(doc.get("bindings"), "preload.bindings")):
         b = _obj(b, f"preload.bindings[{i}]")
         try:
-            bindings.append(Binding(**{k: b[k] for k in Binding.__dataclass_fields__ if k in b}))
+            bindings.append(Binding(**{k: b[k] for k in field_names(Binding) if k in b}))
         except TypeError as exc:
             raise _Bad(f"preload.bindings[{i}]: {exc}") from None
     eff = doc.get("effective")

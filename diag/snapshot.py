@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import collections
 import copy
-import dataclasses
 import threading
 import time
 from typing import Any
 
+from diag.model.records import replace
 from collectors import giveway, livestats
 
 from collectors.allocators.glibc import heapmaps
@@ -292,7 +292,7 @@ class Session:
                         preload=preload, process=process,
                         cgroup=cgroup or CgroupMemory(), stats=stats, native=native,
                         findings=(), collectors=dict(col.status), runtime=runtime)
-        snap = dataclasses.replace(snap, findings=findings.evaluate(snap))
+        snap = replace(snap, findings=findings.evaluate(snap))
         invariants.check(snap)
         return snap, col
 
@@ -320,7 +320,7 @@ class Session:
             for name, st in old.status.items():
                 if name != "maps":      # its status is this read's
                     # the step's answer stands; it cost nothing this time
-                    col.status[name] = dataclasses.replace(st, duration_s=0.0)
+                    col.status[name] = replace(st, duration_s=0.0)
             return old
         built = self._build(col, status, maps)
         if built is not None and old is not None:

@@ -14,16 +14,16 @@ for window_s out of every every_s seconds.
 
 import threading
 import time
-from dataclasses import dataclass
 from typing import Optional
 
+from diag.model.records import record
 from diag.model.errors import AllocdiagError, NoSuchProcess
 
 WINDOW_S = 5.0          # reference/cpu-wall.md: 5-10 s windows at 99 Hz
 EVERY_S = 60.0          # a target's window starts at most this often
 
 
-@dataclass
+@record
 class WallEntry:
     """The last window of one target: ``wall`` (diag.model.wall.Wall) or ``error``."""
 

@@ -9,11 +9,11 @@ shapes and finding ids the product really produces.  Only the kernel layer
 because a captured stats file does not carry them.
 """
 
-import dataclasses
 import json
 import os
 from types import SimpleNamespace
 
+from diag.model.records import replace
 from diag import filemode, findings
 from diag.model import (Allocator, AllocatorRef, CgroupMemory, CollectorStatus, Preload,
                         ProcessMemory, Value)
@@ -48,11 +48,11 @@ def real_snapshot(kind, *, allocator=None, findings_from_rules=True, **kernel_an
     collectors) given by the test; findings from diag.findings on the result."""
     snap = captured(kind)
     if allocator is not None:
-        allocator = dataclasses.replace(allocator, kind=snap.allocator.kind)
+        allocator = replace(allocator, kind=snap.allocator.kind)
         kernel_and_identity["allocator"] = allocator
-    snap = dataclasses.replace(snap, **kernel_and_identity)
+    snap = replace(snap, **kernel_and_identity)
     if findings_from_rules:
-        snap = dataclasses.replace(snap, findings=findings.evaluate(snap, floor=FLOOR))
+        snap = replace(snap, findings=findings.evaluate(snap, floor=FLOOR))
     return snap
 
 
@@ -204,10 +204,10 @@ def purged(snap):
     stats = dict(snap.stats,
                  resident=Value.measured(snap.stats["resident"].value - dirty, "after purge"),
                  dirty=Value.measured(0, "after purge"))
-    process = dataclasses.replace(snap.process, lazyfree=0,
+    process = replace(snap.process, lazyfree=0,
                                   rss=(snap.process.rss or 0) - dirty - lazy,
                                   rss_anon=(snap.process.rss_anon or 0) - dirty - lazy)
-    return dataclasses.replace(snap, stats=stats, process=process)
+    return replace(snap, stats=stats, process=process)
 
 
 # -- heap profiles: one real session (tests/targets/capture_heap_session.py) ----------

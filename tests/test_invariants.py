@@ -7,7 +7,6 @@ program never wrote is committed/active for the allocator and absent for
 the kernel.
 """
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ import sys
 
 import pytest
 
+from diag.model.records import replace
 from diag import breakdown, invariants, snapshot
 from diag.model import ADJUSTED, MEASURED, invariant_violations
 from targets import build_c, start
@@ -127,9 +127,9 @@ def test_violation_names_both_numbers_and_is_recorded(tmp_path, monkeypatch):
     with untouched("jemalloc") as t:
         snap, _ = snapshot.take(t.pid)
     res = snap.stats["resident"]
-    raw = dataclasses.replace(res, value=res.raw, provenance=MEASURED, raw=None,
+    raw = replace(res, value=res.raw, provenance=MEASURED, raw=None,
                               raw_provenance=None)
-    bad = dataclasses.replace(snap, stats={**snap.stats, "resident": raw})
+    bad = replace(snap, stats={**snap.stats, "resident": raw})
     found = invariant_violations(bad)
     assert found == [f"jemalloc: resident {res.raw} > RSS anon {snap.process.rss_anon} "
                      f"(kernel, {snap.process.source}) + its file-backed share 0"]
@@ -148,10 +148,10 @@ def test_jemalloc_orderings_are_its_own():
         snap, _ = snapshot.take(t.pid)
     s = snap.stats
     assert not invariant_violations(snap)
-    swapped = {**s, "mapped": dataclasses.replace(s["mapped"], value=s["resident"].value - 1)}
-    assert not invariant_violations(dataclasses.replace(snap, stats=swapped))
+    swapped = {**s, "mapped": replace(s["mapped"], value=s["resident"].value - 1)}
+    assert not invariant_violations(replace(snap, stats=swapped))
     # compared by the allocator's own figure (raw, when adjusted to the kernel)
     own = s["resident"].raw if s["resident"].raw is not None else s["resident"].value
-    over = {**s, "active": dataclasses.replace(s["active"], value=own + 1)}
-    assert invariant_violations(dataclasses.replace(snap, stats=over)) == [
+    over = {**s, "active": replace(s["active"], value=own + 1)}
+    assert invariant_violations(replace(snap, stats=over)) == [
         f"jemalloc: active {own + 1} > resident {own}"]

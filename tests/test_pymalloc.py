@@ -3,7 +3,6 @@
 stripped /usr/bin/python3.11 and pyenv's 3.10-3.13 (with .symtab, and with
 the symbols ignored to exercise the stripped-binary paths)."""
 
-import dataclasses
 import glob
 import json
 import os
@@ -18,6 +17,7 @@ import pytest
 import deps
 from targets import SOURCES, start
 
+from diag.model.records import replace
 from collectors.runtimes import pymalloc
 from collectors.binary.image import ProcessImage
 from diag import breakdown, findings, snapshot
@@ -181,7 +181,7 @@ def test_preload_misses_pymalloc_finding():
     assert "jemalloc" in f.title and f.knob.suggested == "malloc"
     assert f.evidence["pymalloc_resident"] == snap.runtime.values["resident"].value
     # Without the preload there is nothing to say.
-    plain = dataclasses.replace(snap, preload=dataclasses.replace(snap.preload, requested=()))
+    plain = replace(snap, preload=replace(snap.preload, requested=()))
     assert "preload-misses-pymalloc" not in {x.id for x in findings.evaluate(plain, floor=8 << 20)}
 
 

@@ -389,7 +389,7 @@ def test_failed_collector_is_reported_as_partial():
     cols = dict(snap.collectors)
     cols["jemalloc"] = CollectorStatus(False, "quarantined: an earlier call timed out; "
                                               "detached", 0.0)
-    from dataclasses import replace
+    from diag.model.records import replace
     src = FakeProcess([replace(snap, collectors=cols)])
 
     async def go():
@@ -517,7 +517,7 @@ def test_rss_split_adds_up():
 def test_rss_bar_draws_every_layer_diag_breakdown_knows():
     """A layer diag.breakdown adds (CPython's pymalloc arenas) appears in the RSS
     bar without a TUI change, carved out of the other anonymous memory."""
-    from dataclasses import replace
+    from diag.model.records import replace
     from diag import breakdown
     from diag.model import Runtime
     from tui import layers
@@ -713,7 +713,7 @@ def test_history_widget_draws_a_staircase():
 
 def test_release_rows_from_snapshots():
     # diag.actions.release returns Snapshots before/after
-    from dataclasses import replace
+    from diag.model.records import replace
     from tui import layers
     before = jemalloc_snapshot()
     after = replace(before, process=replace(before.process, lazyfree=0),

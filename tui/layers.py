@@ -15,8 +15,8 @@ Labels and meanings come from ``diag.fields``.
 
 import json
 from collections import namedtuple
-from dataclasses import dataclass
 
+from diag.model.records import record
 from diag.fields import BY_NAME
 from diag.render import human_bytes, native_page_size, native_value
 
@@ -235,7 +235,7 @@ def history_series(snaps):
 
 # -- the process screen's view-model --------------------------------------------
 
-@dataclass(frozen=True, eq=False)
+@record(frozen=True, eq=False)
 class ProcessView:
     """What every widget of the process screen draws, built once per refresh.
 

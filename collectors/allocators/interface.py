@@ -12,9 +12,10 @@ The stats reader is the home's module with ``KINDS``, ``FIELDS`` and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Collection, Protocol
+
+from diag.model.records import field, record
 
 if TYPE_CHECKING:
     from diag.model import Knob
@@ -43,7 +44,7 @@ class Signature:
         self.defines_malloc = defines_malloc
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Release:
     """The call that gives free memory back to the OS now (`allocdiag release`)."""
     text: str                           # what the user sees: "malloc_trim(0)"
@@ -52,7 +53,7 @@ class Release:
     #                                       return value, None for a void function
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class LazyFreeAdvice:
     """What lazyfree-inflates-rss says when this allocator frees with MADV_FREE."""
     cause: str                          # "{current}"/"{source}" filled from the knob
@@ -61,7 +62,7 @@ class LazyFreeAdvice:
     how: str | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Vocabulary:
     """The words findings, compare and the renderers use for this allocator."""
     findings: tuple[str, ...] = ()      # ids of diag's allocator rules (diag.findings, diag.wall_findings)
@@ -166,7 +167,7 @@ class Allocator(Protocol):
     vocabulary: Vocabulary
 
 
-@dataclass
+@record
 class Base:
     """Defaults for the members an allocator need not have."""
     kind: str

@@ -48,12 +48,12 @@ import stat
 import struct
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from diag.model.records import record
 from collectors.binary.demangle import demangle
 from collectors.binary.elf import ELFCLASS64, SHN_UNDEF, ST_BIND_SHIFT, ST_TYPE_MASK, STB_GLOBAL, \
     STB_WEAK, STT_FUNC
@@ -95,7 +95,7 @@ ALLOCATOR_PREFIXES = (
 GCC_CLONE_RE = re.compile(r"\.(?:part|constprop|isra|cold|lto_priv|localalias)(?:\.\d+)*")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Frame:
     addr: int                  # as in the profile (a return address)
     object: str | None         # mapped path, None when no mapping holds it

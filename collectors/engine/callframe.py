@@ -12,8 +12,8 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
+from diag.model.records import field, record
 from collectors.engine import abi, memory, ptrace, safepoints, seccomp
 from collectors.engine.arch import Arch, Regs
 from collectors.engine.choose import TIMESPEC, NS_PER_MS, NS_PER_S, kib
@@ -46,7 +46,7 @@ class Crash(Exception):
         self.regs = regs
 
 
-@dataclass
+@record
 class Stats:
     borrows: int = 0
     calls: int = 0
@@ -55,7 +55,7 @@ class Stats:
     pause_us_total: int = 0
 
 
-@dataclass
+@record
 class Record:
     """What the releases of one borrow measured."""
 

@@ -13,9 +13,9 @@ import os
 import struct
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+from diag.model.records import field, record
 from collectors.binary import unwind
 from collectors.engine import abi, memory, ptrace, rseq, safepoints, stackbounds
 from collectors.engine.arch import Arch
@@ -61,7 +61,7 @@ def exec_start(sched: bytes) -> float | None:
     return None
 
 
-@dataclass
+@record
 class Facts:
     """What /proc says of one thread without stopping it; nr -1 when it
     runs user code."""
@@ -78,14 +78,14 @@ class Facts:
     slept_at: float | None = None    # se.exec_start (s, its CPU's task clock) behind SINCE
 
 
-@dataclass
+@record
 class Candidate:
     tid: int
     category: str
     facts: Facts
 
 
-@dataclass
+@record
 class Round:
     """The candidates of one round, best first, and why the others are not."""
 

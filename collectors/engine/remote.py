@@ -71,7 +71,6 @@ decoder), ``choose`` + ``safepoints`` (which thread, reason codes),
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
@@ -79,6 +78,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from diag.model.records import asdict
 from collectors import giveway
 from collectors.engine import abi, arch, ptrace, rehearsal, safepoints
 from collectors.engine.callframe import MAX_SCRATCH, Call, Caller, Stats
@@ -210,7 +210,7 @@ class RemoteProcess:
 
     @property
     def stats(self) -> dict[str, int]:
-        return dataclasses.asdict(self._stats)
+        return asdict(self._stats)
 
     @property
     def stack_need(self) -> int:

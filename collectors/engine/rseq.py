@@ -24,8 +24,8 @@ The thread's registration is read with PTRACE_GET_RSEQ_CONFIGURATION
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
+from diag.model.records import record
 from collectors.engine import abi, memory, ptrace
 from diag.model.errors import RemoteCallError
 
@@ -40,7 +40,7 @@ _RSEQ_CS_POINTER = struct.Struct("<Q")
 _RSEQ_CS = struct.Struct("<IIQQQ")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CriticalSection:
     start_ip: int
     post_commit_offset: int

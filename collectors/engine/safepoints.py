@@ -36,9 +36,9 @@ import errno
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from diag.model.records import field, record, replace
 from collectors.binary import unwind
 from collectors.binary.elf import STT_FUNC, STT_GNU_IFUNC
 from collectors.binary.ranges import Ranges
@@ -144,7 +144,7 @@ BUSY_REASONS = frozenset({
 RUNNING_SUBJECT = "running"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Refusal:
     """Why one thread is not borrowed: a code, the facts its words need,
     and what the thread was doing (SUBJECT)."""

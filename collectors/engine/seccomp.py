@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import errno
 import struct
-from dataclasses import dataclass
 
+from diag.model.records import record
 from collectors.engine import abi, ptrace
 
 # ---- actions (include/uapi/linux/seccomp.h) ------------------------------------------
@@ -115,7 +115,7 @@ class MalformedFilter(ValueError):
     """A program this interpreter (and so the kernel) would not run."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SyscallEntry:
     """A syscall-entry stop, as PTRACE_GET_SYSCALL_INFO reports it."""
 

@@ -25,9 +25,9 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from diag.model.records import field, record
 from collectors.engine import abi, memory, ptrace
 from collectors.engine.arch import Arch, Regs
 from collectors.engine.safepoints import Reason, Refusal, refusal
@@ -185,7 +185,7 @@ class At(enum.Enum):
     DELIVERY = "delivery"        # a signal-delivery-stop (needed to inject a signal)
 
 
-@dataclass
+@record
 class Verdict:
     """What the judge found (safepoints): the kind of safe point and how the
     wait must be given back."""
@@ -199,7 +199,7 @@ class Verdict:
     timeout_ns: int | None = None    # its relative timeout as passed (read at the stop)
 
 
-@dataclass
+@record
 class FrameState:
     """What the calls (callframe) put on the thread's stack and in mappings."""
 
@@ -215,7 +215,7 @@ class FrameState:
     pending: list[tuple[int, bytes]] = field(default_factory=list)
 
 
-@dataclass
+@record
 class Thread:
     """One thread held in a ptrace-stop, and everything needed to give it
     back exactly as it was."""

@@ -7,8 +7,9 @@ is an ``int`` in bytes, or ``None`` when unknown: never a made-up zero.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields as dc_fields
 from typing import Any, Optional
+
+from diag.model.records import field, field_names, record
 
 JSON = dict[str, Any]           # a JSON object as json.dumps takes it
 
@@ -20,7 +21,7 @@ ADJUSTED = "adjusted"   # changed to agree with the kernel; ``raw`` keeps the or
 UNKNOWN = "unknown"     # nobody said it; the value is None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Value:
     """One allocator-layer number with its provenance.
 
@@ -70,14 +71,14 @@ def _plain(obj: Any) -> Any:
         return {k: _plain(v) for k, v in obj.items()}
     if hasattr(obj, "to_json"):
         return obj.to_json()
-    if hasattr(obj, "__dataclass_fields__"):
+    if hasattr(obj, "__record_fields__"):
         return _plain_fields(obj)
     if isinstance(obj, (list, tuple)):
         return [_plain(x) for x in obj]
     return obj
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ProcessMemory:
     """The kernel's view of one process (see diag.fields for each meaning)."""
 
@@ -101,7 +102,7 @@ class ProcessMemory:
         return _plain_fields(self)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CgroupMemory:
     version: Optional[int] = None          # 1 or 2
     path: Optional[str] = None             # as in /proc/PID/cgroup
@@ -115,7 +116,7 @@ class CgroupMemory:
         return _plain_fields(self)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class AllocatorRef:
     """One allocator found in the process."""
 
@@ -131,14 +132,14 @@ class AllocatorRef:
         return _plain_fields(self)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Allocator(AllocatorRef):
     """The allocator that serves ``malloc``, plus the others that are loaded."""
 
     others: tuple[AllocatorRef, ...] = ()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Binding:
     """Where one GOT slot (``malloc`` in some object) points right now."""
 
@@ -153,7 +154,7 @@ class Binding:
         return _plain_fields(self)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Preload:
     requested: tuple[str, ...] = ()            # paths, from LD_PRELOAD and /etc/ld.so.preload
     effective: Optional[bool] = None  # None: nothing requested, or cannot tell
@@ -166,7 +167,7 @@ class Preload:
         return _plain_fields(self)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CollectorStatus:
     ok: bool = True
     error: Optional[str] = None
@@ -177,7 +178,7 @@ class CollectorStatus:
         return _plain_fields(self)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Knob:
     name: str
     current: Optional[str] = None
@@ -189,7 +190,7 @@ class Knob:
         return _plain_fields(self)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Finding:
     id: str
     severity: str          # info|warning|critical
@@ -203,7 +204,7 @@ class Finding:
         return _plain_fields(self)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Runtime:
     """A language runtime's own heap inside the process (CPython's pymalloc),
     read from its structures.  ``values``: field name -> Value (the
@@ -226,7 +227,7 @@ class Runtime:
         return out
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Snapshot:
     pid: int
     comm: Optional[str] = None
@@ -261,16 +262,7 @@ class Snapshot:
 
 
 def _plain_fields(obj: Any) -> JSON:
-    cls = type(obj)
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in dc_fields(obj))
-    return {name: _plain(getattr(obj, name)) for name in names}
-
-
-# {dataclass: its field names}, asked once per class (dataclasses.fields
-# builds its answer anew at every call)
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+    return {name: _plain(getattr(obj, name)) for name in field_names(obj)}
 
 
 # -- invariants -------------------------------------------------------------------

@@ -8,7 +8,7 @@ mmap-family syscall rates split "from the allocator" vs "from elsewhere", the
 allocator's own counters over the same window, the call sites that drive the
 allocator's CPU and lock waits, and findings.
 
-Every class is a frozen dataclass; ``Wall.to_json()`` gives the one JSON
+Every class is a frozen record (diag.model.records); ``Wall.to_json()`` gives the one JSON
 document of ``allocdiag wall --json`` (``schema_version`` below).  Each key is
 described once in diag.fields (``WALL_FIELD_ROWS``: name = the dotted JSON
 path, unit, meaning, source), which the TUI labels, metric HELP strings and
@@ -26,9 +26,9 @@ Like diag.model, this module imports nothing of allocdiag's but diag.model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Optional
 
+from diag.model.records import field, record
 from diag.model import JSON, Finding
 
 SCHEMA_VERSION = 1
@@ -52,7 +52,7 @@ def _share(part: Optional[float], whole: Optional[float]) -> Optional[float]:
     return None if not whole or part is None else part / whole
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Missing:
     """A figure that could not be measured: which, why, and the fix."""
 
@@ -64,7 +64,7 @@ class Missing:
         return {"figure": self.figure, "reason": self.reason, "fix": self.fix}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Window:
     """What was sampled: when, how long, how densely, and what is missing."""
 
@@ -96,7 +96,7 @@ class Window:
                 "missing": [m.to_json() for m in self.missing]}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class FunctionTime:
     """Samples charged to one allocator function (the leaf-most frame inside
     the allocator that a symbol names, else GLIBC_INTERNAL / ``lib+0xADDR``)."""
@@ -111,7 +111,7 @@ class FunctionTime:
                 "seconds": _round(self.seconds), "share": _round(self.share)}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Cpu:
     """On-CPU time: every sample is application, allocator or unknown."""
 
@@ -161,7 +161,7 @@ class Cpu:
                 "by_entry": [f.to_json() for f in self.by_entry]}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class OffCpu:
     """Time threads spent switched out, from SWITCH records.  An interval
     runs from switch-out to switch-in, so it includes the run-queue wait
@@ -202,7 +202,7 @@ class OffCpu:
                 "by_function": [f.to_json() for f in self.by_function]}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Faults:
     """Page faults of every sampled thread over the window (kernel counters)."""
 
@@ -224,7 +224,7 @@ class Faults:
                 "major_per_s": _round(self.major_per_s, 1)}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SyscallRate:
     """One syscall's count over the window (a tracepoint counter) and its
     split by calling stack, from a sample of the calls."""
@@ -251,7 +251,7 @@ class SyscallRate:
                 "from_allocator_share": _round(self.from_allocator_share)}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Counter:
     """One of the allocator's own counters, read at the window's start and
     end with the borrowed call (collectors.livestats).  ``kind`` "delta": a
@@ -281,7 +281,7 @@ class Counter:
                 "provenance": self.provenance, "source": self.source}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Site:
     """A call site: the first frame outside the allocator (symbolized,
     demangled), with the frames outward from it, and what it cost."""
@@ -301,7 +301,7 @@ class Site:
                 "lock_wait_s": _round(self.lock_wait_s), "lock_switches": self.lock_switches}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Stack:
     """One folded stack (outermost frame first) and its weight: CPU samples
     (``kind`` "cpu") or off-CPU microseconds ("off_cpu").  Feeds --collapsed
@@ -321,7 +321,7 @@ class Stack:
                 "allocator": self.allocator}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Wall:
     """One window's wall.  ``counters``: {name: Counter}; ``syscalls``:
     {name: SyscallRate} for SYSCALLS; ``stacks`` is not part of the default
