@@ -19,7 +19,9 @@ own public APIs; allocators.md §9): jemalloc ``[prefix]mallctl`` with
 (``HeapProfilerStart`` only in the full library); google/tcmalloc
 ``TCMalloc_Internal_GetStats``; mimalloc ``mi_version``; glibc
 ``__libc_malloc`` with ``malloc_info``; musl ``__malloc_donate`` or its
-loader name; Go ``.go.buildinfo``.
+loader name; Go ``.go.buildinfo``.  An object's signature is kept with its
+facts in the disk cache (part ``signature``): a warm run neither reads an
+object's symbol table nor scans it for jemalloc's prefix.
 """
 
 import logging
@@ -48,17 +50,43 @@ def classify(obj, use_symtab=False):
     cached = getattr(elf, cache_key, None)
     if cached is not None:
         return cached
-    dyn = elf.exports
-    names = dyn
-    where = ".dynsym"
-    if use_symtab:
-        symtab = elf.symtab(obj.opener.open)
-        if symtab:
-            names = dyn | set(symtab)
-            where = ".dynsym/.symtab"
-    sig = _classify_names(elf, obj.path, names, where)
+    part = SIGNATURE_PART + ("-symtab" if use_symtab else "")
+    sig = _stored_signature(elf.load_part(part), obj.path)
+    if sig is None:
+        dyn = elf.exports
+        names = dyn
+        where = ".dynsym"
+        if use_symtab:
+            symtab = elf.symtab(obj.opener.open)
+            if symtab:
+                names = dyn | set(symtab)
+                where = ".dynsym/.symtab"
+        sig = _classify_names(elf, obj.path, names, where)
+        elf.store_part(part, (obj.path, sig.kind, sig.variant, sig.prefix, list(sig.evidence),
+                              sig.defines_malloc))
+    if sig.kind is not None:
+        log.debug("%s: %s%s (%s)", os.path.basename(obj.path), sig.kind,
+                  f" prefix {sig.prefix!r}" if sig.prefix else "", "; ".join(sig.evidence))
     setattr(elf, cache_key, sig)
     return sig
+
+
+# The disk cache part holding an object's signature: (path, kind, variant,
+# prefix, evidence, defines_malloc).  The path is part of it because the
+# evidence names the file and musl is told by its path: the same file seen
+# under another path is classified again.
+SIGNATURE_PART = "signature"
+
+
+def _stored_signature(payload, path):
+    """The Signature of a stored PAYLOAD for PATH, or None (none stored, one
+    for another path, or not that shape)."""
+    if not isinstance(payload, tuple) or len(payload) != 6 or payload[0] != path:
+        return None
+    _path, kind, variant, prefix, evidence, defines_malloc = payload
+    if not (isinstance(evidence, list) and all(isinstance(e, str) for e in evidence)):
+        return None
+    return Signature(kind, variant, prefix, evidence, bool(defines_malloc))
 
 
 def _classify_names(elf, path, names, where):
@@ -66,8 +94,6 @@ def _classify_names(elf, path, names, where):
     for alloc in registry.ALL:
         sig = alloc.signature(elf, names, base, path, where)
         if sig is not None:
-            log.debug("%s: %s%s (%s)", base, sig.kind,
-                      f" prefix {sig.prefix!r}" if sig.prefix else "", where)
             return sig
     return Signature(defines_malloc=False)
 

@@ -371,3 +371,19 @@ def test_an_allocator_behind_glibcs_names_is_not_glibc():
     libc = "/usr/lib/x86_64-linux-gnu/libc.so.6"
     lelf = load(ObjectFile("/nonexistent-proc", 1, 0, 0, libc))
     assert _classify_names(lelf, libc, lelf.exports, ".dynsym").kind == "glibc"
+
+
+def test_a_stored_signature_is_used_only_for_its_own_path():
+    """The disk cache keeps each object's signature with the path it was
+    classified under: the evidence names the file, and musl is told by its
+    path, so the same file under another path (a container's root) is
+    classified again; a payload of another shape is not used."""
+    from collectors.detect import _stored_signature
+    path = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+    payload = (path, "jemalloc", None, "", ["libjemalloc.so.2 defines mallctl"], True)
+    sig = _stored_signature(payload, path)
+    assert (sig.kind, sig.prefix, sig.evidence, sig.defines_malloc) == \
+        ("jemalloc", "", ("libjemalloc.so.2 defines mallctl",), True)
+    assert _stored_signature(payload, "/proc/7/root" + path) is None
+    for bad in (None, payload[:5], (path, "jemalloc", None, "", "evidence", True), [*payload]):
+        assert _stored_signature(bad, path) is None

@@ -24,6 +24,7 @@ from targets import LIBDIR, build_c, require_file, start
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIBC = f"{LIBDIR}/libc.so.6"
+LIBM = f"{LIBDIR}/libm.so.6"
 JEMALLOC = f"{LIBDIR}/libjemalloc.so.2"
 TCMALLOC_MINIMAL = f"{LIBDIR}/libtcmalloc_minimal.so.4"
 # the document's parts that do not move between two runs on an idle target
@@ -59,8 +60,11 @@ def inspect_json(cache, pid, env=None):
 
 
 def entries(cache):
+    """{name: path} of the store's entries (not its eviction marker)."""
     d = os.path.join(cache, diskcache.DIR_NAME)
-    return {n: os.path.join(d, n) for n in os.listdir(d)} if os.path.isdir(d) else {}
+    if not os.path.isdir(d):
+        return {}
+    return {n: os.path.join(d, n) for n in os.listdir(d) if n != diskcache.EVICT_MARKER}
 
 
 def test_second_run_reads_the_cache_and_agrees(tmp_path):
@@ -71,8 +75,14 @@ def test_second_run_reads_the_cache_and_agrees(tmp_path):
     stored = {e for e in events(r1, "stored") if e[1] == "elf"}
     assert (JEMALLOC, "elf") in stored and (LIBC, "elf") in stored
     assert not events(r1, "hit") and JEMALLOC in parsed(r1)
-    # the second run parses nothing: every object's facts come from disk
+    # the second run parses nothing: every object's facts come from disk,
+    # and each object's signature; it unpacks the symbols of only the
+    # objects it looks into (the allocator's and libc's, not libm's)
     assert events(r2, "hit") >= stored and not parsed(r2) and not events(r2, "stored")
+    assert {(p, "signature") for p, _part in stored} <= events(r2, "hit")
+    unpacked = set(re.findall(r"ELF (\S+) symbols unpacked", r2.stderr))
+    assert unpacked and len(unpacked) < len(stored)
+    assert (LIBM, "elf") in stored and LIBM not in unpacked
     assert doc1 == doc2 == doc3
     assert doc2["allocator"]["kind"] == "jemalloc" and doc2["allocator"]["version"]
     d = os.path.join(tmp_path, diskcache.DIR_NAME)
@@ -248,6 +258,12 @@ def test_restored_object_equals_parsed(store, path):
     before = diskcache.counts()["hit"]
     restored = elf.load(_open(path))
     assert diskcache.counts()["hit"] == before + 1
+    # defines() on the still-packed symbols: a name in the blob's bytes
+    # (a prefix of another, an undefined reference) is looked up exactly
+    undefined = next(s.name for s in parsed_obj.dynsym if s.name and not s.defined)
+    for name in ("malloc", "mallo", "free", "mallctl", "_PyRuntime", undefined, "\u00e9t\u00e9"):
+        assert restored.defines(name) == parsed_obj.defines(name), name
+    assert restored._dynsym is None                         # still packed
     assert restored.facts() == parsed_obj.facts() and restored.dynsym == parsed_obj.dynsym
     assert restored.exports == parsed_obj.exports
     assert restored.symtab() == want_symtab                 # from disk: no opener needed
@@ -345,11 +361,39 @@ def test_eviction_removes_the_oldest(store):
     for path in (LIBC, JEMALLOC, TCMALLOC_MINIMAL):
         elf.load(_open(require_file(path)))
     d = os.path.join(store, diskcache.DIR_NAME)
-    files = sorted(os.listdir(d))
+    files = sorted(entries(store))
     assert len(files) == 3
     for age, name in enumerate(files):                  # the first listed is the oldest
         os.utime(os.path.join(d, name), ns=(age * 10**9, age * 10**9))
     total = sum(os.path.getsize(os.path.join(d, n)) for n in files)
     assert diskcache.evict(d, max_bytes=total) == 0     # within both bounds
     assert diskcache.evict(d, max_entries=2) == 2       # down to 3/4 of the bound
-    assert os.listdir(d) == [files[-1]]
+    assert sorted(entries(store)) == [files[-1]]
+
+
+def test_eviction_is_checked_at_most_every_interval(store, monkeypatch):
+    """A run that stores something checks the bounds (a stat of every
+    entry) only when the last check is EVICT_EVERY_S old: the marker's
+    mtime says when, and a marker from the future does not stop it."""
+    d = os.path.join(store, diskcache.DIR_NAME)
+    os.makedirs(d, exist_ok=True)
+    scans = []
+    monkeypatch.setattr(diskcache, "evict", lambda directory: scans.append(directory) or 0)
+    now = 1_000_000_000.0
+    marker = os.path.join(d, diskcache.EVICT_MARKER)
+    diskcache.evict_if_due(d, now=now)                       # no marker yet
+    assert scans == [d] and os.stat(marker).st_mtime == now
+    diskcache.evict_if_due(d, now=now + diskcache.EVICT_EVERY_S - 1)
+    assert scans == [d]                                      # checked a moment ago
+    diskcache.evict_if_due(d, now=now + diskcache.EVICT_EVERY_S)
+    assert scans == [d, d]
+    diskcache.evict_if_due(d, now=now)                       # the clock went back
+    assert scans == [d, d, d]
+
+
+def test_the_marker_is_not_an_entry(store):
+    d = os.path.join(store, diskcache.DIR_NAME)
+    os.makedirs(d, exist_ok=True)
+    open(os.path.join(d, diskcache.EVICT_MARKER), "w").close()
+    assert diskcache.evict(d, max_entries=0) == 0
+    assert os.listdir(d) == [diskcache.EVICT_MARKER]

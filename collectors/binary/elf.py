@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import marshal
 import os
 import re
 import struct
@@ -186,15 +187,37 @@ class ElfObject:
         self._symtab: Mapping[str, Symbol] | None = None
         self._rodata_hits: dict[str, str | None] | None = None
         self._dynsym: list[Symbol] | None = None
-        self._dynsym_packed: tuple[list[str], bytes] = ([], b"")   # from the disk cache
+        # from the disk cache: .dynsym and the exports as one marshal blob,
+        # unmarshalled when first asked for (see facts())
+        self._symbols_blob: bytes | None = None
         self._dynsym_by_name: dict[str, Symbol] | None = None
         self._exports: frozenset[str] | None = None
+        # {symbol name: [GOT slot vaddr, ...]}; from the disk cache as a
+        # marshal blob, unmarshalled when first asked for
+        self._got: dict[str, list[int]] | None = None
+        self._got_blob: bytes | None = None
+
+    @property
+    def got(self) -> dict[str, list[int]]:
+        """{symbol name: [GOT slot vaddr, ...]} of the GLOB_DAT/JUMP_SLOT
+        relocations (``_read_got_relocs``)."""
+        if self._got is None:
+            try:
+                got = marshal.loads(self._got_blob or b"")
+                if not isinstance(got, dict):
+                    raise TypeError("not a dict")
+            except (EOFError, ValueError, TypeError) as exc:
+                raise MalformedData(f"{self.path}: disk cache entry with unreadable GOT "
+                                    f"relocations ({type(exc).__name__})") from None
+            self._got = got
+        return self._got
 
     @property
     def dynsym(self) -> list[Symbol]:
         """The .dynsym entries, in table order."""
         if self._dynsym is None:
-            self._dynsym = unpack_symbols(*self._dynsym_packed)
+            names, packed, _exports = self._stored_symbols()
+            self._dynsym = unpack_symbols(names, packed)
         return self._dynsym
 
     @property
@@ -202,8 +225,24 @@ class ElfObject:
         """Names of the defined .dynsym entries that are not STB_LOCAL (what
         the object offers the dynamic linker; detection's signatures)."""
         if self._exports is None:
-            self._exports = frozenset(s.name for s in self.dynsym if s.defined and s.bind != STB_LOCAL)
+            if self._symbols_blob is not None and self._dynsym is None:
+                self._exports = frozenset(self._stored_symbols()[2])
+            else:
+                self._exports = frozenset(s.name for s in self.dynsym
+                                          if s.defined and s.bind != STB_LOCAL)
         return self._exports
+
+    def _stored_symbols(self) -> tuple[list[str], bytes, list[str]]:
+        """(names, packed rows, exports) from the disk cache's blob."""
+        log.debug("ELF %s symbols unpacked from the disk cache", self.path)
+        try:
+            names, packed, exports = marshal.loads(self._symbols_blob or b"")
+            if len(packed) != len(names) * _SYMBOL_PACK.size:
+                raise ValueError("symbol names and packed rows differ in number")
+        except (EOFError, ValueError, TypeError) as exc:
+            raise MalformedData(f"{self.path}: disk cache entry with an unreadable symbol "
+                                f"table ({type(exc).__name__})") from None
+        return names, packed, exports
 
     def _by_name(self) -> dict[str, Symbol]:
         if self._dynsym_by_name is None:
@@ -219,28 +258,46 @@ class ElfObject:
 
     def facts(self) -> tuple[Any, ...]:
         """What one parse learnt, as plain data: the disk cache's ``elf``
-        part.  FACTS in order (.dynsym as ``pack_symbols`` gives it), then
-        ``exports`` (what detection reads of every object, so that a warm
-        run unpacks the symbols of only the objects it looks into)."""
-        return tuple(pack_symbols(self.dynsym) if name == "dynsym" else getattr(self, name)
-                     for name in FACTS) + (sorted(self.exports),)
+        part.  FACTS in order, .dynsym as one marshal blob of (``pack_symbols``
+        names, packed rows, sorted exports) and the GOT relocations as
+        another: reading an entry back copies those bytes, and only the
+        objects whose symbols or GOT a run looks into unmarshal them (they
+        are most of an entry: libstdc++'s 480 KB took 3 ms to unmarshal on
+        the slow guest, libcrypto's 3,170 GOT names 2 ms; detection reads each
+        object's signature from its own part, collectors.detect)."""
+        out = []
+        for name in FACTS:
+            if name == "dynsym":
+                out.append(self._symbols_facts())
+            elif name == "got":
+                out.append(self._got_blob if self._got_blob is not None
+                           else marshal.dumps(self.got))
+            else:
+                out.append(getattr(self, name))
+        return tuple(out)
+
+    def _symbols_facts(self) -> bytes:
+        if self._symbols_blob is not None:
+            return self._symbols_blob
+        names, packed = pack_symbols(self.dynsym)
+        return marshal.dumps((names, packed, sorted(self.exports)))
 
     @classmethod
     def from_facts(cls, path: str, facts: tuple[Any, ...]) -> ElfObject:
         """The object ``facts()`` described, without reading the file.
         Raises ValueError when FACTS does not have that shape."""
-        if not isinstance(facts, tuple) or len(facts) != len(FACTS) + 1:
+        if not isinstance(facts, tuple) or len(facts) != len(FACTS):
             raise ValueError("not the facts of an ElfObject")
         obj = cls.__new__(cls)
         obj._init_state(path)
         for name, value in zip(FACTS, facts):
             if name == "dynsym":
-                obj._dynsym_packed = value
+                obj._symbols_blob = value
+            elif name == "got":
+                obj._got_blob = value
             else:
                 setattr(obj, name, value)
-        obj._exports = frozenset(facts[-1])
-        names, packed = obj._dynsym_packed
-        if not isinstance(obj.got, dict) or len(packed) != len(names) * _SYMBOL_PACK.size:
+        if not isinstance(obj._got_blob, bytes) or not isinstance(obj._symbols_blob, bytes):
             raise ValueError("not the facts of an ElfObject")
         return obj
 
@@ -293,7 +350,7 @@ class ElfObject:
         # The dynamic symbol table is small and always needed: read it now.
         self._dynsym = self._read_symbols(f, ".dynsym", ".dynstr") \
             if self.elfclass == ELFCLASS64 else []
-        self.got = self._read_got_relocs(f) if self.elfclass == ELFCLASS64 else {}
+        self._got = self._read_got_relocs(f) if self.elfclass == ELFCLASS64 else {}
 
     def _section_bytes(self, f, name, limit=None):
         sec = self.sections.get(name)
@@ -370,7 +427,14 @@ class ElfObject:
         return self._by_name().get(name)
 
     def defines(self, name: str) -> bool:
-        """True when the object exports a definition of NAME (.dynsym)."""
+        """True when the object exports a definition of NAME (.dynsym).
+        Asked of every object (which one holds ``_PyRuntime``, ``mi_malloc``):
+        where the symbols are still the disk cache's blob, a name absent from
+        its bytes is not there, and the blob stays packed (marshal writes a
+        string's UTF-8 bytes whole at its first occurrence)."""
+        if self._exports is None and self._dynsym is None and self._symbols_blob is not None \
+                and name.encode("utf-8", "surrogateescape") not in self._symbols_blob:
+            return False
         return name in self.exports
 
     def lookup(self, name: str,
