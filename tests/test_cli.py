@@ -157,6 +157,35 @@ def test_a_run_leaves_shutil_unimported():
             assert 50 < int(lines[1]) <= 64 - 2, r.stdout
 
 
+# What a warm `inspect` has no use for, with what importing it cost on the
+# slow guest: dataclasses with inspect, dis and ast (~25 ms, and ~1 ms a
+# class: diag.model.records), pyelftools (~11 ms: only a file not in the
+# detection cache is parsed), subprocess with selectors (~2 ms: the
+# understudy is posix_spawn'ed).
+UNUSED_WHEN_WARM = ("dataclasses", "inspect", "elftools", "subprocess", "selectors")
+
+
+def test_a_warm_inspect_imports_only_what_it_uses(tmp_path):
+    """With the detection cache warm (the second run), an `inspect` that
+    stops a thread of a jemalloc target imports none of UNUSED_WHEN_WARM;
+    the first run parses ELF files with pyelftools (whose pprint import
+    brings dataclasses)."""
+    code = ("import sys, io, contextlib; from diag import cli\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    rc = cli.main(sys.argv[1:])\n"
+            f"print(rc, sorted(set({UNUSED_WHEN_WARM!r}) & set(sys.modules)))")
+    env = dict(os.environ, PYTHONPATH=ROOT, XDG_CACHE_HOME=str(tmp_path))
+    env.pop("ALLOCDIAG_NO_CACHE", None)
+    seen = []
+    with start([build_c("idle.c"), "1"], allocator="jemalloc") as t:
+        for _ in range(2):
+            r = subprocess.run([sys.executable, "-c", code, "inspect", str(t.pid)],
+                               capture_output=True, text=True, env=env, cwd="/", timeout=120)
+            seen.append(r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr)
+    assert seen[0].startswith("0 ") and "elftools" in seen[0], seen
+    assert seen[1] == "0 []", seen
+
+
 def test_a_short_command_runs_without_a_cyclic_collection():
     """Start-up's objects are not garbage: `inspect` (imports, detection,
     the document) runs without one pass of the cyclic collector, which at

@@ -33,7 +33,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import subprocess
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -73,6 +73,7 @@ START_WAIT_S = 0.05
 # specialises a function's bytecode (it quickens a code object after 8
 # runs).  ~11 ms of allocdiag's CPU, once per allocdiag process.
 WARM_UP_BORROWS = 10
+CLOSE_WAIT_S = 1.0      # for the understudy to exit at end-of-file, then SIGKILL
 WARM_UP_BUFFER = 16 * 1024
 ENV_NO_WARM_UP = "ALLOCDIAG_NO_WARM_UP"      # bench comparisons
 
@@ -81,11 +82,24 @@ class Understudy:
     """The ``cat`` child and the engine objects that stop it."""
 
     def __init__(self, arch: Arch, procfs: str = "/proc") -> None:
-        # found on PATH by the exec itself (FileNotFoundError when missing)
-        self.proc = subprocess.Popen([PROGRAM], stdin=subprocess.PIPE,
-                                     stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, close_fds=True)
-        self.pid = self.proc.pid
+        # posix_spawn, not subprocess (whose import, with selectors, is ~2
+        # ms of a CLI run); found on PATH by the spawn itself
+        # (FileNotFoundError when missing).  Python's descriptors are
+        # close-on-exec: the child has the pipe's read end as stdin and
+        # /dev/null as stdout and stderr, nothing else.
+        read_end, self.stdin = os.pipe()
+        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            self.pid = os.posix_spawnp(PROGRAM, [PROGRAM], os.environ, file_actions=[
+                (os.POSIX_SPAWN_DUP2, read_end, 0), (os.POSIX_SPAWN_DUP2, devnull, 1),
+                (os.POSIX_SPAWN_DUP2, devnull, 2)])
+        except OSError:
+            os.close(self.stdin)
+            raise
+        finally:
+            os.close(read_end)
+            os.close(devnull)
+        self.status: int | None = None
         self.owner = os.getpid()
         self.procfs = procfs
         self.tracer = Tracer(self.pid, procfs, arch, start_time(self.pid, procfs),
@@ -136,13 +150,27 @@ class Understudy:
         end as cat does, so no rehearsal disturbed it)."""
         if self.owner != os.getpid():
             return None
+        if self.status is not None:
+            return self.status
         try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-            return self.proc.wait(timeout=1)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            return self.proc.wait()
+            os.close(self.stdin)
+        except OSError:
+            pass
+        t_end = time.monotonic() + CLOSE_WAIT_S
+        try:
+            while True:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    break
+                if time.monotonic() >= t_end:
+                    os.kill(self.pid, signal.SIGKILL)
+                    _pid, status = os.waitpid(self.pid, 0)
+                    break
+                time.sleep(0.001)
+        except ChildProcessError:       # reaped by someone else
+            return None
+        self.status = os.waitstatus_to_exitcode(status)
+        return self.status
 
 
 _lock = threading.Lock()
