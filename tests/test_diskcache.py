@@ -271,6 +271,12 @@ def test_restored_object_equals_parsed(store, path):
     for name in ("malloc", "free", "mallctl", "_PyRuntime"):
         assert restored.dynamic(name) == parsed_obj.dynamic(name)
         assert restored.defines(name) == parsed_obj.defines(name)
+    # lookups in a table still packed rank a name seen twice (libc's
+    # versioned definitions) as the parsed table does
+    packed_lookups = elf.load(_open(path))
+    want = parsed_obj._by_name()
+    assert {n: packed_lookups.dynamic(n) for n in want} == dict(want)
+    assert packed_lookups._dynsym is None and len(packed_lookups._by_name()) == len(want)
 
 
 def _forget_objects():

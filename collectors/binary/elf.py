@@ -119,6 +119,11 @@ def unpack_symbols(names: list[str], packed: bytes) -> list[Symbol]:
             for n, (v, sz, t, b, d) in zip(names, _SYMBOL_PACK.iter_unpack(packed))]
 
 
+def _defined_flags(packed: bytes) -> bytes:
+    """The ``defined`` byte of each packed row (the last of _SYMBOL_PACK)."""
+    return packed[_SYMBOL_PACK.size - 1::_SYMBOL_PACK.size]
+
+
 class StoredSymbols(Mapping[str, Symbol]):
     """{name: Symbol} over a disk cache entry's names and packed rows: a
     Symbol is made when its name is looked up (a lookup wants a handful)."""
@@ -127,7 +132,17 @@ class StoredSymbols(Mapping[str, Symbol]):
         if len(packed) != len(names) * _SYMBOL_PACK.size:
             raise ValueError("symbol names and packed rows differ in number")
         self._names, self._packed = names, packed
-        self._index = dict(zip(names, range(len(names))))
+        index = dict(zip(names, range(len(names))))    # the last of a name wins
+        if len(index) != len(names):
+            # a name twice (versioned definitions, a definition and a
+            # reference): the last definition wins, else the first reference,
+            # as ElfObject._by_name ranks parsed symbols
+            index = {}
+            for i, (name, defined) in enumerate(zip(names, _defined_flags(packed))):
+                if defined or name not in index:
+                    index[name] = i
+        index.pop("", None)                             # the null symbol, entry 0
+        self._index = index
 
     def __getitem__(self, name: str) -> Symbol:
         return _unpacked(name, self._packed, self._index[name])
@@ -190,7 +205,8 @@ class ElfObject:
         # from the disk cache: .dynsym and the exports as one marshal blob,
         # unmarshalled when first asked for (see facts())
         self._symbols_blob: bytes | None = None
-        self._dynsym_by_name: dict[str, Symbol] | None = None
+        self._symbols_unpacked: tuple[list[str], bytes, list[str]] | None = None
+        self._dynsym_by_name: Mapping[str, Symbol] | None = None
         self._exports: frozenset[str] | None = None
         # {symbol name: [GOT slot vaddr, ...]}; from the disk cache as a
         # marshal blob, unmarshalled when first asked for
@@ -234,6 +250,8 @@ class ElfObject:
 
     def _stored_symbols(self) -> tuple[list[str], bytes, list[str]]:
         """(names, packed rows, exports) from the disk cache's blob."""
+        if self._symbols_unpacked is not None:
+            return self._symbols_unpacked
         log.debug("ELF %s symbols unpacked from the disk cache", self.path)
         try:
             names, packed, exports = marshal.loads(self._symbols_blob or b"")
@@ -242,9 +260,16 @@ class ElfObject:
         except (EOFError, ValueError, TypeError) as exc:
             raise MalformedData(f"{self.path}: disk cache entry with an unreadable symbol "
                                 f"table ({type(exc).__name__})") from None
-        return names, packed, exports
+        self._symbols_unpacked = (names, packed, exports)
+        return self._symbols_unpacked
 
-    def _by_name(self) -> dict[str, Symbol]:
+    def _by_name(self) -> Mapping[str, Symbol]:
+        if self._dynsym_by_name is None and self._dynsym is None \
+                and self._symbols_blob is not None:
+            # a few lookups in a table still packed: a Symbol for each name
+            # asked, not 3,000 for libc's (detection, livestats' libc calls)
+            names, packed, _exports = self._stored_symbols()
+            self._dynsym_by_name = StoredSymbols(names, packed)
         if self._dynsym_by_name is None:
             index: dict[str, Symbol] = {}
             for sym in self.dynsym:
