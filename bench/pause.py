@@ -80,9 +80,9 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 from targets import build_c, start  # noqa: E402
 from diag import snapshot
 from collectors import allocators, livestats
-from collectors.allocators import jemalloc as je_module
-from collectors.allocators import gperftools as tc_module
-from collectors.allocators import mimalloc as mi_module
+from collectors.allocators.jemalloc import reader as je_module
+from collectors.allocators.gperftools import reader as tc_module
+from collectors.allocators.mimalloc import reader as mi_module
 from collectors.detect import detect  # noqa: E402
 from collectors.binary.image import ProcessImage  # noqa: E402
 from collectors.engine import rehearsal  # noqa: E402

@@ -107,3 +107,25 @@ def test_registry_answers_every_kind_detection_reports():
     for kind in KINDS:
         assert registry.for_kind(kind).kind == kind
     assert registry.for_kind(None) is registry.UNKNOWN
+
+
+def test_homes_do_not_import_the_readers():
+    """Detection imports every home; a home (and its knobs) imports its
+    package's reader only where it calls it, so that a run pays for the
+    reader of the allocator it reads, not for all five (issue 23)."""
+    import subprocess
+    import sys
+    code = ("import sys, collectors.allocators.registry as r\n"
+            "assert len(r.ALL) > 5\n"
+            "print(sorted(m for m in sys.modules if m.endswith('.reader') or "
+            "m.endswith(('tcmalloc_stats', 'mimalloc.stats', 'jemalloc.table'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, timeout=60, check=True).stdout
+    assert out.strip() == "[]"
+    for home in registry.ALL:
+        assert registry.for_kind(home.kind) is home
+    # and a reader is where its home says
+    import importlib
+    for home in registry.ALL:
+        if home.reader:
+            assert hasattr(importlib.import_module(home.reader), "plan"), home.reader

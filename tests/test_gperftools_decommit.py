@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from codebytes import code_at, library, rel32
 from collectors.allocators import checked
-from collectors.allocators import gperftools
+from collectors.allocators.gperftools import reader as gperftools
 from collectors.allocators.gperftools import decommit
 
 ENTRY, BRANCH, NAME_AT, DATA = 0x1000, 0x1800, 0x4000, 0x9000

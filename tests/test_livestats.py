@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from collectors.allocators import gperftools as gperftools_module
+from collectors.allocators.gperftools import reader as gperftools_module
 from collectors import livestats
 from collectors.detect import detect
 from collectors.binary.image import ProcessImage
@@ -508,7 +508,7 @@ def test_jemalloc_stats_print_output_is_bounded():
     # Per-arena tables are off, so 64 initialised arenas print what 2 do, and
     # the longest strings (prof_prefix up to PATH_MAX, cut at 255 by the
     # emitter) stay inside the bound.
-    from collectors.allocators import jemalloc as je
+    from collectors.allocators.jemalloc import reader as je
     exe = build_c("many_arenas_je.c", "-lpthread", name="many_arenas_je")
     sizes = {}
     for n, conf in ((2, "narenas:2"), (64, "narenas:64,percpu_arena:disabled"),
@@ -549,7 +549,7 @@ def test_jemalloc_first_snapshot_prints_the_table_and_it_says_what_json_says():
     # A first snapshot of a process prints the general section; as a table
     # (no per-size-class arrays) it is the cheaper print of the same values.
     # The snapshots after it print JSON without the general section.
-    from collectors.allocators import jemalloc as je
+    from collectors.allocators.jemalloc import reader as je
     exe = build_c("capture_jemalloc.c", "-ljemalloc", "-lpthread")
     with start([exe, "--serve"], allocator="jemalloc") as t:
         je.forget_general()
@@ -578,7 +578,7 @@ def test_jemalloc_first_snapshot_prints_the_table_and_it_says_what_json_says():
 def test_jemalloc_snapshot_says_its_print_is_a_decay_event(conf, said):
     # Without the background thread the print's buffer (a malloc and a free)
     # drives jemalloc's decay: the snapshot says so, with it on it does not.
-    from collectors.allocators import jemalloc as je
+    from collectors.allocators.jemalloc import reader as je
     env = {"MALLOC_CONF": conf} if conf else {}
     with start([build_c("idle.c"), "1"], allocator="jemalloc", env=env) as t:
         det, ls = live(t.pid)
@@ -590,7 +590,7 @@ def test_jemalloc_snapshot_says_its_print_is_a_decay_event(conf, said):
 def test_jemalloc_table_it_cannot_read_is_printed_again_as_json(monkeypatch):
     # A table this version prints differently: one more stop, JSON, and JSON
     # from then on for that process; the snapshot is whole.
-    from collectors.allocators import jemalloc as je
+    from collectors.allocators.jemalloc import reader as je
     from collectors.allocators.jemalloc import table
     from diag.model.errors import MalformedData
     seen = []
@@ -894,7 +894,7 @@ def test_kept_values_touch_the_disk_only_outside_the_stop(monkeypatch, tmp_path)
     # the target's thread is stopped.
     from collectors.binary import diskcache
     from collectors.engine import callframe, tracee
-    from collectors.allocators import jemalloc as je
+    from collectors.allocators.jemalloc import reader as je
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     diskcache.reset()
     je.forget_general()

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from collectors.engine import tracee as ptrace
-from collectors.allocators.glibc import LARGE_TEXT
+from collectors.allocators.glibc.reader import LARGE_TEXT
 from diag import snapshot
 from servers import traced_tasks, untraced
 from targets import build_c, start

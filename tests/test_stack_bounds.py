@@ -35,7 +35,10 @@ from collectors import actions, livestats
 from collectors.engine import remote
 
 from collectors.engine import stackbounds
-from collectors.allocators import glibc as glibc_mod, gperftools, jemalloc, mimalloc
+from collectors.allocators.glibc import reader as glibc_mod
+from collectors.allocators.gperftools import reader as gperftools
+from collectors.allocators.jemalloc import reader as jemalloc
+from collectors.allocators.mimalloc import reader as mimalloc
 from diag.model.errors import RemoteCallError
 from collectors.detect import detect
 from collectors.binary.image import ProcessImage

@@ -227,7 +227,7 @@ def test_jemalloc_normalise_same_from_json_and_mallctl():
 
 
 def test_jemalloc_mallctl_table():
-    from collectors.allocators import jemalloc
+    from collectors.allocators.jemalloc import reader as jemalloc
     t = {name: ctype for name, ctype, _, _ in jemalloc.MALLCTLS}
     assert len(t) == len(jemalloc.MALLCTLS)          # each name declared once
     assert t["version"] == "const char*"
@@ -260,7 +260,7 @@ def test_jemalloc_table_reads_what_json_says():
     # capture_jemalloc --table: "Jdablxeh" and then "dablxeh" of the same
     # quiet moment, two arenas; the table (a first snapshot's print) gives
     # every value JSON does, under the same names.
-    from collectors.allocators import jemalloc
+    from collectors.allocators.jemalloc import reader as jemalloc
     from collectors.allocators.jemalloc import table
     text = fixture("jemalloc-5.3.0-stats.dablxeh.txt")
     js = jemalloc_stats.parse_stats_json(_section(text, "jemalloc_stats_json_dablxeh"))

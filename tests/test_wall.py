@@ -182,7 +182,7 @@ def test_jemalloc_counters_read_wait_times_only_of_mutexes_waited_on(exe):
     # mallctl, two per mutex, but only for mutexes that were waited on (a
     # wait time grows only with num_wait: src/mutex.c), not for all ~20.
     from collectors import livestats
-    from collectors.allocators import jemalloc as je
+    from collectors.allocators.jemalloc import reader as je
     from collectors.allocators.jemalloc import counters
     from collectors.binary.image import ProcessImage
     from collectors.detect import detect

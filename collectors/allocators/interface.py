@@ -6,7 +6,7 @@ maps a kind (the ``allocator.kind`` of the JSON) to that object.  Code
 outside the homes never compares a kind against an allocator's name: it asks
 the object (tests/test_allocator_homes.py keeps it so).
 
-The stats reader is the home's module with ``KINDS``, ``FIELDS`` and
+The stats reader is the module ``<name>/reader.py`` with ``KINDS``, ``FIELDS`` and
 ``plan/gather/parse/normalise/parse_file`` (see collectors.allocators).
 """
 

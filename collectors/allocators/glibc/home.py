@@ -58,7 +58,7 @@ class Glibc(Base):
 
 ALLOCATOR = Glibc(
     kind="glibc", name="glibc", banner="glibc",
-    reader="collectors.allocators.glibc",
+    reader="collectors.allocators.glibc.reader",
     release=Release("malloc_trim(0)", "malloc_trim", _trim),
     knobs=Knobs(),
     vocabulary=Vocabulary(

@@ -32,7 +32,7 @@ class GoogleTcmalloc(Tcmalloc):
 
 ALLOCATOR = GoogleTcmalloc(
     kind="tcmalloc-google", name="google tcmalloc",
-    reader="collectors.allocators.google_tcmalloc",
+    reader="collectors.allocators.google_tcmalloc.reader",
     release=Release("MallocExtension_Internal_ReleaseMemoryToSystem(SIZE_MAX)",
                     "MallocExtension_Internal_ReleaseMemoryToSystem", _release),
     heap_profiler="collectors.allocators.google_tcmalloc.heapprof",

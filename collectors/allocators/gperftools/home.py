@@ -74,7 +74,7 @@ class Gperftools(Tcmalloc):
 
 ALLOCATOR = Gperftools(
     kind="tcmalloc", name="gperftools tcmalloc", banner="gperftools",
-    reader="collectors.allocators.gperftools",
+    reader="collectors.allocators.gperftools.reader",
     release=Release("MallocExtension_ReleaseFreeMemory()", "MallocExtension_ReleaseFreeMemory",
                     _release),
     knobs=Knobs(),

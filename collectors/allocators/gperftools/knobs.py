@@ -10,7 +10,6 @@ from typing import Any, Callable
 from diag.model import Knob
 from diag.model.errors import Unsupported
 
-from collectors.allocators import gperftools
 from collectors.allocators.common import int_value
 from collectors.allocators import common
 
@@ -86,7 +85,8 @@ class Knobs(common.KnobsBase):
             ok = c.call(put, n, v) & common.BOOL_RETURN
             c.call(get, n, out)
             new = struct.unpack("<Q", c.read(out, 8))[0]
-        gperftools.forget_knobs()       # cached knob properties are stale now
+        from collectors.allocators.gperftools import reader   # not with the home (issue 23)
+        reader.forget_knobs()           # cached knob properties are stale now
         if not ok:
             raise Unsupported(f"tcmalloc refused {prop}={v}")
         return str(old), str(new), f"MallocExtension_SetNumericProperty({prop})"

@@ -1,6 +1,6 @@
 """jemalloc's own contention and traffic counters for the allocation wall
 (issue 20 item 4): the ``mutexes`` sections and the merged arena's traffic
-that the snapshot reader (collectors.allocators.jemalloc, options
+that the snapshot reader (collectors.allocators.jemalloc.reader, options
 "Jdablxeh") leaves out.
 
 One ``malloc_stats_print(strcat, buf, PRINT_OPTS)`` on the borrowed thread
@@ -42,7 +42,7 @@ from typing import Any
 
 import json
 
-from collectors.allocators.jemalloc import mallctl_read, mallctl_scratch, print_stats
+from collectors.allocators.jemalloc.reader import mallctl_read, mallctl_scratch, print_stats
 from diag.model.errors import MalformedData, RemoteCallError
 
 PRINT_OPTS = b"Jgdableh"

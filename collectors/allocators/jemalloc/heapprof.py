@@ -9,7 +9,8 @@ import os
 import struct
 from typing import Any
 
-from collectors.allocators import common, jemalloc
+from collectors.allocators import common
+from collectors.allocators.jemalloc import reader as jemalloc
 from collectors.allocators.jemalloc.config import parse_conf
 from collectors.heapcontrol import read_target_file, restart_recipe, work_dir
 from diag.model.errors import Unsupported

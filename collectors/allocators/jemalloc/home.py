@@ -59,7 +59,7 @@ class Jemalloc(Base):
         return Signature("jemalloc", prefix=prefix, evidence=[ev], defines_malloc="malloc" in names)
 
     def counters(self, reader: Any) -> dict[str, tuple[Any, str, str, str]]:
-        from collectors.allocators import jemalloc
+        from collectors.allocators.jemalloc import reader as jemalloc
         from collectors.allocators.jemalloc import counters as jemalloc_counters
         from diag.model.errors import Unsupported
         a = jemalloc.plan(reader.resolver(), reader.det.serving, reader.det.allocator, {})
@@ -91,7 +91,7 @@ class Jemalloc(Base):
 
 ALLOCATOR = Jemalloc(
     kind="jemalloc", name="jemalloc", banner="jemalloc",
-    reader="collectors.allocators.jemalloc",
+    reader="collectors.allocators.jemalloc.reader",
     release=Release('mallctl("arena.4096.purge")', "mallctl", _purge),
     knobs=Knobs(),
     heap_profiler="collectors.allocators.jemalloc.heapprof",

@@ -13,7 +13,6 @@ from diag.model import Knob
 from diag.model.errors import Unsupported
 
 from collectors.allocators.jemalloc.config import parse_conf
-from collectors.allocators import jemalloc
 from collectors.allocators.common import int_value, true_false
 from collectors.allocators import common
 
@@ -42,7 +41,7 @@ def _winner(name: str, sources: list[tuple[str, dict[str, str]]],
 
 def read(native: dict[str, Any]) -> dict[str, Knob]:
     # A mallctl this build or source does not have is None in the native
-    # document (collectors.allocators.jemalloc): treat it as absent.
+    # document (collectors.allocators.jemalloc.reader): treat it as absent.
     m = {k: v for k, v in (native.get("mallctl") or {}).items() if v is not None}
     config = native.get("config", {})
     prefix = native.get("prefix") or config.get("prefix") or ""
@@ -111,6 +110,7 @@ def _fmt_conf(v: str) -> str:
 
 
 def _set(rp: Any, mallctl: int, name: str, value: Any) -> tuple[str | None, str, str]:
+    from collectors.allocators.jemalloc import reader as jemalloc   # not with the home (issue 23)
     if name == "background_thread":
         flag = str(value).lower()
         if flag not in ("true", "false", "1", "0"):

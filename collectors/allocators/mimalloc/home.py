@@ -167,7 +167,7 @@ class Mimalloc(Base):
 
 ALLOCATOR = Mimalloc(
     kind="mimalloc", name="mimalloc",
-    reader="collectors.allocators.mimalloc",
+    reader="collectors.allocators.mimalloc.reader",
     release=Release("mi_collect(true)", "mi_collect", _collect),
     knobs=Knobs(),
     memory_walk=walk_segments,

@@ -7,7 +7,8 @@ from typing import Any, Callable
 
 from diag.model import Knob
 
-from collectors.allocators import common, mimalloc
+from collectors.allocators import common
+from collectors.allocators.mimalloc.optiontable import OPTIONS_2_0
 from collectors.allocators.common import int_value
 
 log = logging.getLogger("collectors.allocators")
@@ -57,18 +58,19 @@ def prefixed_env(env: dict[str, str], prefix: str) -> dict[str, tuple[str, str]]
 
 
 class Knobs(common.KnobsBase):
-    runtime: tuple[str, ...] = tuple(n for n in mimalloc.OPTIONS_2_0 if not n.startswith("deprecated_"))
+    runtime: tuple[str, ...] = tuple(n for n in OPTIONS_2_0 if not n.startswith("deprecated_"))
     read = staticmethod(read)
     start_env = staticmethod(start_env)
 
     def set(self, rp: Any, resolve: Callable[[str], int], prefix: str | None,
             name: str, value: str) -> tuple[str | None, str, str]:
-        idx = mimalloc.OPTIONS_2_0.index(name)
+        from collectors.allocators.mimalloc import reader     # not with the home (issue 23)
+        idx = OPTIONS_2_0.index(name)
         get, put = resolve("mi_option_get"), resolve("mi_option_set")
         v = int_value(value, name)
         with rp.borrow() as c:
             old = common.signed(c.call(get, idx))
             c.call(put, idx, v & common.U64)
             new = common.signed(c.call(get, idx))
-        mimalloc.forget_options()       # cached option values are stale now
+        reader.forget_options()         # cached option values are stale now
         return str(old), str(new), f"mi_option_set({name})"

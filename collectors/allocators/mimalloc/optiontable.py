@@ -32,6 +32,19 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Sequence
 
+# mimalloc 2.0.x option enum (include/mimalloc.h of 2.0.9, Debian's
+# libmimalloc-dev); index = mi_option_t value.  2.1+ renamed the purge
+# options, so names are only trusted for the version they were read from.
+OPTIONS_2_0 = (
+    "show_errors", "show_stats", "verbose", "eager_commit", "deprecated_eager_region_commit",
+    "deprecated_reset_decommits", "large_os_pages", "reserve_huge_os_pages",
+    "reserve_huge_os_pages_at", "reserve_os_memory", "deprecated_segment_cache", "page_reset",
+    "abandoned_page_decommit", "deprecated_segment_reset", "eager_commit_delay",
+    "decommit_delay", "use_numa_nodes", "limit_os_alloc", "os_tag", "max_errors",
+    "max_warnings", "max_segment_reclaim", "allow_decommit", "segment_decommit_delay",
+    "decommit_extend_delay", "destroy_on_exit",
+)
+
 # mi_option_desc_t on LP64: long, enum, enum, pointer, pointer
 DESC = struct.Struct("<qiiQQ")
 NAME_OFFSET = 16                 # offsetof(mi_option_desc_t, name)

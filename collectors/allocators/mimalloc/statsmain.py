@@ -17,7 +17,7 @@ an internal function that takes it with a RIP-relative ``lea`` and loads
 ``locate`` finds that pattern; anything else gives None.  What it finds is
 used only after one snapshot checked it: the same stop calls
 ``mi_process_info`` and reads the two words, and they must be equal
-(collectors.allocators.mimalloc: the check is kept per file, in memory and in
+(collectors.allocators.mimalloc.reader: the check is kept per file, in memory and in
 the detection cache).
 
 mi_stats_t in 2.0 (include/mimalloc-types.h) begins with mi_stat_count_t
