@@ -11,13 +11,13 @@ explicit user action (DESIGN.md rule 7), never as part of a snapshot.
 ``set_knob``: the knobs each allocator lets a program change at runtime.
 """
 
-import logging
 
+from collectors import lazylog
 from collectors import livestats
 from collectors.allocators import common, registry
 from diag.model.errors import Unsupported
 
-log = logging.getLogger("collectors.allocators")
+log = lazylog.getLogger("collectors.allocators")
 
 ACTION_TIMEOUT_S = 10.0     # malloc_trim of a multi-GiB heap takes a while
 # Stack the release/set calls use on the borrowed thread (high-water marks

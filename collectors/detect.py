@@ -24,9 +24,9 @@ facts in the disk cache (part ``signature``): a warm run neither reads an
 object's symbol table nor scans it for jemalloc's prefix.
 """
 
-import logging
 import os
 
+from collectors import lazylog
 from collectors.allocators import registry
 from collectors.allocators.interface import Signature  # noqa: F401  (collectors.detect.Signature)
 from collectors.allocators.jemalloc import home as jemalloc_home
@@ -35,7 +35,7 @@ from diag.model.errors import AccessDenied
 from collectors.engine.memory import MemoryReader
 from diag.model import Allocator, AllocatorRef, Binding
 
-log = logging.getLogger("collectors.allocators")
+log = lazylog.getLogger("collectors.allocators")
 
 JEMALLOC_PREFIXES = jemalloc_home.PREFIXES
 

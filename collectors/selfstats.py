@@ -17,9 +17,9 @@ fmemopen FILE, jemalloc's malloc_stats_print output buffer.
 """
 
 import ctypes
-import logging
 import os
 
+from collectors import lazylog
 from collectors import allocators
 from collectors.allocators import common, registry
 from collectors.allocators.mimalloc.home import version_text
@@ -28,7 +28,7 @@ from diag.model.errors import AllocdiagError, Unsupported
 from collectors.engine.inproc import InProcess, SelfResolver
 from collectors.proc.maps import parse_maps
 
-log = logging.getLogger("collectors.allocators")
+log = lazylog.getLogger("collectors.allocators")
 
 
 class _DlInfo(ctypes.Structure):

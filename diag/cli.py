@@ -8,10 +8,10 @@ Each command lives in its own module under ``diag.commands`` (parser and
 
 import argparse
 import gc
-import logging
 import os
 import sys
 
+from collectors import lazylog
 from collectors.binary import diskcache
 from diag.model.errors import AccessDenied, AllocdiagError, BadPath
 from diag import __version__, commands
@@ -172,60 +172,20 @@ def entry():
     return rc
 
 
-# One logger per package; these are the roots the options turn on.
-LOGGERS = ("collectors", "diag", "tui")
-log = logging.getLogger("diag")
-
-
-class _CurrentStderr(logging.StreamHandler):
-    """A handler that writes to whatever ``sys.stderr`` is when a line is
-    logged: the TUI redirects it while it owns the screen, so no line lands
-    in the middle of the picture."""
-
-    def __init__(self):
-        super().__init__(sys.stderr)
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, _value):
-        pass
-
-
-# The handler setup_logging put on LOGGERS, replaced by its next call (main()
-# runs more than once in one process: tests, `compare` variants).
-_handler = None
+log = lazylog.getLogger("diag")
 
 
 def setup_logging(args):
     """-v (or --log-file alone): INFO lines; --debug: every line with its
-    logger's name; --log-file FILE: to FILE, not stderr.  Without any of them
-    nothing is logged, not even warnings: what a user must see the commands
-    print themselves."""
-    global _handler
-    level = logging.DEBUG if args.debug else logging.INFO if args.verbose or args.log_file else None
-    if level is None:
-        handler = logging.NullHandler()
-    elif args.log_file:
-        try:
-            handler = logging.FileHandler(args.log_file)
-        except OSError as exc:
-            raise BadPath.from_oserror(exc, args.log_file) from None
-    else:
-        handler = _CurrentStderr()
-    handler.setFormatter(logging.Formatter(
-        "%(asctime)s %(name)s: %(message)s" if args.debug else "allocdiag: %(message)s"))
-    for name in LOGGERS:
-        logger = logging.getLogger(name)
-        if _handler is not None:
-            logger.removeHandler(_handler)
-        logger.setLevel(level if level is not None else logging.NOTSET)
-        logger.addHandler(handler)
-    if _handler is not None:
-        _handler.close()
-    _handler = handler
+    logger's name; --log-file FILE: to FILE, not stderr (diag.logsetup).
+    Without any of them nothing is logged, not even warnings: what a user
+    must see the commands print themselves.  Then, unless the ``logging``
+    module is already there (a test, an earlier main() that logged), it is
+    not imported at all: collectors.lazylog drops the lines."""
+    if not (args.debug or args.verbose or args.log_file) and "logging" not in sys.modules:
+        return
+    from diag import logsetup
+    logsetup.configure(args)
 
 
 def _internal_error():

@@ -29,18 +29,18 @@ REASONS, a bounded metric label), and counts reads and pauses per group
 through the ``on_read`` hook.
 """
 
-import logging
 import os
 import threading
 import time
 from typing import Optional
 
+from collectors import lazylog
 from diag.model.records import record
 from collectors.proc.stat import start_time
 from diag.model.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,
                                RemoteCallError, Unsupported)
 
-log = logging.getLogger("diag")
+log = lazylog.getLogger("diag")
 
 # Why a process was "not read", as a fixed list (a metric label must not be
 # free text): Entry.code holds one of these, Entry.reason the message.

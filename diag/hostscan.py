@@ -19,7 +19,6 @@ dropped.
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import pwd
 import time
@@ -27,12 +26,13 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from collectors import lazylog
 from diag.model.errors import AccessDenied, AllocdiagError, NoSuchProcess
 from collectors.proc.maps import code_files
 from collectors.proc.procfs import ProcFS
 from collectors.proc.stat import CLOCK_TICKS, StatLine, boot_time, parse_stat_line
 
-log = logging.getLogger("diag")
+log = lazylog.getLogger("diag")
 PsKey = tuple[int, float]       # (pid, create time): a process, not a recycled pid
 HOST_PROC = "/proc"
 

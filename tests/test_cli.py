@@ -161,8 +161,10 @@ def test_a_run_leaves_shutil_unimported():
 # slow guest: dataclasses with inspect, dis and ast (~25 ms, and ~1 ms a
 # class: diag.model.records), pyelftools (~11 ms: only a file not in the
 # detection cache is parsed), subprocess with selectors (~2 ms: the
-# understudy is posix_spawn'ed).
-UNUSED_WHEN_WARM = ("dataclasses", "inspect", "elftools", "subprocess", "selectors")
+# understudy is posix_spawn'ed), logging with traceback and tokenize (~6 ms:
+# no line is written without -v, collectors.lazylog).
+UNUSED_WHEN_WARM = ("dataclasses", "inspect", "elftools", "subprocess", "selectors",
+                    "logging", "traceback", "tokenize")
 
 
 def test_a_warm_inspect_imports_only_what_it_uses(tmp_path):

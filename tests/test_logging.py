@@ -77,3 +77,29 @@ def test_setup_twice_in_one_process_logs_each_line_once(capsys):
     logging.getLogger("diag").info("silent")
     assert "silent" not in capsys.readouterr().err
     assert len(logging.getLogger("collectors").handlers) == 1
+
+
+def test_lazy_loggers_hand_lines_to_logging_once_it_is_there(caplog):
+    """collectors.lazylog: with ``logging`` imported (pytest has), a line
+    goes to the logger of the same name, recorded at its caller's line;
+    isEnabledFor asks that logger."""
+    import logging
+    from collectors import lazylog
+    log = lazylog.getLogger("collectors.test")
+    with caplog.at_level(logging.DEBUG, logger="collectors.test"):
+        log.debug("one %d", 1)
+        log.info("two %s", "2")
+    assert [(r.levelname, r.getMessage(), r.funcName) for r in caplog.records] == [
+        ("DEBUG", "one 1", "test_lazy_loggers_hand_lines_to_logging_once_it_is_there"),
+        ("INFO", "two 2", "test_lazy_loggers_hand_lines_to_logging_once_it_is_there")]
+    logging.getLogger("collectors.test").setLevel(logging.INFO)
+    assert log.isEnabledFor(lazylog.INFO) and not log.isEnabledFor(lazylog.DEBUG)
+
+
+def test_without_logging_a_lazy_line_is_dropped_and_logging_stays_unimported():
+    code = ("import sys\nfrom collectors import lazylog\nlog = lazylog.getLogger('diag')\n"
+            "log.debug('x %d', 1); log.info('y')\n"
+            "print(log.isEnabledFor(lazylog.DEBUG), 'logging' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert (r.stdout.strip(), r.stderr) == ("False False", "")

@@ -23,13 +23,13 @@ function), and asks this module for the rest:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
+from collectors import lazylog
 from collectors.binary import diskcache
 
-log = logging.getLogger("collectors.allocators")
+log = lazylog.getLogger("collectors.allocators")
 
 FACT_KEYS = frozenset({"vaddr", "found_by", "checked", "disagreed"})
 # where the facts came from (not stored: the entry's own identity)

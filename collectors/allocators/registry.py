@@ -8,8 +8,8 @@ malloc, matches nothing).
 
 from __future__ import annotations
 
-import logging
 
+from collectors import lazylog
 from collectors.allocators import go, other
 from collectors.allocators.glibc.home import ALLOCATOR as GLIBC
 from collectors.allocators.google_tcmalloc.home import ALLOCATOR as GOOGLE_TCMALLOC
@@ -18,7 +18,7 @@ from collectors.allocators.interface import Allocator
 from collectors.allocators.jemalloc.home import ALLOCATOR as JEMALLOC
 from collectors.allocators.mimalloc.home import ALLOCATOR as MIMALLOC
 
-log = logging.getLogger("collectors.allocators")
+log = lazylog.getLogger("collectors.allocators")
 
 ALL: tuple[Allocator, ...] = (
     go.ALLOCATOR,

@@ -34,7 +34,6 @@ Bypass: ``configure(enabled=False)`` (the CLI's ``--no-cache``) or
 
 from __future__ import annotations
 
-import logging
 import marshal
 import os
 import stat
@@ -44,7 +43,9 @@ import time
 import zlib
 from typing import Any
 
-log = logging.getLogger("collectors.binary")
+from collectors import lazylog
+
+log = lazylog.getLogger("collectors.binary")
 
 FORMAT = 1                    # bump when the header or a part's layout changes
 ENV_DISABLE = "ALLOCDIAG_NO_CACHE"

@@ -25,7 +25,6 @@ Missing facts are ``None``; an object that cannot be parsed raises
 from __future__ import annotations
 
 import errno
-import logging
 import marshal
 import os
 import re
@@ -36,6 +35,7 @@ from collections import namedtuple
 from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any
 
+from collectors import lazylog
 from collectors.binary import diskcache
 from diag.model.errors import MalformedData
 
@@ -43,7 +43,7 @@ from diag.model.errors import MalformedData
 # defined (st_shndx != SHN_UNDEF).
 Symbol = namedtuple("Symbol", "name st_value st_size type bind defined")
 
-log = logging.getLogger("collectors.binary")
+log = lazylog.getLogger("collectors.binary")
 
 # ELF spec values (elf.h; pyelftools' elftools.elf.enums has the same numbers
 # under the same names, but importing pyelftools costs ~10 ms a run that the

@@ -7,11 +7,11 @@ initial environment, and each mapped ELF object with its load bias.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 from collections import namedtuple
 
+from collectors import lazylog
 from collectors.binary import loaderrun
 from collectors.binary.elf import CACHE, ElfCache, ObjectFile
 from collectors.proc.auxv import AT_SECURE
@@ -20,7 +20,7 @@ from collectors.proc.maps import DELETED_TEXT, Mapping
 from collectors.proc.procfs import ProcFS
 from diag.model.errors import AccessDenied, MalformedData, NoSuchProcess
 
-log = logging.getLogger("collectors.binary")
+log = lazylog.getLogger("collectors.binary")
 
 # include/uapi/linux/auxvec.h
 AT_PHDR = 3          # the program headers of the executable, as mapped

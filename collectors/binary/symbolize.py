@@ -41,7 +41,6 @@ machine): parse 0.13 s, symbolize 0.37 s cold, 0.04 s with the tables cached.
 from __future__ import annotations
 
 import bisect
-import logging
 import os
 import re
 import stat
@@ -53,6 +52,7 @@ from typing import Protocol
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from collectors import lazylog
 from diag.model.records import record
 from collectors.binary.demangle import demangle
 from collectors.binary.elf import ELFCLASS64, SHN_UNDEF, ST_BIND_SHIFT, ST_TYPE_MASK, STB_GLOBAL, \
@@ -61,7 +61,7 @@ from collectors.heapprofile import printable
 from collectors.proc.maps import DELETED_TEXT
 from collectors.binary.ranges import Ranges
 
-log = logging.getLogger("collectors.binary")
+log = lazylog.getLogger("collectors.binary")
 
 DEBUG_ROOT = "/usr/lib/debug"
 PROCFS = "/proc"

@@ -39,7 +39,6 @@ import atexit
 import bisect
 import importlib
 import io
-import logging
 import os
 import struct
 import threading
@@ -47,12 +46,13 @@ from collections import namedtuple
 from collections.abc import Callable, Iterable
 from typing import IO, Any, Literal, overload
 
+from collectors import lazylog
 from collectors.binary import diskcache, elf
 from collectors.binary.ranges import Ranges
 from collectors.proc.maps import Mapping, as_mappings, executable_files
 from diag.model.errors import MalformedData
 
-log = logging.getLogger("collectors.binary")
+log = lazylog.getLogger("collectors.binary")
 
 __all__ = ["UnwindError", "CfiTable", "Frame", "Unwinder", "cfi_table", "DWARF_REGS",
            "PagedMemory", "StackCopy", "BeyondCopy", "Walk"]

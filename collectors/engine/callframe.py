@@ -8,11 +8,11 @@ held signals, and the exact restore at the release.
 from __future__ import annotations
 
 import errno
-import logging
 import signal
 import time
 from collections.abc import Callable, Sequence
 
+from collectors import lazylog
 from diag.model.records import field, record
 from collectors.engine import abi, memory, ptrace, safepoints, seccomp
 from collectors.engine.arch import Arch, Regs
@@ -21,7 +21,7 @@ from collectors.engine.tracee import (CRASH_HINTS, At, SigInfo, StopKind, Thread
                                       codename, orphan, quarantine, signame)
 from diag.model.errors import NoSuchProcess, RemoteCallError
 
-log = logging.getLogger("collectors.engine")
+log = lazylog.getLogger("collectors.engine")
 
 # Small scratch on the borrowed stack, at most (names and out-values).
 MAX_SCRATCH = 3 * 1024
@@ -217,7 +217,7 @@ class Caller:
         self.arch.set_regs(th.tid, self.pid, new)
         timeout = self.call_timeout_s if timeout_s is None else float(timeout_s)
         t0 = time.monotonic()
-        debug = log.isEnabledFor(logging.DEBUG)    # once: this is inside the stop
+        debug = log.isEnabledFor(lazylog.DEBUG)    # once: this is inside the stop
         if debug:
             log.debug("pid %d tid %d call %#x%s", self.pid, th.tid, func, args)
         try:
@@ -463,7 +463,7 @@ class Caller:
                 us = int((time.monotonic() - th.t_stop) * 1e6)
                 self.record.pause_us.append(us)
                 self.stats.pause_us_total += us
-                if not self.quiet and log.isEnabledFor(logging.INFO):
+                if not self.quiet and log.isEnabledFor(lazylog.INFO):
                     if th.verdict.category is None:     # the judge refused it, stopped
                         log.info("pid %d tid %d refused after the stop: stopped %d us, "
                                  "no call made", self.pid, th.tid, us)

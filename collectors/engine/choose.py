@@ -8,13 +8,13 @@ walk proof, the Go runtime rule) is ``collectors.engine.safepoints``.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import struct
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from collectors import lazylog
 from diag.model.records import field, record
 from collectors.binary import unwind
 from collectors.engine import abi, memory, ptrace, rseq, safepoints, stackbounds
@@ -25,7 +25,7 @@ from collectors.proc.maps import parse_maps
 from collectors.proc.readall import read_all
 from diag.model.errors import AccessDenied, AllocdiagError, NoSuchProcess, RemoteCallError
 
-log = logging.getLogger("collectors.engine")
+log = lazylog.getLogger("collectors.engine")
 
 ERESTART = safepoints.ERESTART
 # What the engine itself puts on a borrowed stack, at most: the red zone it

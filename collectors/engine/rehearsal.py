@@ -31,7 +31,6 @@ traced or misbehaves, rehearsals stop for this run and stops are as before.
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import signal
 import threading
@@ -40,6 +39,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from collectors import lazylog
 from collectors.engine import memory
 from collectors.engine.arch import Arch
 from collectors.engine.callframe import Caller, Stats
@@ -49,7 +49,7 @@ from collectors.proc.maps import parse_maps
 from collectors.proc.stat import start_time
 from diag.model.errors import AllocdiagError
 
-log = logging.getLogger("collectors.engine")
+log = lazylog.getLogger("collectors.engine")
 
 ENV_OFF = "ALLOCDIAG_NO_REHEARSAL"
 # The understudy's program: blocks in read(2) on its stdin, a restartable

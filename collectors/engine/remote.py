@@ -71,13 +71,13 @@ decoder), ``choose`` + ``safepoints`` (which thread, reason codes),
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from collectors import lazylog
 from diag.model.records import asdict
 from collectors import giveway
 from collectors.engine import abi, arch, ptrace, rehearsal, safepoints
@@ -97,7 +97,7 @@ from diag.model.errors import NoSuchProcess, RemoteCallError
 __all__ = ["RemoteProcess", "Call", "is_quarantined", "quarantine_reason",
            "detach_orphans", "text_ranges", "DEFAULT_STACK_NEED", "MAX_SCRATCH"]
 
-log = logging.getLogger("collectors.engine")
+log = lazylog.getLogger("collectors.engine")
 
 # The callee's own stack need when the caller declares none (calls whose
 # need was not measured: keep the engine's historical 16 KiB head-room).

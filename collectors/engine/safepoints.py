@@ -33,18 +33,18 @@ from __future__ import annotations
 
 import enum
 import errno
-import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Callable
 
+from collectors import lazylog
 from diag.model.records import field, record, replace
 from collectors.binary import unwind
 from collectors.binary.elf import STT_FUNC, STT_GNU_IFUNC
 from collectors.binary.ranges import Ranges
 from collectors.engine import abi, arch_x86_64
 
-log = logging.getLogger("collectors.engine")
+log = lazylog.getLogger("collectors.engine")
 
 
 # collectors.binary.ranges is not typed: its constructor, through a typed name

@@ -18,7 +18,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import enum
-import logging
 import os
 import signal
 import struct
@@ -27,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from collectors import lazylog
 from diag.model.records import field, record
 from collectors.engine import abi, memory, ptrace
 from collectors.engine.arch import Arch, Regs
@@ -37,7 +37,7 @@ from collectors.proc.stat import start_time
 from diag.model.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,
                                RemoteCallError)
 
-log = logging.getLogger("collectors.engine")
+log = lazylog.getLogger("collectors.engine")
 
 STOPPED_MSG = ("the process is stopped (SIGSTOP / job control); allocdiag never "
                "resumes a stopped process: send it SIGCONT first")

@@ -9,9 +9,9 @@ left (``ctypes.get_errno()``).  Errno names are errno(3)'s.
 from __future__ import annotations
 
 import errno
-import logging
 import os
 
+from collectors import lazylog
 from diag.model.errors import AccessDenied, AllocdiagError, NoSuchProcess, RemoteCallError
 
 # The process (or the thread) is gone: kill(2)/ptrace(2) say ESRCH, a /proc
@@ -21,7 +21,7 @@ GONE = frozenset({errno.ESRCH, errno.ENOENT})
 # or, for a pid whose /proc entry is gone, the process exited meanwhile.
 DENIED = frozenset({errno.EPERM, errno.EACCES})
 
-log = logging.getLogger("collectors.proc")
+log = lazylog.getLogger("collectors.proc")
 
 
 def process_exists(pid: int, procfs: str = "/proc") -> bool:

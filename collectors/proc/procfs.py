@@ -15,10 +15,10 @@ PTRACE_MODE_READ (``maps``, ``smaps*``, ``environ``, ``auxv``) or nothing.
 from __future__ import annotations
 
 import functools
-import logging
 import os
 from collections import Counter
 
+from collectors import lazylog
 from diag.model.errors import AccessDenied, NoSuchProcess, Unsupported
 from collectors.proc import oserror
 from collectors.proc.auxv import parse_auxv
@@ -32,7 +32,7 @@ from collectors.proc.stat import (PF_KTHREAD, STAT_FLAGS_AFTER_COMM, ZOMBIE_STAT
 from collectors.proc.status import kb_field, parse_status, status_int
 from diag.model import ProcessMemory
 
-log = logging.getLogger("collectors.proc")
+log = lazylog.getLogger("collectors.proc")
 
 # Files whose ESRCH means the pid is gone: every live task has them (a
 # kernel thread or a zombie has no mm, so the others fail with ESRCH).

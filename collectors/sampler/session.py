@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import errno
 import gc
-import logging
 import os
 import resource
 import struct
@@ -43,6 +42,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from collectors import lazylog
 from collectors.binary import unwind
 from collectors.proc import oserror
 from collectors.proc.maps import parse_maps
@@ -91,7 +91,7 @@ _SAMPLE_TYPE = (perf.PERF_SAMPLE_IDENTIFIER | perf.PERF_SAMPLE_IP | perf.PERF_SA
                 perf.PERF_SAMPLE_STACK_USER)
 _BASE_FLAGS = perf.F_DISABLED | perf.F_SAMPLE_ID_ALL | perf.F_USE_CLOCKID | perf.F_EXCLUDE_HV
 CPU, SWITCH = "cpu", "switch"
-log = logging.getLogger("collectors.sampler")
+log = lazylog.getLogger("collectors.sampler")
 # fs/proc/array.c task_state_array: asleep, interruptible or not
 SLEEP_STATES = (b"S", b"D")
 # fs/proc/base.c proc_pid_syscall: "nr arg1..arg6 sp pc" for a task blocked in a syscall

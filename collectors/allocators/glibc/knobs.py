@@ -3,16 +3,16 @@ runtime (malloc/malloc.h)."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable
 
+from collectors import lazylog
 from diag.model import Knob
 from diag.model.errors import Unsupported
 
 from collectors.allocators.common import int_value
 from collectors.allocators import common
 
-log = logging.getLogger("collectors.allocators")
+log = lazylog.getLogger("collectors.allocators")
 
 # glibc malloc.c defaults (64-bit).
 GLIBC_DEFAULTS = {"arena_max": "8 x cores (NARENAS_FROM_NCORES)",

@@ -11,17 +11,17 @@ Native document::
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from diag.model import Value
 
+from collectors import lazylog
 from collectors.allocators.glibc import stats as glibc_stats
 from collectors.allocators import common
 from collectors.allocators.native import BYTES, COUNT, FLAG, NativeField, TEXT
 
-log = logging.getLogger("collectors.allocators")
+log = lazylog.getLogger("collectors.allocators")
 
 _MI = "glibc malloc/malloc.c __malloc_info"
 _M2 = "glibc malloc/malloc.c int_mallinfo / __libc_mallinfo2"

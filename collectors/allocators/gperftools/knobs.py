@@ -3,17 +3,17 @@ numeric properties MallocExtension lets a program set at runtime."""
 
 from __future__ import annotations
 
-import logging
 import struct
 from typing import Any, Callable
 
+from collectors import lazylog
 from diag.model import Knob
 from diag.model.errors import Unsupported
 
 from collectors.allocators.common import int_value
 from collectors.allocators import common
 
-log = logging.getLogger("collectors.allocators")
+log = lazylog.getLogger("collectors.allocators")
 
 # gperftools 2.10 (page_heap.cc, thread_cache.cc).
 TCMALLOC_DEFAULTS = {"TCMALLOC_RELEASE_RATE": "1.0", "TCMALLOC_AGGRESSIVE_DECOMMIT": "false",

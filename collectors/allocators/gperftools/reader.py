@@ -11,7 +11,6 @@ Native document::
 
 from __future__ import annotations
 
-import logging
 import os
 import struct
 from typing import TYPE_CHECKING, Any
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from diag.model import Value
 
+from collectors import lazylog
 from collectors.allocators import tcmalloc_stats
 from collectors.allocators import checked, common
 from collectors.allocators.gperftools import decommit
@@ -26,7 +26,7 @@ from collectors.engine.memory import MemoryReader
 from diag.model.errors import AllocdiagError
 from collectors.allocators.native import BYTES, COUNT, FLAG, NativeField, TEXT
 
-log = logging.getLogger("collectors.allocators")
+log = lazylog.getLogger("collectors.allocators")
 
 _TC = "gperftools src/tcmalloc.cc GetNumericProperty"
 _GS = "gperftools src/tcmalloc.cc DumpStats (MallocExtension_GetStats)"

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 import ctypes
 
+from collectors import lazylog
 from collectors.allocators.interface import Base, has_symbol, LazyFreeAdvice, Release, Signature, Vocabulary
 from collectors.allocators.jemalloc.knobs import Knobs
 from collectors.allocators import common
 
-log = logging.getLogger("collectors.allocators")
+log = lazylog.getLogger("collectors.allocators")
 
 # Symbol prefixes seen in the field: none (Debian's libjemalloc2), je_
 # (--with-jemalloc-prefix=je_), _rjem_ (Rust's tikv-jemallocator).

@@ -5,10 +5,10 @@ runtime), and the runtime writes `allocdiag set` makes (mallctl)."""
 from __future__ import annotations
 
 import errno
-import logging
 import struct
 from typing import Any, Callable
 
+from collectors import lazylog
 from diag.model import Knob
 from diag.model.errors import Unsupported
 
@@ -16,7 +16,7 @@ from collectors.allocators.jemalloc.config import parse_conf
 from collectors.allocators.common import int_value, true_false
 from collectors.allocators import common
 
-log = logging.getLogger("collectors.allocators")
+log = lazylog.getLogger("collectors.allocators")
 
 # jemalloc 5.2+ defaults (include/jemalloc/internal/arena_types.h; ChangeLog
 # 5.2.0 "Disable muzzy decay by default").

@@ -15,20 +15,20 @@ on the same keys.
 
 from __future__ import annotations
 
-import logging
 import struct
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from diag.model import Value
 
+from collectors import lazylog
 from collectors.allocators.jemalloc import stats as jemalloc_stats
 from collectors.allocators.jemalloc import table as jemalloc_table
 from collectors.allocators import common
 from diag.model.errors import MalformedData, RemoteCallError
 from collectors.allocators.native import BYTES, COUNT, FLAG, MS, NativeField, PAGES, TEXT
 
-log = logging.getLogger("collectors.allocators")
+log = lazylog.getLogger("collectors.allocators")
 
 # (mallctl name, C type, unit, meaning).  The one list of the mallctls
 # allocdiag reports: the JSON is filtered to it, the per-call path reads it.

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable
 
+from collectors import lazylog
 from diag.model import Knob
 
 from collectors.allocators import common
 from collectors.allocators.mimalloc.optiontable import OPTIONS_2_0
 from collectors.allocators.common import int_value
 
-log = logging.getLogger("collectors.allocators")
+log = lazylog.getLogger("collectors.allocators")
 
 
 def read(native: dict[str, Any]) -> dict[str, Knob]:

@@ -14,7 +14,6 @@ Native document::
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -22,6 +21,7 @@ if TYPE_CHECKING:
 
 import struct
 
+from collectors import lazylog
 from collectors.allocators import checked
 from collectors.allocators.mimalloc import optiontable, statsmain
 from collectors.allocators.mimalloc.optiontable import OPTIONS_2_0
@@ -31,7 +31,7 @@ from collectors.engine.memory import MemoryReader
 from diag.model.errors import AllocdiagError, Unsupported
 from collectors.allocators.native import BYTES, COUNT, FLAG, MS, NativeField, RATIO, TEXT
 
-log = logging.getLogger("collectors.allocators")
+log = lazylog.getLogger("collectors.allocators")
 
 _ST = "mimalloc src/stats.c _mi_stats_print (mi_stats_print_out)"
 _JS = "mimalloc src/stats.c mi_stats_get_json"
