@@ -8,8 +8,10 @@ a run without -v, --debug or --log-file writes no line at all
 ``logging`` module has been imported (by setup_logging, a test, a library)
 and drop it otherwise: without ``logging`` imported, no handler exists and
 no logger has a level below WARNING, so the standard module would drop it
-too.  Only what allocdiag's code calls is here (``debug``, ``info``,
-``isEnabledFor``); a warning would go through ``logging`` itself.
+too.  Only what allocdiag's code calls is here (``debug`` and ``info``
+with logging's keywords, such as ``exc_info``, and ``isEnabledFor``); a
+warning would go through ``logging`` itself.  The TUI's modules use
+``logging``: textual imports it anyway.
 """
 
 from __future__ import annotations
@@ -43,16 +45,18 @@ class Logger:
         real = self._logger()
         return real is not None and bool(real.isEnabledFor(level))
 
-    def debug(self, msg: str, *args: Any) -> None:
+    def debug(self, msg: str, *args: Any, **kwargs: Any) -> None:
         real = self._real or self._logger()
         if real is not None:
             # stacklevel: the record names the caller, not this method
-            real.debug(msg, *args, stacklevel=2)
+            kwargs.setdefault("stacklevel", 2)
+            real.debug(msg, *args, **kwargs)
 
-    def info(self, msg: str, *args: Any) -> None:
+    def info(self, msg: str, *args: Any, **kwargs: Any) -> None:
         real = self._real or self._logger()
         if real is not None:
-            real.info(msg, *args, stacklevel=2)
+            kwargs.setdefault("stacklevel", 2)
+            real.info(msg, *args, **kwargs)
 
 
 def getLogger(name: str) -> Logger:

@@ -89,9 +89,16 @@ def test_lazy_loggers_hand_lines_to_logging_once_it_is_there(caplog):
     with caplog.at_level(logging.DEBUG, logger="collectors.test"):
         log.debug("one %d", 1)
         log.info("two %s", "2")
+        try:
+            raise OSError("gone")
+        except OSError:
+            log.debug("with the exception", exc_info=True)
     assert [(r.levelname, r.getMessage(), r.funcName) for r in caplog.records] == [
         ("DEBUG", "one 1", "test_lazy_loggers_hand_lines_to_logging_once_it_is_there"),
-        ("INFO", "two 2", "test_lazy_loggers_hand_lines_to_logging_once_it_is_there")]
+        ("INFO", "two 2", "test_lazy_loggers_hand_lines_to_logging_once_it_is_there"),
+        ("DEBUG", "with the exception",
+         "test_lazy_loggers_hand_lines_to_logging_once_it_is_there")]
+    assert caplog.records[-1].exc_info[1].args == ("gone",)
     logging.getLogger("collectors.test").setLevel(logging.INFO)
     assert log.isEnabledFor(lazylog.INFO) and not log.isEnabledFor(lazylog.DEBUG)
 

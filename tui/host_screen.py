@@ -1,5 +1,6 @@
 """The host table: every readable process, sorted, filtered, opened."""
 
+import logging
 import time
 from collections import namedtuple
 
@@ -9,14 +10,13 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
-from collectors import lazylog
 from diag.hostscan import unreadable_hint
 from diag.render import human_bytes
 from tui import layers
 
 from tui.messages import HostScanned, error_text
 
-log = lazylog.getLogger("tui")
+log = logging.getLogger("tui")
 
 HostRow = namedtuple("HostRow", "pid comm allocator preload rss anon lazyfree held finding")
 

@@ -5,6 +5,7 @@ view in its own module) is one TabPane there.  Every widget that shows the
 sample is bound (data_bind) to the screen's one ``view`` reactive, a
 ``layers.ProcessView`` built once per refresh, and draws itself from it."""
 
+import logging
 import threading
 import time
 from collections import deque
@@ -18,7 +19,6 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Label, Static, TabbedContent, TabPane
 
-from collectors import lazylog
 from diag.model.errors import AccessDenied, NoSuchProcess
 from tui import layers
 from tui import process_tabs as tabs
@@ -30,7 +30,7 @@ from tui.widgets import HistoryLegend, LayerHistory, NativeTables, StackPanel, V
 from tui.messages import ActionFinished, DEFAULT_INTERVAL, HISTORY_LIMIT, MIN_INTERVAL, SampleFailed, SampleTaken, clock, error_text
 from tui.dialogs import ConfirmDialog, InputDialog, ResultDialog
 
-log = lazylog.getLogger("tui")
+log = logging.getLogger("tui")
 
 
 class ProcessScreen(Screen):
