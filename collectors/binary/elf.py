@@ -208,6 +208,7 @@ class ElfObject:
         self._symbols_unpacked: tuple[list[str], bytes, list[str]] | None = None
         self._dynsym_by_name: Mapping[str, Symbol] | None = None
         self._exports: frozenset[str] | None = None
+        self._defined: dict[str, bool] = {}      # defines()' answers from the blob
         # {symbol name: [GOT slot vaddr, ...]}; from the disk cache as a
         # marshal blob, unmarshalled when first asked for
         self._got: dict[str, list[int]] | None = None
@@ -457,10 +458,19 @@ class ElfObject:
         where the symbols are still the disk cache's blob, a name absent from
         its bytes is not there, and the blob stays packed (marshal writes a
         string's UTF-8 bytes whole at its first occurrence)."""
-        if self._exports is None and self._dynsym is None and self._symbols_blob is not None \
-                and name.encode("utf-8", "surrogateescape") not in self._symbols_blob:
-            return False
-        return name in self.exports
+        if self._exports is not None:
+            return name in self._exports
+        answer = self._defined.get(name)
+        if answer is None:
+            if self._dynsym is None and self._symbols_blob is not None \
+                    and name.encode("utf-8", "surrogateescape") not in self._symbols_blob:
+                answer = False
+            else:
+                answer = name in self.exports
+            # a host scan asks each object the same names for every process
+            # that maps it: one search of the blob per name
+            self._defined[name] = answer
+        return answer
 
     def lookup(self, name: str,
                f_opener: Callable[[], IO[bytes]] | None = None) -> Symbol | None:
