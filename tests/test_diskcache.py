@@ -406,3 +406,18 @@ def test_the_marker_is_not_an_entry(store):
     open(os.path.join(d, diskcache.EVICT_MARKER), "w").close()
     assert diskcache.evict(d, max_entries=0) == 0
     assert os.listdir(d) == [diskcache.EVICT_MARKER]
+
+
+def test_a_change_to_any_classifier_makes_stored_signatures_foreign():
+    """A stored signature is what the homes' signature() said when it was
+    stored: every home's module (and detect, the registry) is part of the
+    producer checksum, so a new version's classifier is never skipped."""
+    from collectors.allocators import registry
+    here = os.path.join(ROOT, "collectors")
+    homes = {os.path.relpath(sys.modules[type(h).__module__].__file__, here)
+             for h in registry.ALL}
+    homes |= {os.path.relpath(sys.modules[base.__module__].__file__, here)
+              for h in registry.ALL for base in type(h).__mro__
+              if base.__module__.startswith("collectors.allocators.")}
+    assert homes <= set(diskcache._PRODUCER_MODULES), homes - set(diskcache._PRODUCER_MODULES)
+    assert {"detect.py", "allocators/registry.py"} <= set(diskcache._PRODUCER_MODULES)

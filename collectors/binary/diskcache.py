@@ -58,9 +58,15 @@ EVICT_MARKER = ".evicted"    # its mtime: when they were last checked
 DIR_MODE, FILE_MODE = 0o700, 0o600
 # The modules whose code decides what an entry holds (paths under the
 # collectors package): a change to any of them makes every entry foreign.
-# engine/safepoints.py computes the libcfuncs part.
+# engine/safepoints.py computes the libcfuncs part; detect.py, the registry
+# (its order: the first signature that matches wins) and each allocator's
+# home the signature part (tests/test_diskcache.py keeps the homes listed).
 _PRODUCER_MODULES = ("binary/diskcache.py", "binary/elf.py", "binary/unwind.py",
-                     "engine/safepoints.py")
+                     "engine/safepoints.py", "detect.py", "allocators/interface.py",
+                     "allocators/registry.py", "allocators/glibc/home.py",
+                     "allocators/jemalloc/home.py", "allocators/gperftools/home.py",
+                     "allocators/google_tcmalloc/home.py", "allocators/mimalloc/home.py",
+                     "allocators/go.py", "allocators/other.py")
 
 # (st_dev, st_ino, st_size, st_mtime_ns, build-id hex or None)
 Key = tuple[int, int, int, int, "str | None"]
