@@ -46,17 +46,17 @@ class Logger:
         return real is not None and bool(real.isEnabledFor(level))
 
     def debug(self, msg: str, *args: Any, **kwargs: Any) -> None:
-        real = self._real or self._logger()
-        if real is not None:
-            # stacklevel: the record names the caller, not this method
-            kwargs.setdefault("stacklevel", 2)
-            real.debug(msg, *args, **kwargs)
+        self._emit(DEBUG, msg, args, kwargs)
 
     def info(self, msg: str, *args: Any, **kwargs: Any) -> None:
-        real = self._real or self._logger()
+        self._emit(INFO, msg, args, kwargs)
+
+    def _emit(self, level: int, msg: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        real = self._logger()
         if real is not None:
-            kwargs.setdefault("stacklevel", 2)
-            real.info(msg, *args, **kwargs)
+            # stacklevel: the record names the caller of debug()/info(), not this module
+            kwargs.setdefault("stacklevel", 3)
+            real.log(level, msg, *args, **kwargs)
 
 
 def getLogger(name: str) -> Logger:

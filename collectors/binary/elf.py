@@ -32,7 +32,7 @@ import struct
 import threading
 import time
 from collections import namedtuple
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any
 
 from collectors import lazylog
@@ -124,6 +124,21 @@ def _defined_flags(packed: bytes) -> bytes:
     return packed[_SYMBOL_PACK.size - 1::_SYMBOL_PACK.size]
 
 
+def _index_by_name(names: list[str], defined: Iterable[Any]) -> dict[str, int]:
+    """{name: index} of a symbol table's NAMES (DEFINED: one truth value
+    each).  A name seen twice (versioned definitions, a definition and a
+    reference): the last definition wins, else the first reference.  The
+    null symbol's empty name is left out."""
+    index = dict(zip(names, range(len(names))))
+    if len(index) != len(names):
+        index = {}
+        for i, (name, is_defined) in enumerate(zip(names, defined)):
+            if is_defined or name not in index:
+                index[name] = i
+    index.pop("", None)
+    return index
+
+
 class StoredSymbols(Mapping[str, Symbol]):
     """{name: Symbol} over a disk cache entry's names and packed rows: a
     Symbol is made when its name is looked up (a lookup wants a handful)."""
@@ -132,17 +147,7 @@ class StoredSymbols(Mapping[str, Symbol]):
         if len(packed) != len(names) * _SYMBOL_PACK.size:
             raise ValueError("symbol names and packed rows differ in number")
         self._names, self._packed = names, packed
-        index = dict(zip(names, range(len(names))))    # the last of a name wins
-        if len(index) != len(names):
-            # a name twice (versioned definitions, a definition and a
-            # reference): the last definition wins, else the first reference,
-            # as ElfObject._by_name ranks parsed symbols
-            index = {}
-            for i, (name, defined) in enumerate(zip(names, _defined_flags(packed))):
-                if defined or name not in index:
-                    index[name] = i
-        index.pop("", None)                             # the null symbol, entry 0
-        self._index = index
+        self._index = _index_by_name(names, _defined_flags(packed))
 
     def __getitem__(self, name: str) -> Symbol:
         return _unpacked(name, self._packed, self._index[name])
@@ -219,13 +224,10 @@ class ElfObject:
         """{symbol name: [GOT slot vaddr, ...]} of the GLOB_DAT/JUMP_SLOT
         relocations (``_read_got_relocs``)."""
         if self._got is None:
-            try:
-                got = marshal.loads(self._got_blob or b"")
-                if not isinstance(got, dict):
-                    raise TypeError("not a dict")
-            except (EOFError, ValueError, TypeError) as exc:
+            got = self._unmarshal(self._got_blob, "GOT relocations")
+            if not isinstance(got, dict):
                 raise MalformedData(f"{self.path}: disk cache entry with unreadable GOT "
-                                    f"relocations ({type(exc).__name__})") from None
+                                    f"relocations (not a dict)")
             self._got = got
         return self._got
 
@@ -242,7 +244,7 @@ class ElfObject:
         """Names of the defined .dynsym entries that are not STB_LOCAL (what
         the object offers the dynamic linker; detection's signatures)."""
         if self._exports is None:
-            if self._symbols_blob is not None and self._dynsym is None:
+            if self._symbols_blob is not None:
                 self._exports = frozenset(self._stored_symbols()[2])
             else:
                 self._exports = frozenset(s.name for s in self.dynsym
@@ -254,15 +256,24 @@ class ElfObject:
         if self._symbols_unpacked is not None:
             return self._symbols_unpacked
         log.debug("ELF %s symbols unpacked from the disk cache", self.path)
+        stored = self._unmarshal(self._symbols_blob, "symbol table")
         try:
-            names, packed, exports = marshal.loads(self._symbols_blob or b"")
+            names, packed, exports = stored
             if len(packed) != len(names) * _SYMBOL_PACK.size:
                 raise ValueError("symbol names and packed rows differ in number")
-        except (EOFError, ValueError, TypeError) as exc:
-            raise MalformedData(f"{self.path}: disk cache entry with an unreadable symbol "
+        except (ValueError, TypeError) as exc:
+            raise MalformedData(f"{self.path}: disk cache entry with unreadable symbol "
                                 f"table ({type(exc).__name__})") from None
         self._symbols_unpacked = (names, packed, exports)
         return self._symbols_unpacked
+
+    def _unmarshal(self, blob: bytes | None, what: str) -> Any:
+        """A blob of the disk cache's ``elf`` part (facts()), unmarshalled."""
+        try:
+            return marshal.loads(blob or b"")
+        except (EOFError, ValueError, TypeError) as exc:
+            raise MalformedData(f"{self.path}: disk cache entry with unreadable {what} "
+                                f"({type(exc).__name__})") from None
 
     def _by_name(self) -> Mapping[str, Symbol]:
         if self._dynsym_by_name is None and self._dynsym is None \
@@ -272,12 +283,9 @@ class ElfObject:
             names, packed, _exports = self._stored_symbols()
             self._dynsym_by_name = StoredSymbols(names, packed)
         if self._dynsym_by_name is None:
-            index: dict[str, Symbol] = {}
-            for sym in self.dynsym:
-                # A defined entry beats an undefined reference of the same name.
-                if sym.name and (sym.defined or sym.name not in index):
-                    index[sym.name] = sym
-            self._dynsym_by_name = index
+            syms = self.dynsym
+            self._dynsym_by_name = {name: syms[i] for name, i in _index_by_name(
+                [s.name for s in syms], [s.defined for s in syms]).items()}
         return self._dynsym_by_name
 
     # -- plain data, for the disk cache ----------------------------------------

@@ -111,11 +111,6 @@ def field_names(obj: Any) -> tuple[str, ...]:
     return names
 
 
-def is_record(obj: Any) -> bool:
-    """Whether OBJ is a record class or a record instance."""
-    return hasattr(obj, "__record_fields__")
-
-
 def replace(obj: T, /, **changes: Any) -> T:
     """A new record like OBJ with CHANGES: ``dataclasses.replace``."""
     names = field_names(obj)
