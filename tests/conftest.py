@@ -26,6 +26,11 @@ import tempfile  # noqa: E402
 import pytest  # noqa: E402
 
 _INVARIANTS = {"path": None, "seen": 0}
+# The suite's own detection cache (collectors.binary.diskcache), shared by
+# its tests and their CLI subprocesses and removed at the end: a run must
+# neither fill the user's ~/.cache/allocdiag nor meet entries another
+# checkout wrote there (each tree's entries are foreign to the other's).
+_CACHE = {"dir": None}
 
 
 def pytest_sessionstart(session):
@@ -37,6 +42,8 @@ def pytest_sessionstart(session):
     # ignored one is not: take SIGINT back for this process and its children.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    _CACHE["dir"] = tempfile.mkdtemp(prefix="allocdiag-test-cache-")
+    os.environ["XDG_CACHE_HOME"] = _CACHE["dir"]
     fd, path = tempfile.mkstemp(prefix="allocdiag-invariants-")
     os.close(fd)
     _INVARIANTS["path"] = path
@@ -46,6 +53,9 @@ def pytest_sessionstart(session):
 def pytest_sessionfinish(session):
     if _INVARIANTS["path"]:
         os.unlink(_INVARIANTS["path"])
+    if _CACHE["dir"]:
+        import shutil
+        shutil.rmtree(_CACHE["dir"], ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -421,3 +421,13 @@ def test_a_change_to_any_classifier_makes_stored_signatures_foreign():
               if base.__module__.startswith("collectors.allocators.")}
     assert homes <= set(diskcache._PRODUCER_MODULES), homes - set(diskcache._PRODUCER_MODULES)
     assert {"detect.py", "allocators/registry.py"} <= set(diskcache._PRODUCER_MODULES)
+
+
+def test_the_suite_keeps_a_cache_of_its_own():
+    """The suite and the CLI runs it starts store entries in a directory of
+    the session's (tests/conftest.py), not in the user's ~/.cache: a test
+    run leaves no entries behind, and meets none another checkout wrote."""
+    home_cache = os.path.join(os.path.expanduser("~"), ".cache")
+    own = diskcache.cache_dir()
+    assert not own.startswith(home_cache + os.sep), own
+    assert os.path.basename(os.path.dirname(own)).startswith("allocdiag-test-cache-"), own
