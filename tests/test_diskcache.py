@@ -16,6 +16,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -378,6 +379,27 @@ def test_eviction_removes_the_oldest(store):
     assert diskcache.evict(d, max_bytes=total) == 0     # within both bounds
     assert diskcache.evict(d, max_entries=2) == 2       # down to 3/4 of the bound
     assert sorted(entries(store)) == [files[-1]]
+
+
+def test_eviction_goes_by_last_use(store):
+    """A hit on an entry REFRESH_AFTER_S old marks it used now, so the
+    bound removes what no run reads any more, not what was written first;
+    a hit on a fresh entry writes nothing."""
+    keys = [(1, ino, 100, 7, None) for ino in (1, 2, 3)]
+    for key in keys:
+        diskcache.store(key, "elf", {"facts": key[1]}, "test")
+    d = os.path.join(store, diskcache.DIR_NAME)
+    names = [diskcache._file_name(key, "elf") for key in keys]
+    day = 86_400
+    for age, name in zip((3, 2, 1), names):                 # the first written is the oldest
+        os.utime(os.path.join(d, name), (time.time() - age * day,) * 2)
+    assert diskcache.load(keys[0], "elf", "test") == {"facts": 1}   # ... and still read
+    assert time.time() - os.stat(os.path.join(d, names[0])).st_mtime < 60
+    assert diskcache.evict(d, max_entries=2) == 2           # down to 3/4 of the bound
+    assert sorted(entries(store)) == [names[0]]
+    fresh = os.stat(os.path.join(d, names[0])).st_mtime_ns
+    assert diskcache.load(keys[0], "elf", "test") == {"facts": 1}
+    assert os.stat(os.path.join(d, names[0])).st_mtime_ns == fresh
 
 
 def test_eviction_is_checked_at_most_every_interval(store, monkeypatch):

@@ -24,8 +24,11 @@ to a temporary file and renamed into place (a reader never sees half an
 entry); the directory is 0700 and the files 0600, and a directory or file not
 owned by the effective user is not used (``marshal`` trusts what it reads, so
 only the user's own entries are read).  The store is bounded: beyond
-``MAX_BYTES`` or ``MAX_ENTRIES`` the oldest entries are removed, checked by
-a run that stores something, at most every ``EVICT_EVERY_S``.
+``MAX_BYTES`` or ``MAX_ENTRIES`` the least recently used entries are
+removed, checked by a run that stores something, at most every
+``EVICT_EVERY_S``.  "Used" is the file's mtime: a hit on an entry whose
+mtime is ``REFRESH_AFTER_S`` old or more sets it to now (one ``futimens``
+per entry per interval; atime is not kept on most mounts).
 
 Where: ``$XDG_CACHE_HOME/allocdiag/``, default ``~/.cache/allocdiag/``.
 Bypass: ``configure(enabled=False)`` (the CLI's ``--no-cache``) or
@@ -55,6 +58,11 @@ MAX_ENTRIES = 4096
 EVICT_TO = 0.75               # eviction removes the oldest down to this share of a bound
 EVICT_EVERY_S = 600.0        # the bounds are checked at most this often (evict_if_due)
 EVICT_MARKER = ".evicted"    # its mtime: when they were last checked
+# A hit refreshes an entry's mtime when it is this old: eviction goes by
+# last use, not by first write.  By first write, the entries every run
+# reads (the C library's, written on the first day) were the first removed
+# when the store reached its bound, and every run parsed them again.
+REFRESH_AFTER_S = 3600.0
 DIR_MODE, FILE_MODE = 0o700, 0o600
 # The modules whose code decides what an entry holds (paths under the
 # collectors package): a change to any of them makes every entry foreign.
@@ -220,9 +228,12 @@ def _load(name: str, key: Any, part: str, what: str) -> Any:
         return _ignored(what, part, exc.strerror or str(exc))
     try:
         with os.fdopen(fd, "rb") as f:
-            if os.fstat(f.fileno()).st_uid != os.geteuid():
+            st = os.fstat(f.fileno())
+            if st.st_uid != os.geteuid():
                 return _ignored(what, part, "owned by another user")
             data = f.read()
+            if time.time() - st.st_mtime >= REFRESH_AFTER_S:
+                _used_now(f.fileno())
     except OSError as exc:
         return _ignored(what, part, exc.strerror or str(exc))
     try:
@@ -234,6 +245,14 @@ def _load(name: str, key: Any, part: str, what: str) -> Any:
     _count("hit")
     log.debug("disk cache hit: %s %s", what, part)
     return payload
+
+
+def _used_now(fd: int) -> None:
+    """Mark an entry used now (its mtime, which eviction goes by)."""
+    try:
+        os.utime(fd)
+    except OSError:         # a read-only store: eviction by first write then
+        pass
 
 
 def _ignored(what: str, part: str, why: str) -> None:
@@ -389,9 +408,10 @@ def evict_if_due(directory: str, now: float | None = None) -> int:
 
 
 def evict(directory: str, max_bytes: int = MAX_BYTES, max_entries: int = MAX_ENTRIES) -> int:
-    """Remove the oldest entries (by modification time) of DIRECTORY while
-    it holds more than MAX_BYTES or MAX_ENTRIES, down to EVICT_TO of the
-    bound.  Returns how many were removed."""
+    """Remove the least recently used entries of DIRECTORY (by modification
+    time, which a hit refreshes) while it holds more than MAX_BYTES or
+    MAX_ENTRIES, down to EVICT_TO of the bound.  Returns how many were
+    removed."""
     entries = []
     try:
         with os.scandir(directory) as it:
