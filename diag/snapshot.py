@@ -24,7 +24,7 @@ from collectors import giveway, livestats
 from collectors.allocators.glibc import heapmaps
 
 
-from collectors.runtimes import pymalloc
+from collectors.runtimes.interpreter import find_python
 from collectors import preload as preload_mod
 from collectors.detect import detect
 from diag.model.errors import (AccessDenied, AllocdiagError, NoSuchProcess, Quarantined,
@@ -187,7 +187,7 @@ class _Built:
         self.maps = maps            # the /proc/PID/maps bytes it was built from
         self.image, self.det, self.preload, self.config = image, det, preload, config
         self.status = status        # {collector: CollectorStatus} of the build
-        self.python = pymalloc.find_python(image) is not None
+        self.python = find_python(image) is not None
         self.reader = None          # livestats.LiveReader, made on the first attached read
         self.no_reader = None       # the Unsupported that making it raised
         self.complete = False       # every step answered: kept for the next snapshot
@@ -273,6 +273,7 @@ class Session:
         # from memory with no stop, so they run with or without ``attach``.
         runtime = None
         if image is not None and built.python:
+            from collectors.runtimes import pymalloc     # only for a Python (~1.5 ms)
             runtime = col.run("runtime", lambda: pymalloc.collect(image))
         if walk is not None:
             walk(col.run, image, stats, native)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import errno
 import marshal
 import os
-import re
 import struct
 import threading
 import time
@@ -37,6 +36,7 @@ from typing import IO, Any
 
 from collectors import lazylog
 from collectors.binary import diskcache
+from collectors.lazyre import lazy
 from diag.model.errors import MalformedData
 
 # Symbol: name, st_value, st_size, st_info type (STT_*), binding (STB_*),
@@ -78,17 +78,18 @@ GO_FLAGS_VERSION_INL = 0x2
 GO_BUILDINFO_READ = 4096                # enough for the header and the version
 UVARINT_BITS, UVARINT_MORE, UVARINT_SHIFT = 0x7F, 0x80, 7
 
-# .rodata strings worth reading: allocator and libc version banners.
+# .rodata strings worth reading: allocator and libc version banners (compiled
+# when a file is parsed: a warm run reads the banners from the disk cache).
 VERSION_PATTERNS = {
-    "glibc": re.compile(rb"GNU C Library \([^)]*\) [a-z ]*release version (\d+\.\d+(?:\.\d+)?)"),
+    "glibc": lazy(rb"GNU C Library \([^)]*\) [a-z ]*release version (\d+\.\d+(?:\.\d+)?)"),
     # JEMALLOC_VERSION: `git describe --long --abbrev=40` (jemalloc's
     # configure.ac), a string of its own: a 40-digit hash, NULs around it.
     # (A shorter git-describe string is someone else's: Chromium's .rodata
     # holds libvpx's "WebM Project VP9 Encoder v1.17.0-63-gde61454cf".)
-    "jemalloc": re.compile(rb"(?:\A|\0)(\d+\.\d+\.\d+-\d+-g[0-9a-f]{40})\0"),
-    "gperftools": re.compile(rb"gperftools (\d+\.\d+(?:\.\d+)?)\0"),
-    "go": re.compile(rb"(go1\.\d+(?:\.\d+)?(?:rc\d+|beta\d+)?)"),
-    "musl": re.compile(rb"musl libc \(x86_64\)|Version (\d+\.\d+\.\d+)\n"),
+    "jemalloc": lazy(rb"(?:\A|\0)(\d+\.\d+\.\d+-\d+-g[0-9a-f]{40})\0"),
+    "gperftools": lazy(rb"gperftools (\d+\.\d+(?:\.\d+)?)\0"),
+    "go": lazy(rb"(go1\.\d+(?:\.\d+)?(?:rc\d+|beta\d+)?)"),
+    "musl": lazy(rb"musl libc \(x86_64\)|Version (\d+\.\d+\.\d+)\n"),
 }
 
 

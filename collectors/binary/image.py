@@ -8,13 +8,13 @@ initial environment, and each mapped ELF object with its load bias.
 from __future__ import annotations
 
 import os
-import re
 from collections import namedtuple
 
 from collectors import lazylog
 from collectors.binary import loaderrun
 from collectors.binary.elf import CACHE, ElfCache, ObjectFile
 from collectors.proc.auxv import AT_SECURE
+from collectors.lazyre import lazy
 from collectors.proc.environ import UNREADABLE
 from collectors.proc.maps import DELETED_TEXT, Mapping
 from collectors.proc.procfs import ProcFS
@@ -29,7 +29,7 @@ AT_ENTRY = 9         # the executable's entry point
 # The loader's dynamic string tokens, $NAME or ${NAME} (glibc elf/dl-load.c
 # is_dst: a bare name ends where no identifier character follows), as they
 # may appear in LD_PRELOAD ("/usr/$LIB/libjemalloc.so.2").
-DST = re.compile(r"\$(?:\{(ORIGIN|PLATFORM|LIB)\}|(ORIGIN|PLATFORM|LIB)(?![A-Za-z0-9_]))")
+DST = lazy(r"\$(?:\{(ORIGIN|PLATFORM|LIB)\}|(ORIGIN|PLATFORM|LIB)(?![A-Za-z0-9_]))")
 # What $LIB is in the C libraries this runs on (compiled into ld.so): Debian
 # and Ubuntu multiarch, lib64 (Fedora, RHEL, SUSE), lib; $PLATFORM: the
 # kernel's AT_PLATFORM string on x86-64.  A requested file is matched to a

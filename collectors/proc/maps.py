@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from collectors.lazyre import lazy
 from diag.model.errors import MalformedData
 
 DELETED_SUFFIX = b" (deleted)"    # fs/proc/task_mmu.c: a file unlinked while mapped
@@ -105,7 +106,7 @@ def _parsed(data: bytes, strict: bool) -> tuple[Mapping, ...]:
 # A mapping of a file with code: "start-end r-xp offset dev inode path" with
 # x in the perms and a non-zero inode (the kernel's columns are single spaces
 # up to the inode, then padding before the path)
-_CODE_FILE = re.compile(rb"^\S+ ..x. \S+ \S+ [1-9][0-9]* +(\S.*)$", re.MULTILINE)
+_CODE_FILE = lazy(rb"^\S+ ..x. \S+ \S+ [1-9][0-9]* +(\S.*)$", re.MULTILINE)
 
 
 def code_files(data: bytes) -> frozenset[bytes]:

@@ -41,8 +41,6 @@ mimalloc has no arenas of this kind), and ``PYTHONMALLOC=malloc`` (no
 pymalloc at all: the allocator layer then sees every object).
 """
 
-import os
-import re
 import struct
 from collections import namedtuple
 
@@ -50,6 +48,7 @@ from diag.model.errors import AccessDenied, AllocdiagError, NoSuchProcess
 from collectors.engine.memory import MemoryReader
 from collectors.proc.pagemap import Pagemap
 from diag.model import Runtime, Value
+from collectors.runtimes.interpreter import find_python
 
 # -- layout ---------------------------------------------------------------
 # 64-bit builds only: ALIGNMENT 16 (blocks come in 32 classes of 16..512 B).
@@ -119,39 +118,6 @@ def _u32(data):
 
 def _u64(data):
     return struct.unpack("<Q", data)[0] if data and len(data) == 8 else None
-
-
-# -- which Python ----------------------------------------------------------
-
-_NAME_VERSION = re.compile(r"python(\d)\.(\d+)(t?)(?:\b|[^0-9])")
-
-
-def find_python(image):
-    """(LoadedObject, (major, minor), version string, free_threaded) of the
-    object that holds the interpreter (defines ``_PyRuntime``), or None."""
-    for obj in image.objects:
-        if obj.elf is None or obj.bias is None or not obj.elf.defines("_PyRuntime"):
-            continue
-        names = [obj.elf.soname or "", os.path.basename(obj.path), image.exe_path or ""]
-        mm, ft = None, False
-        for n in names:
-            m = _NAME_VERSION.search(n)
-            if m:
-                mm, ft = (int(m.group(1)), int(m.group(2))), m.group(3) == "t"
-                break
-        version = None
-        sym = obj.elf.dynamic("Py_Version")      # const unsigned long, 3.11+
-        if sym is not None and sym.defined:
-            raw = obj.elf.text_bytes(sym.st_value, 4, obj.opener.open)
-            hexv = _u32(raw)
-            if hexv:
-                major, minor, micro = hexv >> 24, (hexv >> 16) & 0xFF, (hexv >> 8) & 0xFF
-                mm = (major, minor)
-                version = f"{major}.{minor}.{micro}"
-        if mm is None:
-            continue
-        return obj, mm, version or f"{mm[0]}.{mm[1]}", ft
-    return None
 
 
 # -- locating the state -------------------------------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 import ctypes
 
-from collectors.allocators.mimalloc import segments, statsmain
 from collectors.engine.memory import MemoryReader
 from diag.model import Value
 from diag.model.errors import AllocdiagError
@@ -32,6 +31,9 @@ def walk_segments(run: Any, image: Any, stats: dict[str, Any], native: dict[str,
     """A release mimalloc counts no allocated bytes: walk its segments
     (segments.py, no stop; RUN is the snapshot's collector runner) and, for a pinned build, make
     ``allocated`` a real number."""
+    # imported here: detection imports every home, and only a mimalloc
+    # snapshot walks segments (issue 23)
+    from collectors.allocators.mimalloc import segments
     res = run("mimalloc_walk", lambda: segments.collect(image))
     if res is None:
         return
@@ -73,6 +75,7 @@ def _count_again_after_walk(image: Any, stats: dict[str, Any], native: dict[str,
                   if stats.get(k) is not None and stats[k].value is not None), default=None)
     if walked is None or walked <= committed.value:
         return
+    from collectors.allocators.mimalloc import statsmain
     try:
         with MemoryReader(image.pid, image.procfs.root) as mem:
             words = statsmain.read_os_counts(mem.read, int(sm["address"], 16))

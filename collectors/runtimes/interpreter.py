@@ -1,0 +1,40 @@
+"""Which CPython a process runs, if any: asked of every snapshot, so kept
+apart from ``collectors.runtimes.pymalloc``, which is imported only to read
+the heap of a process that has one (its import costs a run ~1.5 ms)."""
+
+import os
+import re
+import struct
+
+# Py_Version (3.11+): a const unsigned long holding PY_VERSION_HEX; its low 32 bits
+PY_VERSION = struct.Struct("<I")
+
+_NAME_VERSION = re.compile(r"python(\d)\.(\d+)(t?)(?:\b|[^0-9])")
+
+
+def find_python(image):
+    """(LoadedObject, (major, minor), version string, free_threaded) of the
+    object that holds the interpreter (defines ``_PyRuntime``), or None."""
+    for obj in image.objects:
+        if obj.elf is None or obj.bias is None or not obj.elf.defines("_PyRuntime"):
+            continue
+        names = [obj.elf.soname or "", os.path.basename(obj.path), image.exe_path or ""]
+        mm, ft = None, False
+        for n in names:
+            m = _NAME_VERSION.search(n)
+            if m:
+                mm, ft = (int(m.group(1)), int(m.group(2))), m.group(3) == "t"
+                break
+        version = None
+        sym = obj.elf.dynamic("Py_Version")      # const unsigned long, 3.11+
+        if sym is not None and sym.defined:
+            raw = obj.elf.text_bytes(sym.st_value, PY_VERSION.size, obj.opener.open)
+            hexv = PY_VERSION.unpack(raw)[0] if raw and len(raw) == PY_VERSION.size else None
+            if hexv:
+                major, minor, micro = hexv >> 24, (hexv >> 16) & 0xFF, (hexv >> 8) & 0xFF
+                mm = (major, minor)
+                version = f"{major}.{minor}.{micro}"
+        if mm is None:
+            continue
+        return obj, mm, version or f"{mm[0]}.{mm[1]}", ft
+    return None
