@@ -162,9 +162,12 @@ def test_a_run_leaves_shutil_unimported():
 # class: diag.model.records), pyelftools (~11 ms: only a file not in the
 # detection cache is parsed), subprocess with selectors (~2 ms: the
 # understudy is posix_spawn'ed), logging with traceback and tokenize (~6 ms:
-# no line is written without -v, collectors.lazylog).
+# no line is written without -v, collectors.lazylog), textwrap (~1 ms: the
+# exit codes' help is wrapped without it), CPython's heap reader (~1.5 ms:
+# only for a Python, collectors.runtimes.interpreter says whether).
 UNUSED_WHEN_WARM = ("dataclasses", "inspect", "elftools", "subprocess", "selectors",
-                    "logging", "traceback", "tokenize")
+                    "logging", "traceback", "tokenize", "textwrap",
+                    "collectors.runtimes.pymalloc")
 
 
 def test_a_warm_inspect_imports_only_what_it_uses(tmp_path):
