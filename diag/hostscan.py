@@ -16,8 +16,6 @@ keeps its row unread, for at most ``MAX_KEEP_S``; vanished processes are
 dropped.
 """
 
-from __future__ import annotations
-
 import functools
 import os
 import pwd

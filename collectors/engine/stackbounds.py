@@ -28,8 +28,6 @@ never used either (a guard installed inside the mapping with
 MADV_GUARD_INSTALL would not show in the maps).
 """
 
-from __future__ import annotations
-
 import bisect
 from collections.abc import Sequence
 from typing import NamedTuple

@@ -13,8 +13,6 @@ the ptrace functions tests and tools use stay importable from here
 ``read_memory``/``write_memory``).
 """
 
-from __future__ import annotations
-
 import atexit
 import contextlib
 import enum

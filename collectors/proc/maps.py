@@ -1,8 +1,6 @@
 """/proc/PID/maps: the one parser of allocdiag (proc(5), fs/proc/task_mmu.c
 ``show_map_vma``: ``start-end perms offset dev inode path``)."""
 
-from __future__ import annotations
-
 import functools
 import re
 from collections.abc import Iterable

@@ -6,8 +6,6 @@ tells a process from a later one with the same pid (proc(5) field 22,
 the last ")" (fs/proc/array.c ``do_task_stat`` prints "(%s)" of the raw comm).
 """
 
-from __future__ import annotations
-
 import os
 from typing import NamedTuple
 
