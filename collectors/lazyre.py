@@ -3,7 +3,8 @@
 A module-level ``re.compile`` runs in every process that imports the
 module: 0.1-0.3 ms a pattern on the slow guest (issue 23), paid by a warm
 ``inspect`` for patterns that only a first run (the version banners of an
-ELF file being parsed) or another command (``ps``'s code-file scan) uses.
+ELF file being parsed) or a rare target (the loader's $LIB-style tokens in
+LD_PRELOAD) uses.
 Such patterns are declared with ``lazy()``; patterns every run uses stay
 plain ``re.compile``.
 """

@@ -4,6 +4,7 @@ and, refreshed incrementally (the TUI host view), only the processes whose
 reads (ProcFS.reads, HostScanner.rows_read/rows_kept); no timing here (the
 times are bench/ps_scan.py's)."""
 
+import contextlib
 import json
 import os
 import signal
@@ -193,6 +194,24 @@ def test_forked_workers_match_serial(monkeypatch, idle):
         serial = hostscan.scan(pids=pids, columns=("comm", "allocator"))
         parallel = hostscan.scan(pids=pids, workers=2, columns=("comm", "allocator"))
     assert parallel.rows == serial.rows and len(serial.rows) == 3
+
+
+def test_shares_are_balanced_by_processes_and_keep_an_executable_together():
+    """Workers get about as many processes each, whatever the objects the
+    processes map (with the detection cache they cost little next to the
+    process), and planning reads no maps: one exe link a process.  Six
+    copies of a small C program and three Pythons (each mapping several
+    times the objects): the old plan, an object weighed as ten processes,
+    gave the Pythons a share of their own, 3 against 6."""
+    with contextlib.ExitStack() as stack:
+        c = [stack.enter_context(start([build_c("idle.c"), "1"])) for _ in range(6)]
+        py = [stack.enter_context(start(python_argv("import sys; print('READY', flush=True); "
+                                                    "sys.stdin.read()"))) for _ in range(3)]
+        scanner = hostscan.HostScanner(columns=hostscan.PS_COLUMNS)
+        shares = hostscan._shares(scanner, [t.pid for t in c + py], workers=2)
+    assert sorted(map(len, shares)) == [4, 5]
+    assert sum(scanner.reads.values()) == 0
+    assert any({t.pid for t in py} <= set(share) for share in shares)
 
 
 def test_failed_worker_share_is_scanned_by_the_caller(monkeypatch, idle):

@@ -4,8 +4,7 @@ re gives."""
 import re
 
 from collectors import lazyre
-from collectors.binary import elf
-from collectors.proc import maps
+from collectors.binary import elf, image
 
 MAPS = (b"55d0c0a00000-55d0c0a01000 r-xp 00001000 fe:00 123 /usr/bin/cat\n"
         b"7f0000000000-7f0000001000 rw-p 00000000 00:00 0 \n"
@@ -25,7 +24,6 @@ def test_compiled_on_first_use_and_equal_to_re():
 
 def test_the_cold_patterns_are_lazy():
     """What a warm run does not use is declared lazy: the version banners
-    (read only when a file is parsed) and ps's code-file scan."""
+    (read only when a file is parsed) and the loader's $LIB-style tokens."""
     assert all(isinstance(p, lazyre.LazyPattern) for p in elf.VERSION_PATTERNS.values())
-    assert isinstance(maps._CODE_FILE, lazyre.LazyPattern)
-    assert maps.code_files(MAPS) == {b"/usr/bin/cat", b"/lib/libc.so.6"}
+    assert isinstance(image.DST, lazyre.LazyPattern)

@@ -15,7 +15,7 @@ import unpriv
 from collectors.binary.unwind import Unwinder
 from collectors.heapprofile import parse as parse_heap
 from collectors.proc import oserror
-from collectors.proc.maps import code_files, executable_files, parse_maps
+from collectors.proc.maps import executable_files, parse_maps
 from collectors.proc.pagemap import Pagemap
 from collectors.proc.procfs import ProcFS
 from collectors.proc.stat import (boot_time, fields_after_comm, parse_start_time, parse_stat_line,
@@ -55,18 +55,6 @@ def test_executable_files_are_the_code_a_stack_can_be_in():
     files = executable_files(parse_maps(MAPS))
     assert [os.path.basename(m.path) for m in files] == \
         [COMM, "libc.so.6", "ld-linux-x86-64.so.2"]      # not [vdso], not [vsyscall]
-
-
-def test_code_files_are_the_parsers_file_mappings_with_code():
-    # the host scan's quick grouping key: the same files the parser finds
-    # (a path with spaces and ") (" and a deleted one included)
-    expect = {m.maps_path.encode(errors="surrogateescape") for m in parse_maps(MAPS)
-              if m.inode and "x" in m.perms}
-    assert code_files(MAPS) == expect and len(expect) == 3
-    with open("/proc/self/maps", "rb") as f:
-        own = f.read()
-    assert code_files(own) == {m.maps_path.encode(errors="surrogateescape")
-                               for m in parse_maps(own) if m.inode and "x" in m.perms}
 
 
 def test_damaged_line_strict_raises_lenient_skips():

@@ -2,11 +2,9 @@
 ``show_map_vma``: ``start-end perms offset dev inode path``)."""
 
 import functools
-import re
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from collectors.lazyre import lazy
 from diag.model.errors import MalformedData
 
 DELETED_SUFFIX = b" (deleted)"    # fs/proc/task_mmu.c: a file unlinked while mapped
@@ -99,18 +97,6 @@ def _parsed(data: bytes, strict: bool) -> tuple[Mapping, ...]:
             continue
         out.append(m)
     return tuple(out)
-
-
-# A mapping of a file with code: "start-end r-xp offset dev inode path" with
-# x in the perms and a non-zero inode (the kernel's columns are single spaces
-# up to the inode, then padding before the path)
-_CODE_FILE = lazy(rb"^\S+ ..x. \S+ \S+ [1-9][0-9]* +(\S.*)$", re.MULTILINE)
-
-
-def code_files(data: bytes) -> frozenset[bytes]:
-    """The paths of the files mapped with code in maps bytes, found without
-    parsing every line (a host scan groups processes by them)."""
-    return frozenset(_CODE_FILE.findall(data))
 
 
 def as_mappings(maps: str | bytes | Iterable[Mapping]) -> list[Mapping]:

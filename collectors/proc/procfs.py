@@ -50,7 +50,6 @@ class ProcFS:
         # {pid: maps bytes} read ahead (a host scan that split its processes
         # by what they map): handed out once by maps(), never read twice.
         # Bytes, not parsed: ~4 KB a process against ~18 KB of Mappings.
-        self._read_ahead: dict[int, bytes] = {}
 
     def path(self, pid: int | str, *parts: str) -> str:
         return os.path.join(self.root, str(pid), *parts)
@@ -213,15 +212,8 @@ class ProcFS:
     # -- maps ---------------------------------------------------------------
 
     def maps(self, pid: int) -> list[Mapping]:
-        """/proc/PID/maps as a list of Mapping, in address order (the copy
-        read ahead by ``read_ahead_maps``, once, when there is one)."""
-        ahead = self._read_ahead.pop(pid, None)
-        return parse_maps(ahead if ahead is not None else self.read(pid, "maps"))
-
-    def read_ahead_maps(self, pid: int) -> bytes:
-        """PID's maps bytes, kept for the next ``maps(pid)`` call."""
-        data = self._read_ahead[pid] = self.read(pid, "maps")
-        return data
+        """/proc/PID/maps as a list of Mapping, in address order."""
+        return parse_maps(self.read(pid, "maps"))
 
     # -- auxv, environ, cmdline ------------------------------------------------
 
