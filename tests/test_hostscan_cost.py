@@ -5,6 +5,7 @@ reads (ProcFS.reads, HostScanner.rows_read/rows_kept); no timing here (the
 times are bench/ps_scan.py's)."""
 
 import contextlib
+import io
 import json
 import os
 import signal
@@ -239,6 +240,23 @@ def test_ps_json_over_a_real_host_is_whole():
                        text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert '"_' not in r.stdout and "Traceback" not in r.stderr
+    # one process a line (compact: json's C encoder), the rest indented
+    doc = json.loads(r.stdout)
+    rows = [line for line in r.stdout.splitlines() if line.startswith('    {"pid": ')]
+    assert [json.loads(line.rstrip(",")) for line in rows] == doc["processes"]
+    assert len(doc["processes"]) == doc["total"] > 0
+    assert '\n  "total": ' in r.stdout
+
+
+def test_json_one_item_a_line_is_the_same_document():
+    from diag.commands.common import dump_json
+    doc = {"processes": [{"pid": 1, "a": {"b": [1, None]}}, {"pid": 2, "c": "d\n"}], "total": 2,
+           "failed": [], "nested": {"x": [1, 2]}}
+    out = io.StringIO()
+    dump_json(doc, out, one_per_line=("processes", "failed"))
+    assert json.loads(out.getvalue()) == doc
+    assert out.getvalue().splitlines()[2:4] == ['    {"pid": 1, "a": {"b": [1, null]}},',
+                                                '    {"pid": 2, "c": "d\\n"}']
 
 
 def test_captured_tree_without_stat_scans(tmp_path, idle):

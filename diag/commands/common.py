@@ -28,11 +28,24 @@ def pid_arg(text):
     return pid
 
 
-def dump_json(doc, out=None):
+def dump_json(doc, out=None, one_per_line=()):
+    """DOC as indented JSON, except the lists under the top-level keys in
+    ONE_PER_LINE: one compact item a line.  json's encoder is C only without
+    indentation; indented, 500 host-scan rows took 17 ms, one a line 3."""
     import json     # here: a text run has no use for it (~1.5 ms of start-up, issue 23)
     out = out or sys.stdout
-    json.dump(doc, out, indent=2, sort_keys=False)
-    out.write("\n")
+    if not one_per_line:
+        json.dump(doc, out, indent=2, sort_keys=False)
+        out.write("\n")
+        return
+    parts = []
+    for key, value in doc.items():
+        if key in one_per_line and isinstance(value, list) and value:
+            text = "[\n" + ",\n".join("    " + json.dumps(v) for v in value) + "\n  ]"
+        else:
+            text = json.dumps(value, indent=2).replace("\n", "\n  ")
+        parts.append(f"  {json.dumps(key)}: {text}")
+    out.write("{\n" + ",\n".join(parts) + "\n}\n")
 
 
 def confirm(question, args):

@@ -39,7 +39,7 @@ def run(args):
     rows = result.rows
     rows.sort(key=SORT_KEYS[args.sort])
     if args.json:
-        dump_json(result.to_json())
+        dump_json(result.to_json(), one_per_line=("processes", "failed"))
         return ExitCode.OK
     out = []
     for r in rows:
