@@ -57,6 +57,28 @@ def test_executable_files_are_the_code_a_stack_can_be_in():
         [COMM, "libc.so.6", "ld-linux-x86-64.so.2"]      # not [vdso], not [vsyscall]
 
 
+def test_kernel_lines_parse_as_the_full_parser_does():
+    """The quick path (each line's tail parsed once and kept) gives what the
+    full parser gives, on this host's processes and on the captured maps;
+    a line the kernel would not write falls back to the full parser."""
+    from collectors.proc import maps as maps_mod
+    seen = [MAPS]
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/maps", "rb") as f:
+                    seen.append(f.read())
+            except OSError:
+                pass
+    for data in seen:
+        for _ in range(2):                      # the tails new, then kept
+            assert maps_mod._parsed_kernel_lines(data) == maps_mod._parsed_any(data, True)
+    two_spaces = MAPS.replace(b" ", b"  ", 1)
+    with pytest.raises(ValueError):
+        maps_mod._parsed_kernel_lines(b"zz-10 r-xp 00000000 fe:00 1 /bin/x\n")
+    assert parse_maps(two_spaces) == parse_maps(MAPS)
+
+
 def test_damaged_line_strict_raises_lenient_skips():
     lines = MAPS.split(b"\n")
     damaged = b"\n".join(lines[:3] + [b"zz-10 r-xp 00000000 fe:00 1 /bin/x"] + lines[3:])
