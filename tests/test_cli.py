@@ -164,10 +164,11 @@ def test_a_run_leaves_shutil_unimported():
 # understudy is posix_spawn'ed), logging with traceback and tokenize (~6 ms:
 # no line is written without -v, collectors.lazylog), textwrap (~1 ms: the
 # exit codes' help is wrapped without it), CPython's heap reader (~1.5 ms:
-# only for a Python, collectors.runtimes.interpreter says whether).
+# only for a Python, collectors.runtimes.interpreter says whether), locale
+# (~1.5 ms: gettext's catalogue search for argparse's messages, diag.cli).
 UNUSED_WHEN_WARM = ("dataclasses", "inspect", "elftools", "subprocess", "selectors",
                     "logging", "traceback", "tokenize", "textwrap",
-                    "collectors.runtimes.pymalloc")
+                    "collectors.runtimes.pymalloc", "locale")
 
 
 def test_a_warm_inspect_imports_only_what_it_uses(tmp_path):
