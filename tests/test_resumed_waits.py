@@ -6,7 +6,10 @@ RemoteProcess, nothing remembered between them) during its waits must all
 be live, including the ones that find the thread in ``restart_syscall``
 (a sleep, poll or timed condition wait resumed after the previous stop),
 and every wait must end on time (within 50 ms of its deadline, never
-before it) with the result it would have had without allocdiag.
+before it) with the result it would have had without allocdiag.  "On time"
+allows, besides the stops themselves, the lateness of a target of the same
+run that no snapshot touches: on a loaded 2-CPU box (the suite's own CI) a
+thread woken while the test takes snapshots waited for a CPU 60 ms and more.
 """
 
 import contextlib
@@ -47,15 +50,25 @@ def waits_of(t):
     return out
 
 
-def check_waits(mode, waits, stopped_us=0):
+def check_waits(mode, waits, stopped_us=0, late_us=0):
     """Every wait ended with its own result, never before its deadline, and
     at most SLACK_US after it plus the time the thread was stopped
-    (STOPPED_US: the stops themselves are the one delay allowed)."""
+    (STOPPED_US: the stops themselves are the one delay allowed) and the
+    box's own lateness in the same run (LATE_US: lateness())."""
     assert waits, f"{mode}: no wait finished"
     for us, ok in waits:
         assert ok, f"{mode}: a wait returned early or with a wrong result ({us} us)"
-        assert WAIT_MS * 1000 <= us <= WAIT_MS * 1000 + SLACK_US + stopped_us, \
-            f"{mode}: a {WAIT_MS} ms wait took {us / 1000:.1f} ms ({stopped_us} us stopped)"
+        assert WAIT_MS * 1000 <= us <= WAIT_MS * 1000 + SLACK_US + stopped_us + late_us, \
+            f"{mode}: a {WAIT_MS} ms wait took {us / 1000:.1f} ms ({stopped_us} us stopped, " \
+            f"{late_us} us late untouched)"
+
+
+def lateness(control):
+    """The most a wait of CONTROL, a target no snapshot touched, ended after
+    its deadline: what the box itself added in this run."""
+    waits = waits_of(control)
+    assert waits and all(ok and us >= WAIT_MS * 1000 for us, ok in waits), waits
+    return max(us - WAIT_MS * 1000 for us, _ok in waits)
 
 
 @pytest.mark.parametrize("allocator", ALLOCATORS)
@@ -64,6 +77,7 @@ def test_every_wait_snapshotted_again_and_again(allocator):
     with contextlib.ExitStack() as stack:
         targets = {m: stack.enter_context(start([exe, m, str(WAIT_MS)], allocator=allocator))
                    for m in MODES}
+        control = stack.enter_context(start([exe, "sleep", str(WAIT_MS)], allocator=allocator))
         time.sleep(0.05)                     # every target inside its first wait
         seen = {m: [] for m in MODES}
         stopped = {m: 0 for m in MODES}
@@ -78,8 +92,9 @@ def test_every_wait_snapshotted_again_and_again(allocator):
                 stopped[mode] += remote.pause_us or 0
             time.sleep(0.12)
         time.sleep(WAIT_MS / 1000 + 0.2)     # the last wait interrupted ends
+        late = lateness(control)
         for mode, t in targets.items():
-            check_waits(mode, waits_of(t), stopped[mode])
+            check_waits(mode, waits_of(t), stopped[mode], late)
             assert t.alive()
         for mode in ("sleep", "clock_nanosleep", "poll", "condwait"):
             assert any("restart_syscall" in (s or "") for s in seen[mode]), (mode, seen[mode])
