@@ -55,7 +55,7 @@ ENV_DISABLE = "ALLOCDIAG_NO_CACHE"
 DIR_NAME = "allocdiag"
 MAX_BYTES = 64 << 20          # the store's bound on disk
 MAX_ENTRIES = 4096
-EVICT_TO = 0.75               # eviction removes the oldest down to this share of a bound
+EVICT_TO = 0.75               # eviction removes the least used down to this share of a bound
 EVICT_EVERY_S = 600.0        # the bounds are checked at most this often (evict_if_due)
 EVICT_MARKER = ".evicted"    # its mtime: when they were last checked
 # A hit refreshes an entry's mtime when it is this old: eviction goes by
