@@ -105,11 +105,9 @@ def _parsed_kernel_lines(data: bytes) -> tuple[Mapping, ...]:
             if len(parts) < PATH_FIELD - 1:
                 raise ValueError("short line")
             perms, offset, dev, inode = parts[:PATH_FIELD - 1]
-            path = parts[PATH_FIELD - 1].strip() if len(parts) == MAPS_FIELDS - 1 else b""
-            deleted = path.endswith(DELETED_SUFFIX)
-            path = path.removesuffix(DELETED_SUFFIX)
-            rest = (perms.decode(), int(offset, 16), dev.decode(), int(inode),
-                    path.decode(errors=TEXT_ERRORS) if path else None, deleted)
+            path, deleted = _path(parts[PATH_FIELD - 1]) if len(parts) == MAPS_FIELDS - 1 \
+                else (None, False)
+            rest = (perms.decode(), int(offset, 16), dev.decode(), int(inode), path, deleted)
             if len(tails) >= TAILS_KEPT:
                 tails.clear()
             tails[tail] = rest
@@ -118,6 +116,16 @@ def _parsed_kernel_lines(data: bytes) -> tuple[Mapping, ...]:
             raise ValueError("no range")
         out.append(_tuple_new(Mapping, (int(start, 16), int(end, 16), *rest)))
     return tuple(out)
+
+
+def _path(field: bytes) -> tuple[str | None, bool]:
+    """A line's path field as (path, deleted): None for anonymous memory,
+    " (deleted)" taken off and reported, decoded byte-exact (TEXT_ERRORS
+    never fails)."""
+    path = field.strip()
+    deleted = path.endswith(DELETED_SUFFIX)
+    path = path.removesuffix(DELETED_SUFFIX)
+    return (path.decode(errors=TEXT_ERRORS) if path else None), deleted
 
 
 def _parsed_any(data: bytes, strict: bool) -> tuple[Mapping, ...]:
@@ -132,13 +140,10 @@ def _parsed_any(data: bytes, strict: bool) -> tuple[Mapping, ...]:
         if not strict and not _well_formed(addr, perms, offset, inode):
             continue
         start, _, end = addr.partition(b"-")
-        path = parts[PATH_FIELD].strip() if len(parts) == MAPS_FIELDS else b""
-        deleted = path.endswith(DELETED_SUFFIX)
-        path = path.removesuffix(DELETED_SUFFIX)
+        path, deleted = _path(parts[PATH_FIELD]) if len(parts) == MAPS_FIELDS else (None, False)
         try:
             m = Mapping(int(start, 16), int(end, 16), perms.decode(), int(offset, 16),
-                        dev.decode(), int(inode),
-                        path.decode(errors=TEXT_ERRORS) if path else None, deleted)
+                        dev.decode(), int(inode), path, deleted)
         except ValueError:      # UnicodeDecodeError included
             if not strict:
                 continue

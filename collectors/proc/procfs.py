@@ -47,9 +47,6 @@ class ProcFS:
         # {file name: reads}: what a host scan really read (its tests and
         # bench count them; a Counter update costs ~0.1 us a read)
         self.reads: Counter[str] = Counter()
-        # {pid: maps bytes} read ahead (a host scan that split its processes
-        # by what they map): handed out once by maps(), never read twice.
-        # Bytes, not parsed: ~4 KB a process against ~18 KB of Mappings.
 
     def path(self, pid: int | str, *parts: str) -> str:
         return os.path.join(self.root, str(pid), *parts)

@@ -6,10 +6,13 @@ import os
 import re
 import struct
 
-# Py_Version (3.11+): a const unsigned long holding PY_VERSION_HEX; its low 32 bits
-PY_VERSION = struct.Struct("<I")
-
 _NAME_VERSION = re.compile(r"python(\d)\.(\d+)(t?)(?:\b|[^0-9])")
+
+
+def u32(data):
+    """DATA, 4 bytes read from the target, as a little-endian uint32; None
+    for a short or failed read."""
+    return struct.unpack("<I", data)[0] if data and len(data) == 4 else None
 
 
 def find_python(image):
@@ -26,10 +29,10 @@ def find_python(image):
                 mm, ft = (int(m.group(1)), int(m.group(2))), m.group(3) == "t"
                 break
         version = None
-        sym = obj.elf.dynamic("Py_Version")      # const unsigned long, 3.11+
+        # const unsigned long, 3.11+: PY_VERSION_HEX in its low 32 bits
+        sym = obj.elf.dynamic("Py_Version")
         if sym is not None and sym.defined:
-            raw = obj.elf.text_bytes(sym.st_value, PY_VERSION.size, obj.opener.open)
-            hexv = PY_VERSION.unpack(raw)[0] if raw and len(raw) == PY_VERSION.size else None
+            hexv = u32(obj.elf.text_bytes(sym.st_value, 4, obj.opener.open))
             if hexv:
                 major, minor, micro = hexv >> 24, (hexv >> 16) & 0xFF, (hexv >> 8) & 0xFF
                 mm = (major, minor)

@@ -48,7 +48,7 @@ from diag.model.errors import AccessDenied, AllocdiagError, NoSuchProcess
 from collectors.engine.memory import MemoryReader
 from collectors.proc.pagemap import Pagemap
 from diag.model import Runtime, Value
-from collectors.runtimes.interpreter import find_python
+from collectors.runtimes.interpreter import find_python, u32
 
 # -- layout ---------------------------------------------------------------
 # 64-bit builds only: ALIGNMENT 16 (blocks come in 32 classes of 16..512 B).
@@ -110,10 +110,6 @@ class Invalid(Exception):
 def numblocks(pool_size, szidx):
     """NUMBLOCKS(I): blocks in one pool of size class SZIDX."""
     return (pool_size - POOL_OVERHEAD) // ((szidx + 1) * ALIGNMENT)
-
-
-def _u32(data):
-    return struct.unpack("<I", data)[0] if data and len(data) == 4 else None
 
 
 def _u64(data):
@@ -440,7 +436,7 @@ Walk = namedtuple("Walk", "arenas arena_ranges used_pools allocated free_in_pool
 def _read_arena_table(read, arenas_addr, maxarenas_addr, layout):
     """(maxarenas, address of the vector, [(index, arena_object tuple)] of
     the arenas in use).  Raises Invalid."""
-    maxarenas = _u32(read(maxarenas_addr, 4))
+    maxarenas = u32(read(maxarenas_addr, 4))
     table_ptr = _u64(read(arenas_addr, 8))
     if maxarenas is None or table_ptr is None:
         raise Invalid("maxarenas/arenas not readable")
@@ -541,7 +537,7 @@ def walk(read, anchors, layout):
         free += f
     # The target runs on: if the vector moved or grew while we read it, the
     # walk mixed two states.
-    if _u32(read(anchors.maxarenas, 4)) != maxarenas or _u64(read(anchors.arenas, 8)) != table_ptr:
+    if u32(read(anchors.maxarenas, 4)) != maxarenas or _u64(read(anchors.arenas, 8)) != table_ptr:
         raise Invalid("arenas vector changed during the walk")
     if not ranges:
         raise Invalid("no arena in use")
