@@ -8,20 +8,15 @@ of a warm ``inspect`` for the 24 fields of maps, stat, tracee and
 stackbounds.  Those modules evaluate their annotations instead."""
 
 import ast
-import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("collectors", "diag", "tui")
+from test_architecture import module_files
 
 
 def modules():
-    for package in PACKAGES:
-        for dirpath, _dirs, files in os.walk(os.path.join(ROOT, package)):
-            for name in files:
-                if name.endswith(".py"):
-                    path = os.path.join(dirpath, name)
-                    with open(path, encoding="utf-8") as f:
-                        yield os.path.relpath(path, ROOT), ast.parse(f.read(), path)
+    """(module, syntax tree) of every module of ours."""
+    for name, path in module_files().items():
+        with open(path, encoding="utf-8") as f:
+            yield name, ast.parse(f.read(), path)
 
 
 def _postponed(tree):
