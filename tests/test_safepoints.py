@@ -371,6 +371,42 @@ def test_running_thread_just_above_libc_is_borrowed(sp, monkeypatch):
     assert_released(t.pid)
 
 
+def test_a_running_threads_stop_decodes_no_cfi(sp, monkeypatch, caplog):
+    """A running thread's walk in the stop decodes no FDE: with nothing
+    decoded (no table kept in memory or on disk), the first stop meets CFI
+    not decoded yet and is refused; the FDEs are decoded with the target
+    running (none of its threads in a tracing stop: pyelftools took most of
+    a busy Python's 3-15 ms stops), and a later stop borrows the thread."""
+    from collectors.binary import diskcache, unwind
+    t, a = sp("shallowspin")
+    wait_for(lambda: stat(t, a, ITERS) > 0, what="the thread spinning")
+    monkeypatch.setenv(diskcache.ENV_DISABLE, "1")
+    unwind.clear_cache()
+    decoded = []       # per FDE decoded: the target's threads in a tracing stop then
+
+    def traced_stops():
+        return [tid for tid in os.listdir(f"/proc/{t.pid}/task")
+                if thread_state(t.pid, tid) == "t"]
+
+    real = unwind.CfiTable._decode_rows
+
+    def watched(self, i):
+        decoded.append(traced_stops())
+        return real(self, i)
+
+    monkeypatch.setattr(unwind.CfiTable, "_decode_rows", watched)
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES), deadline_s=2.0)
+    with caplog.at_level(logging.INFO, logger="collectors.engine"):
+        with rp.borrow(tid=a["tid"]) as c:
+            assert c.category == "running"
+    assert decoded, "nothing was decoded: the test proves nothing"
+    assert all(stopped == [] for stopped in decoded), decoded
+    said = [r.getMessage() for r in caplog.records if r.name == "collectors.engine"]
+    assert any("running-undecoded" in m and "whose unwind rules no run had decoded" in m
+               for m in said), said
+    assert_released(t.pid)
+
+
 def test_futex_mutex_wait_is_refused(sp):
     t, a = sp("mutex")
     parked(t, a, NR_FUTEX)

@@ -140,3 +140,25 @@ def test_cfi_load_failure_is_logged(caplog, tmp_path):
             unwind.cfi_table(ObjectFile("/proc", None, 0, 1, str(path)))
     lines = [r.getMessage() for r in caplog.records if r.name == "collectors.binary"]
     assert any(str(path) in m and "not loaded" in m for m in lines), lines
+
+
+def test_a_walk_that_may_not_decode_names_the_fde_it_needs():
+    """decode=False (a walk in a stop) never decodes: the first FDE not
+    decoded yet is named (NeedsDecode: its table and index); once
+    table.decode(index) has run, the same walk gets past it with the rows
+    a decoding walk finds."""
+    unwind.clear_cache()
+    maps = open("/proc/self/maps").read()
+    u = unwind.Unwinder(os.getpid(), maps, read=lambda addr, n: None)
+    libc = next(m for m in u._maps if os.path.basename(m.path).startswith("libc.so"))
+    table = unwind.cfi_table(libc.opener)
+    vaddr = table._starts[len(table) // 2]
+    with pytest.raises(unwind.NeedsDecode) as e:
+        table.row(vaddr, decode=False)
+    assert e.value.table is table and table._starts[e.value.index] == vaddr
+    assert e.value.where.startswith("libc.so") and e.value.where.endswith(f"+{vaddr:#x}")
+    table.decode(e.value.index)
+    assert table.row(vaddr, decode=False) == table.row(vaddr)
+    (cfa_reg, _offset, expr), rules = table.row(vaddr)
+    assert cfa_reg == unwind.RSP and not expr          # at a function's first byte
+    assert (unwind.RA, unwind.OFFSET, -8) in rules      # the return address on top

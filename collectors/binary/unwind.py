@@ -18,13 +18,15 @@ between runs (``collectors.binary.diskcache``'s ``cfi`` part: the index, the
 FDE ends and every row decoded, written at exit, never during a stop), so a
 second run judges the same stacks without pyelftools.  An FDE no earlier run
 decoded is parsed when a walk first needs it; in a table restored from disk
-that first parse also imports pyelftools (~10-20 ms, once per process), even
-inside a stop: rare (the stack reaches code no earlier run walked) and
-cheaper than importing it on every run.  The remote engine
-loads what a walk needs *before* it stops a thread (``Unwinder.prepare``, a
-look-ahead walk from /proc/PID/task/TID/syscall's pc and sp) and, while a
-thread is stopped, walks only with tables already loaded
-(``Unwinder.walk(..., parse=False)``).
+that first parse also imports pyelftools (~10-20 ms, once per process).  The
+remote engine loads what a walk needs *before* it stops a thread
+(``Unwinder.prepare``, a look-ahead walk from /proc/PID/task/TID/syscall's
+pc and sp) and, while a thread is stopped, walks only with tables already
+loaded (``Unwinder.walk(..., parse=False)``).  A running thread's walk in
+the stop also decodes nothing (``decode=False``): it stops at the first FDE
+not decoded yet (``NeedsDecode``), and the engine decodes it, and the rest
+of a copy of that stack, after the thread is released (pyelftools decoded
+11 FDEs in one busy Python's 5-15 ms stop).
 
 Anything the walker does not understand -- a PC outside every mapped object
 or FDE, a CFA or register rule given as a DWARF expression (PLT stubs,
@@ -37,12 +39,10 @@ from __future__ import annotations
 
 import atexit
 import bisect
-import importlib
 import io
 import os
 import struct
 import threading
-from collections import namedtuple
 from collections.abc import Callable, Iterable
 from typing import IO, Any, Literal, overload
 
@@ -55,7 +55,7 @@ from diag.model.errors import MalformedData
 log = lazylog.getLogger("collectors.binary")
 
 __all__ = ["UnwindError", "CfiTable", "Frame", "Unwinder", "cfi_table", "DWARF_REGS",
-           "PagedMemory", "StackCopy", "BeyondCopy", "Walk"]
+           "PagedMemory", "StackCopy", "BeyondCopy", "Walk", "NeedsDecode"]
 
 # DWARF register numbers of x86-64 (System V psABI, figure 3.36) -> the
 # user_regs_struct field.  16 is the return address column.
@@ -84,6 +84,7 @@ EH_FRAME_HDR_COUNT_OFF = 8
 EH_FRAME_HDR_TABLE_OFF = 12
 EH_FRAME_HDR_PAIR_SIZE = 8
 WORD = 8
+_WORD = struct.Struct("<Q")     # one little-endian stack word
 PAGE = 4096
 ADDR_MASK = (1 << 64) - 1       # x86-64 addresses wrap at 64 bits
 
@@ -105,14 +106,13 @@ class Frame:
         return f"Frame({self.pc:#x} {os.path.basename(self.path)}+{self.vaddr:#x})"
 
 
-# A row of an FDE's rule table as plain data: the CFA rule (``expr`` True when
-# the CFA is a DWARF expression: the walk cannot follow it) and each
-# register's rule (``type``: pyelftools' RegisterRule names; ``arg``: the
-# offset or register, None for an expression).  Plain, so decoded rows can
-# be kept on disk (collectors.binary.diskcache) and a warm run walks without
-# importing pyelftools.
-CfaRule = namedtuple("CfaRule", "reg offset expr")
-Rule = namedtuple("Rule", "type arg")
+# A row of an FDE's rule table as plain data: the CFA rule (reg, offset,
+# expr: True when the CFA is a DWARF expression, which the walk cannot
+# follow) and each register's rule (regnum, type: pyelftools' RegisterRule
+# names, arg: the offset or register, None for an expression).  Plain, so
+# decoded rows can be kept on disk (collectors.binary.diskcache), a warm run
+# walks without importing pyelftools, and a walk uses them as they are.
+PlainRow = tuple[tuple[Any, Any, bool], tuple[tuple[int, str, Any], ...]]
 # elftools.dwarf.callframe.RegisterRule's type names
 OFFSET, VAL_OFFSET, REGISTER = "OFFSET", "VAL_OFFSET", "REGISTER"
 SAME_VALUE, UNDEFINED = "SAME_VALUE", "UNDEFINED"
@@ -151,9 +151,9 @@ class CfiTable:
         self._starts: list[int] = []
         self._ends: list[int | None] = []
         self._offsets: list[int] = []
-        self._decoded: dict[int, tuple[list[int], list[tuple[CfaRule, dict[int, Rule]]]]] = {}
         self._plain: dict[int, tuple[list[int], list[tuple[Any, ...]]]] = {}
         self._entries: dict[int, Any] = {}        # index -> pyelftools FDE, once parsed
+        self._failed: dict[int, UnwindError] = {}  # index -> why it cannot be decoded
         self._cfi: Any = None                     # pyelftools CallFrameInfo, made when needed
         # .eh_frame's bytes, address, byte order, address size: read with the
         # index (a few hundred KiB from the page cache), so an FDE is parsed
@@ -281,10 +281,14 @@ class CfiTable:
                 except UnwindError:
                     raise
                 except Exception as exc:
-                    raise UnwindError(f"FDE of {os.path.basename(self.path)}+{self._starts[i]:#x} "
-                                      f"unreadable ({type(exc).__name__})") from None
+                    err = UnwindError(f"FDE of {os.path.basename(self.path)}+"
+                                      f"{self._starts[i]:#x} unreadable ({type(exc).__name__})")
+                    self._failed[i] = err
+                    raise err from None
                 if not isinstance(fde, FDE):
-                    raise UnwindError(f"no FDE at {os.path.basename(self.path)}+{self._starts[i]:#x}")
+                    err = UnwindError(f"no FDE at {os.path.basename(self.path)}+{self._starts[i]:#x}")
+                    self._failed[i] = err
+                    raise err
                 self._entries[i] = fde
         return fde
 
@@ -311,45 +315,54 @@ class CfiTable:
             return self._starts[i], self._end(i)
         return None
 
-    def row(self, vaddr: int) -> tuple[CfaRule, dict[int, Rule]]:
-        """(cfa_rule, {regnum: Rule}) in effect at VADDR."""
+    def row(self, vaddr: int, decode: bool = True) -> PlainRow:
+        """The row in effect at VADDR: ((cfa register, cfa offset, cfa is an
+        expression), ((regnum, rule type, arg), ...)).  DECODE=False: use
+        only what is decoded already; raise NeedsDecode for an FDE that is
+        not (its end or its rows unknown), never pyelftools."""
         i = bisect.bisect_right(self._starts, vaddr) - 1
-        if i < 0 or vaddr >= self._end(i):
+        if i < 0:
+            raise UnwindError(f"no CFI for {os.path.basename(self.path)}+{vaddr:#x}")
+        if not decode and (self._ends[i] is None or self._starts[i] not in self._plain):
+            failed = self._failed.get(i)
+            raise failed if failed is not None else NeedsDecode(self, i)
+        if vaddr >= self._end(i):
             raise UnwindError(f"no CFI for {os.path.basename(self.path)}+{vaddr:#x}")
         start = self._starts[i]
-        rows = self._decoded.get(start)
-        if rows is None:
-            plain = self._plain.get(start)
-            if plain is None:
-                fde = self._entry(i)
-                try:
-                    plain = _plain_rows(fde.get_decoded().table)
-                except Exception as exc:     # pyelftools raised on one libc FDE: refuse
-                    raise UnwindError(f"CFI of {os.path.basename(self.path)}+{start:#x} "
-                                      f"undecodable ({type(exc).__name__})") from None
-            pcs, prows = plain
-            rows = (pcs, [(CfaRule._make(cfa), {reg: Rule(t, arg) for reg, t, arg in rules})
-                          for cfa, rules in prows])
-            with self._lock:
-                if start not in self._plain:
-                    self._plain[start] = plain
-                    self._dirty = True
-                self._decoded[start] = rows
-        pcs, table = rows
+        pcs, prows = self._plain.get(start) or self._decode_rows(i)
         j = bisect.bisect_right(pcs, vaddr) - 1
         if j < 0:
             raise UnwindError(f"no CFI row for {os.path.basename(self.path)}+{vaddr:#x}")
-        return table[j]
+        # The plain row itself: an interpreter's eval loop has one FDE of
+        # ~1,000 rows (all of them made into namedtuples at its first walk
+        # took ~1 ms of a running thread's stop).
+        return prows[j]
 
+    def _decode_rows(self, i: int) -> tuple[list[int], list[tuple[Any, ...]]]:
+        """Entry I's rule table as plain rows, decoded with pyelftools and
+        kept (an FDE pyelftools cannot decode is remembered as such)."""
+        start = self._starts[i]
+        fde = self._entry(i)
+        try:
+            plain = _plain_rows(fde.get_decoded().table)
+        except Exception as exc:     # pyelftools raised on one libc FDE: refuse
+            err = UnwindError(f"CFI of {os.path.basename(self.path)}+{start:#x} "
+                              f"undecodable ({type(exc).__name__})")
+            self._failed[i] = err
+            raise err from None
+        with self._lock:
+            if start not in self._plain:
+                self._plain[start] = plain
+                self._dirty = True
+        return plain
 
-def load_decoder() -> None:
-    """Import pyelftools' CFI decoder now.  A warm run never needs it until a
-    walk meets an FDE no earlier run decoded; where that walk may happen
-    while a thread is stopped (a running thread's, whose frames cannot be
-    known before the stop), the caller loads it first so the import
-    (~10-20 ms) is not paid inside the stop."""
-    for name in ("elftools.dwarf.callframe", "elftools.dwarf.structs"):
-        importlib.import_module(name)
+    def decode(self, i: int) -> None:
+        """Decode entry I now (its end and rows; NeedsDecode named it), so
+        that a walk with decode=False finds it.  Raises UnwindError when it
+        cannot be decoded (remembered: such a walk then raises that)."""
+        self._end(i)
+        if self._starts[i] not in self._plain:
+            self._decode_rows(i)
 
 
 # ---- the per-run cache, by file identity -------------------------------------
@@ -500,8 +513,12 @@ class PagedMemory:
 
     def word(self, addr: int) -> int:
         page = addr & ~(PAGE - 1)
-        if addr + WORD > page + PAGE:          # a word across two pages
-            head = page + PAGE - addr
+        off = addr - page
+        data = self._pages.get(page)
+        if data is not None and off + WORD <= PAGE:     # the common case, inline
+            return _WORD.unpack_from(data, off)[0]
+        if off + WORD > PAGE:                  # a word across two pages
+            head = PAGE - off
             return int.from_bytes(self.word_bytes(addr, head) +
                                   self.word_bytes(page + PAGE, WORD - head), "little")
         return int.from_bytes(self.word_bytes(addr, WORD), "little")
@@ -552,7 +569,7 @@ class StackCopy:
     def word(self, addr: int) -> int:
         off = addr - self.base
         if 0 <= off and off + WORD <= len(self.data):
-            return int.from_bytes(self.data[off:off + WORD], "little")
+            return _WORD.unpack_from(self.data, off)[0]
         if self.fallback is not None:
             return self.fallback.word(addr)
         raise BeyondCopy(f"stack word at {addr:#x} beyond the sampled copy")
@@ -579,6 +596,18 @@ class Unwinder:
         """The first address of each executable file mapping (to load tables
         ahead of a walk)."""
         return [m.start for m in self._maps]
+
+    def load(self) -> None:
+        """Load every mapped object's CFI index and load bias now (before a
+        stop whose walk may reach any of them), so that the walk in the stop
+        makes no stat of its own (~15 us each here).  Failures are left for
+        the walk to meet."""
+        for m in self._maps:
+            try:
+                self._bias(m)
+                self._table(m, parse=True)
+            except UnwindError:
+                pass
 
     def _bias(self, m):
         if m.bias is None:
@@ -613,16 +642,16 @@ class Unwinder:
     @overload
     def walk(self, regs: dict[int, int], *, parse: bool = ..., partial: bool = ...,
              memory: Any = ..., tolerant: Literal[False] = ...,
-             max_frames: int = ...) -> list[Frame]: ...
+             max_frames: int = ..., decode: bool = ...) -> list[Frame]: ...
 
     @overload
     def walk(self, regs: dict[int, int], *, parse: bool = ..., partial: bool = ...,
              memory: Any = ..., tolerant: Literal[True],
-             max_frames: int = ...) -> Walk: ...
+             max_frames: int = ..., decode: bool = ...) -> Walk: ...
 
     def walk(self, regs: dict[int, int], *, parse: bool = False, partial: bool = False,
              memory: Any = None, tolerant: bool = False,
-             max_frames: int = MAX_FRAMES) -> list[Frame] | Walk:
+             max_frames: int = MAX_FRAMES, decode: bool = True) -> list[Frame] | Walk:
         """Frames from REGS ({DWARF regnum: value}; at least rip and rsp)
         outward to the thread's first frame.  ``parse=False``: use only
         tables parsed already (raises NeedsParse naming the object that is
@@ -635,20 +664,22 @@ class Unwinder:
         return a Walk (the frames found, whether the walk reached the
         thread's first frame, and why it stopped) -- a walk that raises would
         lose every frame it found.  ``max_frames``: stop (complete=False)
-        after that many frames."""
+        after that many frames.  ``decode=False``: decode no FDE (no
+        pyelftools: a walk while the thread is stopped); raise NeedsDecode
+        at the first one not decoded yet."""
         frames: list[Frame]
         if tolerant:
             frames = []
             try:
-                end = self._walk(regs, parse, partial, memory, frames, max_frames)
+                end = self._walk(regs, parse, partial, memory, frames, max_frames, decode)
             except UnwindError as exc:
                 return Walk(frames, False, str(exc), exc)
             return Walk(frames, end is not None, None, end=end)
         frames = []
-        self._walk(regs, parse, partial, memory, frames, MAX_FRAMES)
+        self._walk(regs, parse, partial, memory, frames, MAX_FRAMES, decode)
         return frames
 
-    def _walk(self, regs, parse, partial, memory, frames, max_frames):
+    def _walk(self, regs, parse, partial, memory, frames, max_frames, decode=True):
         """Appends to FRAMES; how the walk reached the thread's first frame
         (END_RULE or END_ZERO), or None when it stopped before."""
         regs = dict(regs)
@@ -665,29 +696,32 @@ class Unwinder:
             vaddr = pc - bias
             # A return address may point just past the end of a function
             # that ends with a call (noreturn): look it up at pc - 1.
-            cfa_rule, rules = self._table(m, parse).row(vaddr if depth == 0 else vaddr - 1)
-            if cfa_rule.expr or cfa_rule.reg is None:
+            (cfa_reg, cfa_offset, cfa_expr), rules = \
+                self._table(m, parse).row(vaddr if depth == 0 else vaddr - 1, decode)
+            if cfa_expr or cfa_reg is None:
                 raise CFAExpression(f"CFA given as an expression at "
                                     f"{os.path.basename(m.path)}+{vaddr:#x}", pc)
-            base = regs.get(cfa_rule.reg)
+            base = regs.get(cfa_reg)
             if base is None:
                 if partial:
                     frames.append(Frame(pc, m.path, vaddr, None))
                     return None
-                raise UnwindError(f"register {DWARF_REGS.get(cfa_rule.reg)} unknown at "
+                raise UnwindError(f"register {DWARF_REGS.get(cfa_reg)} unknown at "
                                   f"{os.path.basename(m.path)}+{vaddr:#x}")
-            cfa = (base + cfa_rule.offset) & ADDR_MASK
+            cfa = (base + cfa_offset) & ADDR_MASK
             frames.append(Frame(pc, m.path, vaddr, cfa))
             new = {r: regs[r] for r in CALLEE_SAVED if r in regs}
-            for reg, rule in rules.items():
-                t = rule.type
+            has_ra = False
+            for reg, t, arg in rules:
+                if reg == RA:
+                    has_ra = True
                 if t == OFFSET:
-                    new[reg] = stack.word(cfa + rule.arg)
+                    new[reg] = stack.word(cfa + arg)
                 elif t == VAL_OFFSET:
-                    new[reg] = cfa + rule.arg
+                    new[reg] = cfa + arg
                 elif t == REGISTER:
-                    if rule.arg in regs:
-                        new[reg] = regs[rule.arg]
+                    if arg in regs:
+                        new[reg] = regs[arg]
                     else:
                         new.pop(reg, None)
                 elif t == SAME_VALUE:
@@ -700,7 +734,7 @@ class Unwinder:
                 else:
                     raise UnwindError(f"register rule {t} at "
                                       f"{os.path.basename(m.path)}+{vaddr:#x}")
-            if RA not in rules:
+            if not has_ra:
                 # no rule for the return address: x86-64 CIEs always give one
                 raise UnwindError(f"no return-address rule at "
                                   f"{os.path.basename(m.path)}+{vaddr:#x}")
@@ -754,6 +788,16 @@ class NeedsParse(UnwindError):
     def __init__(self, path: str) -> None:
         super().__init__(f"CFI of {os.path.basename(path)} not parsed yet")
         self.path = path
+
+
+class NeedsDecode(UnwindError):
+    """A walk with decode=False met an FDE not decoded yet: entry INDEX of
+    TABLE (``table.decode(index)`` decodes it, with pyelftools)."""
+
+    def __init__(self, table: CfiTable, index: int) -> None:
+        self.where = f"{os.path.basename(table.path)}+{table._starts[index]:#x}"
+        super().__init__(f"CFI of {self.where} not decoded yet")
+        self.table, self.index = table, index
 
 
 def regs_from_user(regs: Any) -> dict[int, int]:

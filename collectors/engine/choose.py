@@ -121,6 +121,10 @@ class Chooser:
         self.filtered: set[int] = set()     # threads whose calls' syscalls are judged
         self.rseq_areas: dict[int, int | None] = {}   # tid -> its struct rseq (rseq_section)
         self.judge_stack: safepoints.StackJudge | None = None   # built for a futex wait
+        # tid -> what its walk in the stop could not decode, with the registers
+        # and a copy of the stack it walked (decoded before the next stop)
+        self.undecoded: dict[int, tuple[unwind.NeedsDecode, dict[int, int],
+                                        unwind.StackCopy | None]] = {}
         self._judge_maps: bytes | None = None   # the maps it was built from
 
     def new_borrow(self) -> None:
@@ -353,6 +357,7 @@ class Chooser:
         stack of a wait judged by its syscall (StackJudge.look_ahead), or load
         every object's CFI index for a running thread's walk.  Returns (whether
         it read the mappings, a refusal the look-ahead found)."""
+        self.decode_undecoded()
         mode = self.seccomp_mode(c.tid)
         if mode == abi.SECCOMP_MODE_STRICT:
             # the kernel kills such a thread at the first other syscall,
@@ -581,24 +586,69 @@ class Chooser:
         """CFI walk of a running thread: (a refusal when a frame lies in
         allocator code or the walk meets a CFA given as an expression (a
         signal frame or PLT stub: a handler may have interrupted malloc),
-        else None; proven).  PROVEN: the walk reached the thread's first
-        frame by its CFI's rule (unwind.END_RULE), every frame in mapped
-        code with CFI.  (None, False) when no walk is possible."""
+        or an FDE not decoded yet, else None; proven).  PROVEN: the walk
+        reached the thread's first frame by its CFI's rule (unwind.END_RULE),
+        every frame in mapped code with CFI.  (None, False) when no walk is
+        possible.  The walk decodes nothing: pyelftools took most of a busy
+        Python's 3-15 ms stops, one new FDE at a time.  At the first FDE not
+        decoded the thread is refused with a copy of its stack, and
+        decode_undecoded decodes that FDE and walks the copy (decoding
+        what it meets) before the next stop."""
         judge = self.judge_stack
         if judge is None:
             return None, False
+        regs = unwind.regs_from_user(th.regs)
         try:
-            w = judge.unwinder.walk(unwind.regs_from_user(th.regs), parse=False, tolerant=True)
+            w = judge.unwinder.walk(regs, parse=False, decode=False, tolerant=True)
         except Exception:
             return None, False
         if isinstance(w.cause, unwind.CFAExpression):
             return refusal(Reason.RUNNING_UNPROVABLE, error=str(w.cause)), False
+        if isinstance(w.cause, unwind.NeedsDecode):
+            where = judge.allocator_frame(w.frames)
+            if where:
+                return refusal(Reason.RUNNING_CALLED_FROM, where=f"inside {where}"), False
+            self.undecoded[th.tid] = (w.cause, regs, self.stack_copy(th))
+            return refusal(Reason.RUNNING_UNDECODED, where=w.cause.where), False
         if not w.complete:
             return None, False
         where = judge.allocator_frame(w.frames)
         if where:
             return refusal(Reason.RUNNING_CALLED_FROM, where=f"inside {where}"), False
         return None, w.end == unwind.END_RULE
+
+    def stack_copy(self, th: Thread) -> unwind.StackCopy | None:
+        """The stopped thread's stack from its sp upward (at most
+        STACK_COPY_MAX bytes; one read), with the live stack behind it for
+        the words beyond (outer frames, which have not returned), or None
+        when unreadable."""
+        assert self.stackmaps is not None
+        sp = self.arch.sp(th.regs)
+        bounds, _ = self.stackmaps.bounds(sp, self.arch.thread_pointer(th.regs))
+        top = bounds.end if bounds is not None else sp + STACK_COPY_MAX
+        data = self.try_read(sp, min(top - sp, STACK_COPY_MAX))
+        if not data:
+            return None
+        return unwind.StackCopy(sp, data, unwind.PagedMemory(self.try_read))
+
+    def decode_undecoded(self) -> None:
+        """Decode, with no thread stopped, what running threads' walks in
+        their stops met undecoded: each FDE named (so the next stop's walk
+        gets past it, whatever the thread does meanwhile) and every FDE a
+        walk of the copied stack meets.  A failure is kept by the table:
+        the next walk stops there for good (unproven), not for decoding."""
+        judge = self.judge_stack
+        for need, regs, copy in self.undecoded.values():
+            try:
+                need.table.decode(need.index)
+            except unwind.UnwindError as exc:
+                log.debug("pid %d: %s", self.pid, exc)
+            if judge is not None:
+                try:
+                    judge.unwinder.walk(regs, parse=True, memory=copy, tolerant=True)
+                except Exception as exc:     # a walk that proves nothing here
+                    log.debug("pid %d: walk of a copied stack failed: %s", self.pid, exc)
+        self.undecoded.clear()
 
     def walk_resumed(self, th: Thread) -> Refusal | None:
         """A sleep or poll resumed by restart_syscall: None when an
@@ -706,6 +756,10 @@ class Chooser:
 
 # The refusal message names this many threads, then counts the rest.
 MESSAGE_THREADS = 12
+# How much of a running thread's stack is copied when its walk in the stop
+# meets CFI not decoded yet (one process_vm_readv; words beyond it are read
+# live when the copy is walked)
+STACK_COPY_MAX = 16 * 1024
 # clock_offset: samples taken, and the sleep each wakes from (short: the
 # scheduler picks the thread at once, which sets its exec_start)
 CLOCK_OFFSET_TRIES = 3

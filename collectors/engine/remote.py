@@ -293,9 +293,8 @@ class RemoteProcess:
                 giveway.give_way()
                 t0 = time.monotonic()
                 worked, pre = ch.prepare(c, fresh_maps)
-                if worked:
-                    fresh_maps = True
-                    t_end += time.monotonic() - t0     # parsing is not waiting time
+                fresh_maps = fresh_maps or worked
+                t_end += time.monotonic() - t0     # parsing, decoding: not waiting time
                 if pre is not None:
                     last_why[c.tid] = pre
                     log.debug("pid %d tid %d refused before the stop: %s", self.pid, c.tid,

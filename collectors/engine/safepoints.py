@@ -67,6 +67,7 @@ class Reason(enum.Enum):
     RUNNING_RETURN_ADDRESS = "running-return-address"
     RUNNING_RSEQ = "running-rseq"               # inside a restartable sequence (engine.rseq)
     RUNNING_NOT_STOPPED = "running-not-stopped"  # stops without a call past their budget: paced
+    RUNNING_UNDECODED = "running-undecoded"     # its walk met CFI not decoded yet (decoded after)
     UNINTERRUPTIBLE = "uninterruptible"
     EXITED = "exited"
     STOPPED = "stopped"
@@ -104,6 +105,8 @@ REASON_TEXT: Mapping[Reason, str] = {
                          "{start:#x}, {length} bytes): a call would cancel its abort",
     Reason.RUNNING_NOT_STOPPED: "running (not stopped in this round: this borrow's stops that "
                                 "made no call reached their bound, and are paced)",
+    Reason.RUNNING_UNDECODED: ("running: its stack reaches {where}, whose unwind rules no "
+                               "run had decoded (decoded after the stop, for the next one)"),
     Reason.UNINTERRUPTIBLE: "uninterruptible sleep (disk or kernel wait)",
     Reason.EXITED: "exited",
     Reason.STOPPED: "stopped",
@@ -535,13 +538,9 @@ class StackJudge:
         every frame).  Cheap with .eh_frame_hdr (libc 0.01 s); failures are
         left for the walk to meet.  Loaded in the stop instead, the ranges
         (the disk cache's libcfuncs entry, 2,251 ranges sorted) were 2 of a
-        busy Python's 5-12 ms stops."""
-        unwind.load_decoder()       # the stopped walk may decode an FDE first seen
-        for m in self.unwinder._maps:
-            try:
-                unwind.cfi_table(m.opener)
-            except unwind.UnwindError:
-                pass
+        busy Python's 5-12 ms stops.  (The FDEs that walk needs are decoded
+        after it: Chooser.walk_running.)"""
+        self.unwinder.load()
         self._libc_facts()
 
     def prepare(self, pc: int, sp: int) -> Refusal | None:
