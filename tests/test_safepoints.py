@@ -371,15 +371,28 @@ def test_running_thread_just_above_libc_is_borrowed(sp, monkeypatch):
     assert_released(t.pid)
 
 
-def test_a_running_threads_stop_decodes_no_cfi(sp, monkeypatch, caplog):
-    """A running thread's walk in the stop decodes no FDE: with nothing
-    decoded (no table kept in memory or on disk), the first stop meets CFI
-    not decoded yet and is refused; the FDEs are decoded with the target
+@pytest.mark.parametrize("mode,category", [("shallowspin", "running"), ("condwait", "futex")])
+def test_a_stop_decodes_no_cfi(sp, monkeypatch, caplog, mode, category):
+    """The walk in a stop decodes no FDE: with nothing decoded (no table
+    kept in memory or on disk), every FDE is decoded with the target
     running (none of its threads in a tracing stop: pyelftools took most of
-    a busy Python's 3-15 ms stops), and a later stop borrows the thread."""
+    a busy Python's 3-15 ms stops), and the thread is borrowed.  A running
+    thread's first stop meets CFI not decoded yet and is refused (its
+    frames cannot be known before the stop); a futex wait's deeper frames
+    are decoded after such a refusal too, when the look-ahead walk before
+    the stop could not reach them."""
     from collectors.binary import diskcache, unwind
-    t, a = sp("shallowspin")
-    wait_for(lambda: stat(t, a, ITERS) > 0, what="the thread spinning")
+    t, a = sp(mode)
+    if category == "running":
+        wait_for(lambda: stat(t, a, ITERS) > 0, what="the thread spinning")
+    else:
+        parked(t, a, NR_FUTEX)
+        # the look-ahead before the stop decodes none of its frames (as one
+        # stopped by a frame based on a register /proc does not show); the
+        # objects' CFI indexes are loaded
+        from collectors.engine import safepoints
+        monkeypatch.setattr(safepoints.StackJudge, "prepare",
+                            lambda self, pc, sp: self.load_tables())
     monkeypatch.setenv(diskcache.ENV_DISABLE, "1")
     unwind.clear_cache()
     decoded = []       # per FDE decoded: the target's threads in a tracing stop then
@@ -398,12 +411,13 @@ def test_a_running_threads_stop_decodes_no_cfi(sp, monkeypatch, caplog):
     rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES), deadline_s=2.0)
     with caplog.at_level(logging.INFO, logger="collectors.engine"):
         with rp.borrow(tid=a["tid"]) as c:
-            assert c.category == "running"
+            assert c.category == category
     assert decoded, "nothing was decoded: the test proves nothing"
     assert all(stopped == [] for stopped in decoded), decoded
-    said = [r.getMessage() for r in caplog.records if r.name == "collectors.engine"]
-    assert any("running-undecoded" in m and "whose unwind rules no run had decoded" in m
-               for m in said), said
+    if category == "running":
+        said = [r.getMessage() for r in caplog.records if r.name == "collectors.engine"]
+        assert any("running-undecoded" in m and "whose unwind rules no run had decoded" in m
+                   for m in said), said
     assert_released(t.pid)
 
 

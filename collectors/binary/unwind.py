@@ -22,11 +22,11 @@ that first parse also imports pyelftools (~10-20 ms, once per process).  The
 remote engine loads what a walk needs *before* it stops a thread
 (``Unwinder.prepare``, a look-ahead walk from /proc/PID/task/TID/syscall's
 pc and sp) and, while a thread is stopped, walks only with tables already
-loaded (``Unwinder.walk(..., parse=False)``).  A running thread's walk in
-the stop also decodes nothing (``decode=False``): it stops at the first FDE
-not decoded yet (``NeedsDecode``), and the engine decodes it, and the rest
-of a copy of that stack, after the thread is released (pyelftools decoded
-11 FDEs in one busy Python's 5-15 ms stop).
+loaded (``Unwinder.walk(..., parse=False)``).  Walks in the stop decode
+nothing either (``decode=False``): they stop at the first FDE not decoded
+yet (``NeedsDecode``), and the engine decodes it (and, for a running thread,
+the rest of a copy of its stack) after the thread is released (pyelftools
+decoded 11 FDEs in one busy Python's 5-15 ms stop).
 
 Anything the walker does not understand -- a PC outside every mapped object
 or FDE, a CFA or register rule given as a DWARF expression (PLT stubs,

@@ -502,10 +502,12 @@ class Chooser:
                                why=eintr_fix or "not a wait")
             if cat == safepoints.FUTEX:
                 why = self.stack_judge().judge(unwind.regs_from_user(th.regs))
+                self.keep_undecoded(th)
                 if why:
                     return why.about(name)
             elif nr == self.arch.RESTART_SYSCALL and cat != safepoints.GO_RUNTIME:
                 why = self.walk_resumed(th)
+                self.keep_undecoded(th)
                 if why:
                     return why.about(name)
                 name = v.syscall or name
@@ -616,6 +618,14 @@ class Chooser:
         if where:
             return refusal(Reason.RUNNING_CALLED_FROM, where=f"inside {where}"), False
         return None, w.end == unwind.END_RULE
+
+    def keep_undecoded(self, th: Thread) -> None:
+        """After the stack judge's walk of waiting TH: what it could not
+        decode, for decode_undecoded (no copy: a waiting thread's stack
+        stays as it is, and is read live then)."""
+        needs = self.judge_stack.needs if self.judge_stack is not None else None
+        if needs is not None:
+            self.undecoded[th.tid] = (needs, unwind.regs_from_user(th.regs), None)
 
     def stack_copy(self, th: Thread) -> unwind.StackCopy | None:
         """The stopped thread's stack from its sp upward (at most

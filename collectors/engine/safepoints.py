@@ -454,6 +454,8 @@ class StackJudge:
                                   and r[2] not in undelimited])
         self._libc: LibcFacts | None = None
         self._libc_done = False
+        # what the last walk from a stopped thread could not decode (walk)
+        self.needs: unwind.NeedsDecode | None = None
 
     # -- libc facts, from the libc mapping's .dynsym ----------------------------
     def _libc_facts(self) -> LibcFacts | None:
@@ -580,10 +582,18 @@ class StackJudge:
     def walk(self, dwarf_regs: dict[int, int]) -> tuple[list[unwind.Frame] | None,
                                                           Refusal | None]:
         """(frames, None), or (None, why not): a walk from the stopped
-        thread's registers with CFI parsed already (never parses while a
-        thread is stopped)."""
+        thread's registers with CFI parsed already (never parses or decodes
+        while a thread is stopped).  At an FDE not decoded yet it stops, and
+        ``needs`` names it (Chooser.decode_undecoded decodes it after the
+        stop)."""
+        self.needs = None
         try:
-            return self.unwinder.walk(dwarf_regs, parse=False), None
+            return self.unwinder.walk(dwarf_regs, parse=False, decode=False), None
+        except unwind.NeedsDecode as e:
+            self.needs = e
+            return None, refusal(Reason.WALK_UNPROVEN, why=(
+                f"stack walk reaches {e.where}, whose unwind rules no run had decoded "
+                "(decoded for the next try)"))
         except unwind.NeedsParse as e:
             return None, refusal(Reason.WALK_UNPROVEN, why=(
                 f"stack walk needs {os.path.basename(e.path)}'s CFI (parsed for the next try)"))
