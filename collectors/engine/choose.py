@@ -353,10 +353,12 @@ class Chooser:
 
     def prepare(self, c: Candidate, fresh_maps: bool) -> tuple[bool, Refusal | None]:
         """Work done before C is stopped (not time spent waiting for a safe
-        point): parse the CFI a futex or resumed wait's walk needs, walk the
-        stack of a wait judged by its syscall (StackJudge.look_ahead), or load
-        every object's CFI index for a running thread's walk.  Returns (whether
-        it read the mappings, a refusal the look-ahead found)."""
+        point): decode the CFI earlier stops' walks met undecoded
+        (decode_undecoded), parse the CFI a futex or resumed wait's walk
+        needs, walk the stack of a wait judged by its syscall
+        (StackJudge.look_ahead), or load every object's CFI index for a
+        running thread's walk.  Returns (whether it read the mappings, a
+        refusal the look-ahead found)."""
         self.decode_undecoded()
         mode = self.seccomp_mode(c.tid)
         if mode == abi.SECCOMP_MODE_STRICT:
