@@ -281,16 +281,22 @@ class CfiTable:
                 except UnwindError:
                     raise
                 except Exception as exc:
-                    err = UnwindError(f"FDE of {os.path.basename(self.path)}+"
-                                      f"{self._starts[i]:#x} unreadable ({type(exc).__name__})")
-                    self._failed[i] = err
-                    raise err from None
+                    raise self._fail(i, f"FDE of {self.where(i)} unreadable "
+                                        f"({type(exc).__name__})") from None
                 if not isinstance(fde, FDE):
-                    err = UnwindError(f"no FDE at {os.path.basename(self.path)}+{self._starts[i]:#x}")
-                    self._failed[i] = err
-                    raise err
+                    raise self._fail(i, f"no FDE at {self.where(i)}")
                 self._entries[i] = fde
         return fde
+
+    def where(self, i: int) -> str:
+        """Entry I as the messages name it: object+initial_location."""
+        return f"{os.path.basename(self.path)}+{self._starts[i]:#x}"
+
+    def _fail(self, i: int, message: str) -> UnwindError:
+        """The error MESSAGE about entry I, remembered: a walk that may not
+        decode then stops there as unproven, not for decoding again."""
+        err = self._failed[i] = UnwindError(message)
+        return err
 
     def _end(self, i):
         end = self._ends[i]
@@ -346,10 +352,8 @@ class CfiTable:
         try:
             plain = _plain_rows(fde.get_decoded().table)
         except Exception as exc:     # pyelftools raised on one libc FDE: refuse
-            err = UnwindError(f"CFI of {os.path.basename(self.path)}+{start:#x} "
-                              f"undecodable ({type(exc).__name__})")
-            self._failed[i] = err
-            raise err from None
+            raise self._fail(i, f"CFI of {self.where(i)} undecodable "
+                                f"({type(exc).__name__})") from None
         with self._lock:
             if start not in self._plain:
                 self._plain[start] = plain
@@ -795,7 +799,7 @@ class NeedsDecode(UnwindError):
     TABLE (``table.decode(index)`` decodes it, with pyelftools)."""
 
     def __init__(self, table: CfiTable, index: int) -> None:
-        self.where = f"{os.path.basename(table.path)}+{table._starts[index]:#x}"
+        self.where = table.where(index)
         super().__init__(f"CFI of {self.where} not decoded yet")
         self.table, self.index = table, index
 
