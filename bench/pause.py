@@ -39,8 +39,12 @@ work done in-process (measured in the same run).
     allocdiag process (the TUI, record, the exporter), taken in turn (so
     each one-process stop comes ~0.3 s after the previous: caches and, on a
     VM, the vCPUs have gone cold, as a recording's have), then the same
-    back to back (hot), next to the in-process cost of the same calls.  Goal (issue 23): median
-    <= 0.3 ms for jemalloc, gperftools tcmalloc and mimalloc.
+    back to back (hot), next to the in-process cost of the same calls and
+    to the box's floor: the same requests made from C (bench/floor_tracer.c:
+    seize, registers, XSAVE area, masks, the frame, the call, the text read
+    back, all restored, detach; nothing between them), with the same idle
+    before each stop and back to back.  Goal (issue 23): median <= 0.3 ms
+    for jemalloc, gperftools tcmalloc and mimalloc.
 
 (d) --scratch: the stop of a snapshot whose output buffer is an anonymous
     mapping the borrowed thread makes and removes (Call.buffer on a thread
@@ -313,6 +317,33 @@ def fresh_stop_us(pid):
     return doc["collectors"]["remote"]["pause_us"]
 
 
+def floor_call(pid):
+    """(FUNC, ARGS, STRING, BUF_BYTES, READ_BYTES) for bench/floor_tracer.c:
+    the call a snapshot of PID makes once its kept values are fresh
+    (jemalloc's malloc_stats_print without the general section, gperftools'
+    MallocExtension_GetStats), or None for the other allocators."""
+    image = ProcessImage(pid)
+    det = detect(image)
+    mod = allocators.module(det.allocator.kind)
+    a = mod.plan(livestats.Resolver(image), det.serving, det.allocator, {"per_arena": False})
+    if mod is je_module and a.get("print") and a.get("strcat") and not a.get("strcat_ifunc"):
+        return (a["print"], [hex(a["strcat"]), "B", "S"], je_module.STATS_OPTS_NO_GENERAL.decode(),
+                je_module.STATS_BUF, je_module.STATS_READ_FIRST)
+    if mod is tc_module and a.get("stats"):
+        return (a["stats"], ["B", str(tc_module.GETSTATS_BUF)], "", tc_module.GETSTATS_BUF,
+                tc_module.GETSTATS_READ_FIRST)
+    return None
+
+
+def floor_stops(exe, pid, call, reps, gap_ms=0):
+    """The floor tracer's REPS stops of PID (us), GAP_MS apart."""
+    func, args, string, buf_bytes, read_bytes = call
+    out = subprocess.run([exe, str(pid), str(reps), str(gap_ms), str(buf_bytes),
+                          str(read_bytes), string, hex(func), *args],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    return [float(x) for x in out.split("CALL")[0].split()]
+
+
 def snapshot_table(allocator, reps):
     """(e): idle target; stops of whole snapshots from new allocdiag
     processes (the CLI: with nothing kept, then with the values an earlier
@@ -320,13 +351,16 @@ def snapshot_table(allocator, reps):
     exporter; with and without the rehearsal), taken in turn, and the
     in-process cost of the same calls."""
     exe = build_c(os.path.join(HERE, "pause_target.c"), "-lpthread", "-ldl", name="pause_target")
-    out = {k: [] for k in ("first", "unwarmed", "kept", "repeat", "unrehearsed", "hot")}
+    tracer = build_c(os.path.join(HERE, "floor_tracer.c"), name="floor_tracer")
+    out = {k: [] for k in ("first", "unwarmed", "kept", "repeat", "unrehearsed", "hot",
+                           "floor", "floor_hot")}
     with tempfile.NamedTemporaryFile(prefix="allocdiag-gaps-") as gf:
         gf.write(b"\0" * 4096)
         gf.flush()
         with start([exe, "0", gf.name], allocator=allocator, stderr=subprocess.DEVNULL,
                    timeout=120) as t:
             snapshot.take(t.pid)
+            call = floor_call(t.pid)
             for _ in range(reps):
                 # the two new-process rows alike: a second's idle, nothing kept
                 forget_kept()
@@ -353,8 +387,13 @@ def snapshot_table(allocator, reps):
                         snapshot.take(t.pid)[0].collectors["remote"].pause_us)
                 finally:
                     del os.environ[rehearsal.ENV_OFF]
+                if call:
+                    time.sleep(RECORD_INTERVAL_S)
+                    out["floor"] += floor_stops(tracer, t.pid, call, 1)
             out["hot"] = [snapshot.take(t.pid)[0].collectors["remote"].pause_us
                           for _ in range(reps)]
+            if call:
+                out["floor_hot"] = floor_stops(tracer, t.pid, call, reps)
             inproc = {mode: inproc_ns(t, 50, mode) / 1000.0 for mode in ("now", "repeat")}
     return out, inproc
 
@@ -376,8 +415,12 @@ def print_snapshots(allocators_, reps):
                 ("kept", "new process, values kept < 10 s", "repeat"),
                 ("repeat", "one allocdiag process (record, 1 s)", "repeat"),
                 ("unrehearsed", "the same without the rehearsal", "repeat"),
-                ("hot", "the same, back to back (hot)", None))
+                ("hot", "the same, back to back (hot)", None),
+                ("floor", "floor: the same requests from C (1 s)", None),
+                ("floor_hot", "floor: the same, back to back", None))
         for i, (key, label, mode) in enumerate(rows):
+            if not s[key]:
+                continue
             tail = f"   in-process same calls {inproc[mode]:5.0f} us" if mode else ""
             print(f"  {allocator if i == 0 else '':9} {label:37} median {med(s[key]):5.0f} us "
                   f"p95 {p95(s[key]):5.0f} us{tail}")
@@ -387,8 +430,14 @@ def print_snapshots(allocators_, reps):
             print(f"  {'':9} goal: median <= {STOP_GOAL_US} us: {verdict}")
             # the box's own share: on a shared or nested guest the floor itself
             # moves by a third from one half hour to the next (bench/README.md)
-            print(f"  {'':9} first / back-to-back floor: {med(s['first']) / med(s['hot']):.1f}x "
-                  f"(floor {med(s['hot']):.0f} us this run)")
+            print(f"  {'':9} first / back-to-back: {med(s['first']) / med(s['hot']):.1f}x "
+                  f"(back to back {med(s['hot']):.0f} us this run)")
+            if s["floor"]:
+                print(f"  {'':9} over the C floor: first {med(s['first']) / med(s['floor']):.1f}x, "
+                      f"record {med(s['repeat']) / med(s['floor']):.1f}x, back to back "
+                      f"{med(s['hot']) / med(s['floor_hot']):.1f}x; the C floor itself "
+                      f"{'meets' if med(s['floor']) <= STOP_GOAL_US else 'misses'} the goal "
+                      f"({med(s['floor']):.0f} us)")
 
 
 def main():

@@ -904,6 +904,50 @@ def test_writes_go_with_the_next_call_in_one_syscall(waits, monkeypatch):
     assert_released(t.pid)
 
 
+def test_a_stop_makes_no_ctypes_buffer_per_size(waits, monkeypatch):
+    """The frame writes, the reads of a call's output and the restore of the
+    XSAVE area use the bytes objects themselves and one reused read buffer
+    (collectors.engine.cbytes): ctypes.create_string_buffer makes a new
+    array type for each size it has not seen, 17-50 us inside the stop."""
+    t, a = waits("read")
+    rp = RemoteProcess(t.pid)
+    made = []
+    real = ctypes.create_string_buffer
+    with rp.borrow(tid=a["tid"]) as c:
+        monkeypatch.setattr(ctypes, "create_string_buffer",
+                            lambda *args: (made.append(args), real(*args))[1])
+        at = c.scratch(64)
+        for text in (b"seventeen bytes.\0", b"nineteen bytes....\0", b"x" * 37 + b"\0"):
+            c.write(at, text)
+            assert c.call(a["strlen"], at) == len(text) - 1
+            assert c.read(at, len(text)) == text
+        out = c.buffer(40_000)
+        c.write(out, b"y" * 39_999 + b"\0")
+        assert c.call(a["strlen"], out) == 39_999
+        assert c.read(out, 40_000) == b"y" * 39_999 + b"\0"
+    assert made == []           # the release (registers, XSAVE area, siginfo) included
+    assert stat(t, a, BAD) == 0
+    assert_released(t.pid)
+
+
+def test_cbytes_addresses_and_the_reused_read_buffer():
+    from collectors.engine import cbytes
+    data = b"the bytes themselves\0"
+    assert ctypes.string_at(cbytes.address(data), len(data)) == data
+    keep, at = cbytes.reader(100)
+    keep2, at2 = cbytes.reader(cbytes.READ_BYTES)
+    assert at == at2                              # one per thread, reused
+    ctypes.memmove(at, b"abc", 3)
+    assert cbytes.take(at, 3) == b"abc"
+    big, big_at = cbytes.reader(cbytes.READ_BYTES + 1)
+    assert big_at != at                           # a larger read gets its own
+    got = []
+    th = threading.Thread(target=lambda: got.append(cbytes.reader(10)[1]))
+    th.start()
+    th.join()
+    assert got and got[0] != at                   # and each thread its own
+
+
 def test_the_pause_counts_from_the_interrupt(waits, monkeypatch):
     """From PTRACE_INTERRUPT on the thread runs none of its own code, so
     its pause starts there, not when the tracer first sees the stop (a

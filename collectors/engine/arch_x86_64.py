@@ -169,9 +169,7 @@ def regs_equal(a: user_regs_struct, b: user_regs_struct) -> bool:
 
 def get_ext_state(tid: int, pid: int) -> bytes:
     global _xstate_size
-    size = _xstate_size or _XSTATE_PROBE
-    buf = ctypes.create_string_buffer(size)
-    data = ptrace.getregset(tid, pid, abi.NT_X86_XSTATE, buf)
+    data = ptrace.getregset(tid, pid, abi.NT_X86_XSTATE, _xstate_size or _XSTATE_PROBE)
     if _xstate_size is None:
         _xstate_size = len(data)
     return data

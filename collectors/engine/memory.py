@@ -35,6 +35,7 @@ import struct
 from types import TracebackType
 from typing import Callable, Sequence
 
+from collectors.engine import cbytes
 from collectors.proc import oserror
 from diag.model.errors import AccessDenied, NoSuchProcess, RemoteCallError
 
@@ -59,9 +60,9 @@ for _f in (_pvr, _pvw):
                    ctypes.POINTER(_iovec), ctypes.c_ulong, ctypes.c_ulong]
 
 
-def _vm(fn: Callable[..., int], pid: int, addr: int, buf: ctypes.Array[ctypes.c_char],
-        n: int, what: str) -> int:
-    local = _iovec(ctypes.addressof(buf), n)
+def _vm(fn: Callable[..., int], pid: int, addr: int, local_addr: int, n: int, what: str
+        ) -> int:
+    local = _iovec(local_addr, n)
     remote = _iovec(addr, n)
     ctypes.set_errno(0)
     got: int = fn(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
@@ -87,9 +88,11 @@ def read(pid: int, addr: int, n: int) -> bytes:
     """N bytes at ADDR in PID (process_vm_readv); raises MemoryFault."""
     if n == 0:
         return b""
-    buf = ctypes.create_string_buffer(n)
-    _vm(_pvr, pid, addr, buf, n, "process_vm_readv")
-    return buf.raw
+    keep, at = cbytes.reader(n)
+    _vm(_pvr, pid, addr, at, n, "process_vm_readv")
+    data = cbytes.take(at, n)
+    del keep
+    return data
 
 
 def try_read(pid: int, addr: int, n: int) -> bytes | None:
@@ -105,8 +108,7 @@ def write(pid: int, addr: int, data: bytes) -> None:
     data = bytes(data)
     if not data:
         return
-    buf = ctypes.create_string_buffer(data, len(data))
-    _vm(_pvw, pid, addr, buf, len(data), "process_vm_writev")
+    _vm(_pvw, pid, addr, cbytes.address(data), len(data), "process_vm_writev")
 
 
 # Ranges one write_many call passes to the kernel (IOV_MAX is 1024); the
@@ -133,8 +135,7 @@ def write_many(pid: int, writes: Sequence[tuple[int, bytes]]) -> None:
         write_many(pid, writes[WRITE_MANY_MAX:])
         return
     data = b"".join(d for _, d in writes)
-    buf = ctypes.create_string_buffer(data, len(data))
-    local = _iovec(ctypes.addressof(buf), len(data))
+    local = _iovec(cbytes.address(data), len(data))
     remote = _RemoteIovecs()
     for i, (a, d) in enumerate(writes):
         remote[i].iov_base, remote[i].iov_len = a, len(d)

@@ -22,7 +22,7 @@ import ctypes
 import errno
 import os
 
-from collectors.engine import abi
+from collectors.engine import abi, cbytes
 from collectors.proc import oserror
 from diag.model.errors import AllocdiagError
 
@@ -121,31 +121,32 @@ def setregs(tid: int, pid: int, regs: ctypes.Structure) -> None:
     _pt(abi.PTRACE_SETREGS, tid, None, ctypes.addressof(regs), pid, "PTRACE_SETREGS")
 
 
-def getregset(tid: int, pid: int, nt: int, buf: ctypes.Array[ctypes.c_char]) -> bytes:
-    """PTRACE_GETREGSET into the ctypes buffer BUF; returns the bytes the
-    kernel filled (it shrinks iov_len to the regset's real size)."""
-    iov = iovec(ctypes.addressof(buf), ctypes.sizeof(buf))
+def getregset(tid: int, pid: int, nt: int, size: int) -> bytes:
+    """PTRACE_GETREGSET of at most SIZE bytes; returns the bytes the kernel
+    filled (it shrinks iov_len to the regset's real size)."""
+    keep, at = cbytes.reader(size)
+    iov = iovec(at, size)
     _pt(abi.PTRACE_GETREGSET, tid, nt, ctypes.addressof(iov), pid,
         f"PTRACE_GETREGSET({nt:#x})")
-    return ctypes.string_at(ctypes.addressof(buf), iov.iov_len)
+    return cbytes.take(at, iov.iov_len)
 
 
 def setregset(tid: int, pid: int, nt: int, data: bytes) -> None:
-    buf = ctypes.create_string_buffer(bytes(data), len(data))
-    iov = iovec(ctypes.addressof(buf), len(data))
+    data = bytes(data)
+    iov = iovec(cbytes.address(data), len(data))
     _pt(abi.PTRACE_SETREGSET, tid, nt, ctypes.addressof(iov), pid,
         f"PTRACE_SETREGSET({nt:#x})")
 
 
 def getsiginfo(tid: int, pid: int) -> bytes:
-    buf = ctypes.create_string_buffer(abi.SIGINFO_SIZE)
-    _pt(abi.PTRACE_GETSIGINFO, tid, None, ctypes.addressof(buf), pid, "PTRACE_GETSIGINFO")
-    return buf.raw
+    keep, at = cbytes.reader(abi.SIGINFO_SIZE)
+    _pt(abi.PTRACE_GETSIGINFO, tid, None, at, pid, "PTRACE_GETSIGINFO")
+    return cbytes.take(at, abi.SIGINFO_SIZE)
 
 
 def setsiginfo(tid: int, pid: int, raw: bytes) -> None:
-    buf = ctypes.create_string_buffer(bytes(raw), abi.SIGINFO_SIZE)
-    _pt(abi.PTRACE_SETSIGINFO, tid, None, ctypes.addressof(buf), pid, "PTRACE_SETSIGINFO")
+    raw = bytes(raw).ljust(abi.SIGINFO_SIZE, b"\0")
+    _pt(abi.PTRACE_SETSIGINFO, tid, None, cbytes.address(raw), pid, "PTRACE_SETSIGINFO")
 
 
 def getsigmask(tid: int, pid: int) -> int:
@@ -167,10 +168,10 @@ SYSCALL_INFO_SIZE = 88     # sizeof(struct ptrace_syscall_info), include/uapi/li
 def get_syscall_info(tid: int, pid: int) -> bytes:
     """PTRACE_GET_SYSCALL_INFO: the raw struct ptrace_syscall_info of the
     syscall stop TID is in (collectors.engine.seccomp decodes it)."""
-    buf = ctypes.create_string_buffer(SYSCALL_INFO_SIZE)
-    n = _pt(abi.PTRACE_GET_SYSCALL_INFO, tid, SYSCALL_INFO_SIZE, ctypes.addressof(buf), pid,
+    keep, at = cbytes.reader(SYSCALL_INFO_SIZE)
+    n = _pt(abi.PTRACE_GET_SYSCALL_INFO, tid, SYSCALL_INFO_SIZE, at, pid,
             "PTRACE_GET_SYSCALL_INFO")
-    return buf.raw[:min(n, SYSCALL_INFO_SIZE)]
+    return cbytes.take(at, min(n, SYSCALL_INFO_SIZE))
 
 
 RSEQ_CONFIGURATION_SIZE = 24   # sizeof(struct ptrace_rseq_configuration), linux/ptrace.h
@@ -180,10 +181,10 @@ def get_rseq_configuration(tid: int, pid: int) -> bytes:
     """PTRACE_GET_RSEQ_CONFIGURATION: the raw struct
     ptrace_rseq_configuration of ptrace-stopped TID (collectors.engine.rseq
     decodes it).  A kernel before 5.13 refuses it (EIO): RemoteCallError."""
-    buf = ctypes.create_string_buffer(RSEQ_CONFIGURATION_SIZE)
-    n = _pt(abi.PTRACE_GET_RSEQ_CONFIGURATION, tid, RSEQ_CONFIGURATION_SIZE,
-            ctypes.addressof(buf), pid, "PTRACE_GET_RSEQ_CONFIGURATION")
-    return buf.raw[:min(n, RSEQ_CONFIGURATION_SIZE)]
+    keep, at = cbytes.reader(RSEQ_CONFIGURATION_SIZE)
+    n = _pt(abi.PTRACE_GET_RSEQ_CONFIGURATION, tid, RSEQ_CONFIGURATION_SIZE, at, pid,
+            "PTRACE_GET_RSEQ_CONFIGURATION")
+    return cbytes.take(at, min(n, RSEQ_CONFIGURATION_SIZE))
 
 
 def seccomp_filter(tid: int, index: int) -> bytes | None:
