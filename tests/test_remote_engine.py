@@ -904,6 +904,32 @@ def test_writes_go_with_the_next_call_in_one_syscall(waits, monkeypatch):
     assert_released(t.pid)
 
 
+def test_no_cyclic_collection_while_a_thread_may_be_stopped(waits):
+    """The collector is off for the borrow (its stops, refused ones
+    included) and back as it was after it, also when the borrow fails."""
+    import gc
+    t, a = waits("read")
+    rp = RemoteProcess(t.pid)
+    assert gc.isenabled()
+    with rp.borrow(tid=a["tid"]) as c:
+        assert not gc.isenabled()
+        at = c.scratch(16)
+        c.write(at, b"\0")
+        assert c.call(a["strlen"], at) == 0
+    assert gc.isenabled()
+    with pytest.raises(RemoteCallError):
+        RemoteProcess(t.pid, deadline_s=0.2).borrow(tid=999_999_999).__enter__()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with rp.borrow(tid=a["tid"]):
+            pass
+        assert not gc.isenabled()       # left as the caller had it
+    finally:
+        gc.enable()
+    assert_released(t.pid)
+
+
 def test_a_stop_makes_no_ctypes_buffer_per_size(waits, monkeypatch):
     """The frame writes, the reads of a call's output and the restore of the
     XSAVE area use the bytes objects themselves and one reused read buffer

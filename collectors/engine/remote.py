@@ -71,6 +71,7 @@ decoder), ``choose`` + ``safepoints`` (which thread, reason codes),
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import time
@@ -395,10 +396,17 @@ class RemoteProcess:
         self.last = None
         self._chooser.new_borrow()
         slack = ptrace.set_timerslack_ns(TIMERSLACK_NS)
+        # No cyclic collection of allocdiag's own objects while a thread may
+        # be stopped: a recording's snapshots met one in ~2% of their stops
+        # (100 snapshot.take in one process: 5 collections inside a stop).
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             self._preflight()
             th, old = self._acquire(tid)
         except BaseException:
+            if collecting:
+                gc.enable()
             if slack is not None:
                 ptrace.set_timerslack_ns(slack)
             raise
@@ -430,6 +438,8 @@ class RemoteProcess:
                              v.restart_rax is not None, "boundary": v.boundary,
                              "calls": th.frame.calls, "group_stop_seen": th.group_stop_seen}
                 self._unblock(old)
+                if collecting:
+                    gc.enable()
                 if slack is not None:
                     ptrace.set_timerslack_ns(slack)
 
