@@ -51,9 +51,11 @@ SCENES = (
     # at 70%: the lock serialises them) and 0.3 of a CPU measured on 2 CPUs.
     # arena_sprawl's lock wait in threads (the finding's threshold: 0.1),
     # measured with a test suite running beside it: at 50% 0.05-0.27, at 70%
-    # 0.31-0.6.
-    Scene("arena_sprawl", "glibc", ("--threads", "4", "--busy", "--duty", "70"),
-          "threads queueing on one glibc arena lock (MALLOC_ARENA_MAX=1, 2 busy threads): "
+    # 0.31-0.6 with two busy threads -- and 0.087 once, in a pristine chroot's
+    # suite.  Three busy threads (--threads 6), 2026-11-28: 0.5-0.6 alone,
+    # 1.0-1.3 with two CPU burners beside it (two busy threads: 0.16, 0.001).
+    Scene("arena_sprawl", "glibc", ("--threads", "6", "--busy", "--duty", "70"),
+          "threads queueing on one glibc arena lock (MALLOC_ARENA_MAX=1, 3 busy threads): "
           "open it, Time tab: lock wait in __lll_lock_wait_private, call site replace_one, "
           "finding 'waiting for glibc arena locks' with knob arena_max",
           env=(("MALLOC_ARENA_MAX", "1"),), variant="busy", wall=True),
