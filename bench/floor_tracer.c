@@ -2,23 +2,25 @@
  * engine makes for one snapshot's call, made from C with nothing between
  * them (bench/pause.py --snapshots prints it beside allocdiag's own stop).
  *
- *   floor_tracer PID REPS GAP_MS BUF_BYTES READ_BYTES STRING FUNC ARG...
+ *   floor_tracer PID REPS GAP_MS BUF_BYTES READ_BYTES STRING FUNC ARG... [-- FUNC ARG...]...
  *
  * Each of REPS stops, GAP_MS apart: PTRACE_SEIZE + PTRACE_INTERRUPT, wait,
  * PTRACE_GETREGS, the XSAVE area (PTRACE_GETREGSET NT_X86_XSTATE), the
  * signal mask; STRING, a NUL at the buffer's start and the return address 0
- * written below the red zone in one process_vm_writev; the call's signal
- * mask (all blocked but SIGSEGV); FUNC(ARG...) run with PTRACE_CONT until
- * the return-to-0 SIGSEGV; PTRACE_GETSIGINFO, PTRACE_GETREGS; READ_BYTES of
- * the buffer read back; registers, XSAVE area and mask restored; detach.
- * An ARG is "B" (the buffer), "S" (the string) or a number (0x.. or
+ * written below the red zone in one process_vm_writev; the calls' signal
+ * mask (all blocked but SIGSEGV); then each call in turn: its return address
+ * written again (the engine writes each call's frame), FUNC(ARG...) run with
+ * PTRACE_CONT until the return-to-0 SIGSEGV, PTRACE_GETSIGINFO,
+ * PTRACE_GETREGS; READ_BYTES of the buffer read back; registers, XSAVE area
+ * and mask restored; detach.  An ARG is "B" (the buffer), "S" (the string),
+ * "R1".."R9" (what call 1..9 of this stop returned) or a number (0x.. or
  * decimal).  The target must be an idle thread blocked in a restartable
  * syscall (bench/pause_target.c's main thread, in read(2)) with room on its
  * stack mapping for the string, the buffer and the callee.
  *
  * Prints one line: the stops' durations in microseconds (from the seize to
- * the detach's return), then "CALL" and the CONT-to-trap times.
- * x86-64 only, as the engine.
+ * the detach's return), then "CALL" and the calls' CONT-to-trap times (summed
+ * per stop).  x86-64 only, as the engine.
  */
 #define _GNU_SOURCE
 #include <elf.h>
@@ -37,6 +39,7 @@
 
 #define RED_ZONE 128
 #define MAX_ARGS 6
+#define MAX_CALLS 9
 #define XSTATE_MAX 65536
 #define SIGSET_BYTES 8
 
@@ -81,10 +84,28 @@ int main(int argc, char **argv)
     int reps = atoi(argv[2]), gap_ms = atoi(argv[3]);
     unsigned long buf_bytes = strtoul(argv[4], NULL, 0), read_bytes = strtoul(argv[5], NULL, 0);
     const char *string = argv[6];
-    unsigned long func = strtoul(argv[7], NULL, 0);
-    int nargs = argc - 8;
-    if (nargs > MAX_ARGS || reps < 1) {
-        fprintf(stderr, "floor_tracer: at most %d arguments, at least one rep\n", MAX_ARGS);
+    struct { unsigned long func; int nargs; char **args; } calls[MAX_CALLS];
+    int ncalls = 0;
+    for (int i = 7; i < argc; ) {
+        if (ncalls == MAX_CALLS) {
+            fprintf(stderr, "floor_tracer: at most %d calls\n", MAX_CALLS);
+            return 2;
+        }
+        calls[ncalls].func = strtoul(argv[i], NULL, 0);
+        calls[ncalls].args = &argv[i + 1];
+        int j = i + 1;
+        while (j < argc && strcmp(argv[j], "--"))
+            j++;
+        calls[ncalls].nargs = j - i - 1;
+        if (calls[ncalls].nargs > MAX_ARGS) {
+            fprintf(stderr, "floor_tracer: at most %d arguments a call\n", MAX_ARGS);
+            return 2;
+        }
+        ncalls++;
+        i = j + 1;
+    }
+    if (reps < 1 || ncalls < 1) {
+        fprintf(stderr, "floor_tracer: at least one rep and one call\n");
         return 2;
     }
     static char xstate[XSTATE_MAX];
@@ -119,30 +140,47 @@ int main(int argc, char **argv)
             die("process_vm_writev (no room on the thread's stack mapping?)");
         req(ptrace(PTRACE_SETSIGMASK, tid, (void *)SIGSET_BYTES, &call_mask), "PTRACE_SETSIGMASK");
 
-        unsigned long long args[MAX_ARGS] = {0};
-        for (int a = 0; a < nargs; a++) {
-            const char *s = argv[8 + a];
-            args[a] = !strcmp(s, "B") ? buf_at : !strcmp(s, "S") ? str_at : strtoull(s, NULL, 0);
-        }
-        call = saved;
-        call.rip = func;
-        call.rsp = sp;
-        call.rdi = args[0]; call.rsi = args[1]; call.rdx = args[2];
-        call.rcx = args[3]; call.r8 = args[4]; call.r9 = args[5];
-        call.rax = 0;
-        call.orig_rax = -1;     /* no syscall restart on the way into the call */
-        req(ptrace(PTRACE_SETREGS, tid, 0, &call), "PTRACE_SETREGS");
-        double c0 = now_us();
-        req(ptrace(PTRACE_CONT, tid, 0, 0), "PTRACE_CONT");
-        int status = wait_stop(tid);
-        double c1 = now_us();
-        siginfo_t si;
-        req(ptrace(PTRACE_GETSIGINFO, tid, 0, &si), "PTRACE_GETSIGINFO");
-        req(ptrace(PTRACE_GETREGS, tid, 0, &back), "PTRACE_GETREGS");
-        if (WSTOPSIG(status) != SIGSEGV || back.rip != 0) {
-            fprintf(stderr, "floor_tracer: the call stopped with signal %d at %#llx, not the "
-                    "return-to-0 trap\n", WSTOPSIG(status), back.rip);
-            return 2;
+        unsigned long long returned[MAX_CALLS] = {0};
+        double in_calls = 0;
+        for (int k = 0; k < ncalls; k++) {
+            if (k) {
+                struct iovec l1 = {&ret0, 8}, r1 = {(void *)sp, 8};
+                if (process_vm_writev(tid, &l1, 1, &r1, 1, 0) != 8)
+                    die("process_vm_writev");
+            }
+            unsigned long long args[MAX_ARGS] = {0};
+            for (int a = 0; a < calls[k].nargs; a++) {
+                const char *s = calls[k].args[a];
+                if (!strcmp(s, "B"))
+                    args[a] = buf_at;
+                else if (!strcmp(s, "S"))
+                    args[a] = str_at;
+                else if (s[0] == 'R' && s[1] >= '1' && s[1] <= '0' + k && !s[2])
+                    args[a] = returned[s[1] - '1'];
+                else
+                    args[a] = strtoull(s, NULL, 0);
+            }
+            call = saved;
+            call.rip = calls[k].func;
+            call.rsp = sp;
+            call.rdi = args[0]; call.rsi = args[1]; call.rdx = args[2];
+            call.rcx = args[3]; call.r8 = args[4]; call.r9 = args[5];
+            call.rax = 0;
+            call.orig_rax = -1;     /* no syscall restart on the way into the call */
+            req(ptrace(PTRACE_SETREGS, tid, 0, &call), "PTRACE_SETREGS");
+            double c0 = now_us();
+            req(ptrace(PTRACE_CONT, tid, 0, 0), "PTRACE_CONT");
+            int status = wait_stop(tid);
+            in_calls += now_us() - c0;
+            siginfo_t si;
+            req(ptrace(PTRACE_GETSIGINFO, tid, 0, &si), "PTRACE_GETSIGINFO");
+            req(ptrace(PTRACE_GETREGS, tid, 0, &back), "PTRACE_GETREGS");
+            if (WSTOPSIG(status) != SIGSEGV || back.rip != 0) {
+                fprintf(stderr, "floor_tracer: call %d stopped with signal %d at %#llx, not "
+                        "the return-to-0 trap\n", k + 1, WSTOPSIG(status), back.rip);
+                return 2;
+            }
+            returned[k] = back.rax;
         }
         struct iovec lo = {out, read_bytes}, ro = {(void *)buf_at, read_bytes};
         if (process_vm_readv(tid, &lo, 1, &ro, 1, 0) != (ssize_t)read_bytes)
@@ -152,7 +190,7 @@ int main(int argc, char **argv)
         req(ptrace(PTRACE_SETSIGMASK, tid, (void *)SIGSET_BYTES, &mask), "PTRACE_SETSIGMASK");
         req(ptrace(PTRACE_DETACH, tid, 0, 0), "PTRACE_DETACH");
         stop_us[i] = now_us() - t0;
-        call_us[i] = c1 - c0;
+        call_us[i] = in_calls;
     }
     for (int i = 0; i < reps; i++)
         printf("%.0f ", stop_us[i]);

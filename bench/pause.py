@@ -41,9 +41,10 @@ work done in-process (measured in the same run).
     VM, the vCPUs have gone cold, as a recording's have), then the same
     back to back (hot), next to the in-process cost of the same calls and
     to the box's floor: the same requests made from C (bench/floor_tracer.c:
-    seize, registers, XSAVE area, masks, the frame, the call, the text read
+    seize, registers, XSAVE area, masks, the frame, the calls, the text read
     back, all restored, detach; nothing between them), with the same idle
-    before each stop and back to back.  Goal (issue 23): median <= 0.3 ms
+    before each stop and back to back (jemalloc, gperftools, and mimalloc's
+    fmemopen/print/fclose path).  Goal (issue 23): median <= 0.3 ms
     for jemalloc, gperftools tcmalloc and mimalloc.
 
 (d) --scratch: the stop of a snapshot whose output buffer is an anonymous
@@ -84,6 +85,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 from targets import build_c, start  # noqa: E402
 from diag import snapshot
 from collectors import allocators, livestats
+from collectors.allocators import common
 from collectors.allocators.jemalloc import reader as je_module
 from collectors.allocators.gperftools import reader as tc_module
 from collectors.allocators.mimalloc import reader as mi_module
@@ -318,29 +320,39 @@ def fresh_stop_us(pid):
 
 
 def floor_call(pid):
-    """(FUNC, ARGS, STRING, BUF_BYTES, READ_BYTES) for bench/floor_tracer.c:
-    the call a snapshot of PID makes once its kept values are fresh
-    (jemalloc's malloc_stats_print without the general section, gperftools'
-    MallocExtension_GetStats), or None for the other allocators."""
+    """(CALLS, STRING, BUF_BYTES, READ_BYTES) for bench/floor_tracer.c: the
+    calls a snapshot of PID makes once its kept values are fresh, as
+    [(FUNC, [ARG...])]: jemalloc's malloc_stats_print without the general
+    section, gperftools' MallocExtension_GetStats, mimalloc's stats printed
+    into an fmemopen stream (fmemopen, mi_stats_print_out, fclose); None
+    for the others."""
     image = ProcessImage(pid)
     det = detect(image)
     mod = allocators.module(det.allocator.kind)
     a = mod.plan(livestats.Resolver(image), det.serving, det.allocator, {"per_arena": False})
     if mod is je_module and a.get("print") and a.get("strcat") and not a.get("strcat_ifunc"):
-        return (a["print"], [hex(a["strcat"]), "B", "S"], je_module.STATS_OPTS_NO_GENERAL.decode(),
-                je_module.STATS_BUF, je_module.STATS_READ_FIRST)
+        return ([(a["print"], [hex(a["strcat"]), "B", "S"])],
+                je_module.STATS_OPTS_NO_GENERAL.decode(), je_module.STATS_BUF,
+                je_module.STATS_READ_FIRST)
     if mod is tc_module and a.get("stats"):
-        return (a["stats"], ["B", str(tc_module.GETSTATS_BUF)], "", tc_module.GETSTATS_BUF,
+        return ([(a["stats"], ["B", str(tc_module.GETSTATS_BUF)])], "", tc_module.GETSTATS_BUF,
                 tc_module.GETSTATS_READ_FIRST)
+    if mod is mi_module and not a.get("mi_stats_get_json") and \
+            all(a.get(k) for k in ("fmemopen", "mi_stats_print_out", "fputs", "fclose")):
+        size = common.SCRATCH_TEXT
+        return ([(a["fmemopen"], ["B", str(size), "S"]),
+                 (a["mi_stats_print_out"], [hex(a["fputs"]), "R1"]),
+                 (a["fclose"], ["R1"])], "w", size, mi_module.STATS_READ_FIRST)
     return None
 
 
 def floor_stops(exe, pid, call, reps, gap_ms=0):
     """The floor tracer's REPS stops of PID (us), GAP_MS apart."""
-    func, args, string, buf_bytes, read_bytes = call
-    out = subprocess.run([exe, str(pid), str(reps), str(gap_ms), str(buf_bytes),
-                          str(read_bytes), string, hex(func), *args],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
+    calls, string, buf_bytes, read_bytes = call
+    argv = [exe, str(pid), str(reps), str(gap_ms), str(buf_bytes), str(read_bytes), string]
+    for i, (func, args) in enumerate(calls):
+        argv += (["--"] if i else []) + [hex(func), *args]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
     return [float(x) for x in out.split("CALL")[0].split()]
 
 
