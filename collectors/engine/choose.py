@@ -306,18 +306,26 @@ class Chooser:
         (None, why it is no candidate): outside a provable stack mapping, or
         less room than the call needs.  THREAD_ONLY: only a thread stack
         glibc created counts (the Go runtime rule)."""
+        _, room, why = self.bounds_at(tid, sp, fs_base, thread_only)
+        return room, why
+
+    def bounds_at(self, tid: int, sp: int, fs_base: int | None = None,
+                  thread_only: bool = False
+                  ) -> tuple[stackbounds.Bounds | None, int | None, Refusal | None]:
+        """room_at's answer with the stack's Bounds first (None with a refusal)."""
         assert self.stackmaps is not None
         others = tuple((t, s) for t, s in self.round_sps if t != tid)
         bounds, why = self.stackmaps.bounds(sp, fs_base, others)
         if bounds is None:
-            return None, refusal(Reason.STACK_UNPROVEN, why=why)
+            return None, None, refusal(Reason.STACK_UNPROVEN, why=why)
         if thread_only and bounds.kind != "thread":
-            return None, refusal(Reason.NOT_THREAD_STACK, kind=bounds.kind)
+            return None, None, refusal(Reason.NOT_THREAD_STACK, kind=bounds.kind)
         room = stackbounds.room(bounds, sp, self.arch.RED_ZONE)
         self.room[tid] = room
         if room < self.need():
-            return None, refusal(Reason.NO_ROOM, room=kib(max(room, 0)), need=kib(self.need()))
-        return room, None
+            return None, None, refusal(Reason.NO_ROOM, room=kib(max(room, 0)),
+                                       need=kib(self.need()))
+        return bounds, room, None
 
     def _with_where(self, why: Refusal, pc: int | None, sp: int | None) -> Refusal:
         """WHY with ' inside X' when a walk with CFI parsed already (no
@@ -578,11 +586,11 @@ class Chooser:
         the call (its fs_base now known), with its frame bounds set; else
         why not."""
         assert self.stackmaps is not None
-        sp = self.arch.sp(th.regs)
-        _, why = self.room_at(th.tid, sp, self.arch.thread_pointer(th.regs), thread_only)
+        bounds, _, why = self.bounds_at(th.tid, self.arch.sp(th.regs),
+                                        self.arch.thread_pointer(th.regs), thread_only)
         if why:
             return why
-        th.frame.bounds, _ = self.stackmaps.bounds(sp, self.arch.thread_pointer(th.regs))
+        th.frame.bounds = bounds
         th.frame.callee_need = self.stack_need
         return None
 

@@ -313,8 +313,8 @@ def mallctl_scratch(c: Any) -> Any:
 
 
 def gather(c: Any, a: Any, opts: Any) -> Any:
-    scratch = mallctl_scratch(c)
     raw = {}
+    scratch = None          # mallctl's cells, only where a mallctl is called
     if a["print"]:
         key = a.get("process_key")
         cached = _general.get(key) if key and not opts.get("jemalloc_full_print") else None
@@ -330,8 +330,10 @@ def gather(c: Any, a: Any, opts: Any) -> Any:
             c, a, print_opts, STATS_BUF, first=STATS_READ_FIRST)
         raw["mallctl"] = {}
     else:
+        scratch = mallctl_scratch(c)
         raw["mallctl"] = _per_call(c, a, scratch)
     if opts.get("per_arena"):
+        scratch = scratch or mallctl_scratch(c)
         narenas = mallctl_read(c, a["mallctl"], "arenas.narenas", "unsigned", scratch)
         raw["arenas"] = [
             {"arena": i, **{f: mallctl_read(c, a["mallctl"], f"stats.arenas.{i}.{f}", t, scratch)
