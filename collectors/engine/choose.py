@@ -284,7 +284,7 @@ class Chooser:
         # (Running threads show no stack pointer: judged once stopped.)
         for c in cands:
             if c.facts.sp is not None and c.category != safepoints.RUNNING:
-                c.facts.room, why_not = self.room_at(
+                _, c.facts.room, why_not = self.bounds_at(
                     c.tid, c.facts.sp, thread_only=c.category == safepoints.GO_RUNTIME)
                 if why_not:
                     why[c.tid] = why_not.about(c.facts.words)
@@ -300,19 +300,14 @@ class Chooser:
                       r.code.value, r.text)
         return rnd
 
-    def room_at(self, tid: int, sp: int, fs_base: int | None = None,
-                thread_only: bool = False) -> tuple[int | None, Refusal | None]:
-        """(room in bytes, None) of thread TID with stack pointer SP, or
-        (None, why it is no candidate): outside a provable stack mapping, or
-        less room than the call needs.  THREAD_ONLY: only a thread stack
-        glibc created counts (the Go runtime rule)."""
-        _, room, why = self.bounds_at(tid, sp, fs_base, thread_only)
-        return room, why
-
     def bounds_at(self, tid: int, sp: int, fs_base: int | None = None,
                   thread_only: bool = False
                   ) -> tuple[stackbounds.Bounds | None, int | None, Refusal | None]:
-        """room_at's answer with the stack's Bounds first (None with a refusal)."""
+        """(Bounds, room in bytes, None) of thread TID's stack with stack
+        pointer SP, or (None, None, why it is no candidate): outside a
+        provable stack mapping, or less room than the call needs.
+        THREAD_ONLY: only a thread stack glibc created counts (the Go
+        runtime rule)."""
         assert self.stackmaps is not None
         others = tuple((t, s) for t, s in self.round_sps if t != tid)
         bounds, why = self.stackmaps.bounds(sp, fs_base, others)

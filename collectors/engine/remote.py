@@ -395,53 +395,56 @@ class RemoteProcess:
         self._caller.record = type(self._caller.record)()
         self.last = None
         self._chooser.new_borrow()
-        slack = ptrace.set_timerslack_ns(TIMERSLACK_NS)
-        # No cyclic collection of allocdiag's own objects while a thread may
-        # be stopped: a recording's snapshots met one in ~2% of their stops
-        # (100 snapshot.take in one process: 5 collections inside a stop).
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        with _borrowing():
             self._preflight()
             th, old = self._acquire(tid)
-        except BaseException:
-            if collecting:
-                gc.enable()
-            if slack is not None:
-                ptrace.set_timerslack_ns(slack)
-            raise
-        boosted = None
-        try:
-            th.frame.scratch_top = th.frame.scratch_low = self._caller.scratch_top(th)
-            if th.verdict.boundary:
-                self._stats.boundary_stops += 1
-            self._stats.borrows += 1
-            # SCHED_FIFO only when no CPU was free just before the stop
-            # (spin_budget): with one free the tracee is not kept waiting
-            # for a CPU, and the two policy changes cost ~25 us of the stop
-            boosted = boost(th.tid) if self.boost and not self._tracer.cpu_free else None
-            yield Call(self._caller, th, self.MAX_SCRATCH)
-        finally:
+            boosted = None
             try:
-                try:
-                    self._caller.unmap_buffers(th)
-                finally:
-                    unboost_thread(th.tid, boosted)
-                    try:
-                        self._caller.release(th)
-                    finally:
-                        unboost_tracer(boosted)
+                th.frame.scratch_top = th.frame.scratch_low = self._caller.scratch_top(th)
+                if th.verdict.boundary:
+                    self._stats.boundary_stops += 1
+                self._stats.borrows += 1
+                # SCHED_FIFO only when no CPU was free just before the stop
+                # (spin_budget): with one free the tracee is not kept waiting
+                # for a CPU, and the two policy changes cost ~25 us of the stop
+                boosted = boost(th.tid) if self.boost and not self._tracer.cpu_free else None
+                yield Call(self._caller, th, self.MAX_SCRATCH)
             finally:
-                v = th.verdict
-                self.last = {"tid": th.tid, "kind": v.kind, "syscall": v.syscall,
-                             "category": v.category, "restarted_eintr":
-                             v.restart_rax is not None, "boundary": v.boundary,
-                             "calls": th.frame.calls, "group_stop_seen": th.group_stop_seen}
-                self._unblock(old)
-                if collecting:
-                    gc.enable()
-                if slack is not None:
-                    ptrace.set_timerslack_ns(slack)
+                try:
+                    try:
+                        self._caller.unmap_buffers(th)
+                    finally:
+                        unboost_thread(th.tid, boosted)
+                        try:
+                            self._caller.release(th)
+                        finally:
+                            unboost_tracer(boosted)
+                finally:
+                    v = th.verdict
+                    self.last = {"tid": th.tid, "kind": v.kind, "syscall": v.syscall,
+                                 "category": v.category, "restarted_eintr":
+                                 v.restart_rax is not None, "boundary": v.boundary,
+                                 "calls": th.frame.calls, "group_stop_seen": th.group_stop_seen}
+                    self._unblock(old)
+
+
+@contextlib.contextmanager
+def _borrowing() -> Iterator[None]:
+    """This tracer thread's settings for a borrow, as they were after it
+    (also when the borrow fails): its timer slack at TIMERSLACK_NS, and no
+    cyclic collection of allocdiag's own objects while a thread may be
+    stopped (a recording's snapshots met one in ~2% of their stops: 100
+    snapshot.take in one process, 5 collections inside a stop)."""
+    slack = ptrace.set_timerslack_ns(TIMERSLACK_NS)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+        if slack is not None:
+            ptrace.set_timerslack_ns(slack)
 
 
 def understudy_process(pid: int, procfs: str) -> RemoteProcess:
