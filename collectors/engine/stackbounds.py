@@ -29,7 +29,7 @@ MADV_GUARD_INSTALL would not show in the maps).
 """
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from collectors.engine import abi
@@ -59,6 +59,19 @@ class StackMaps:
     def index(self, addr: int) -> int | None:
         i = bisect.bisect_right(self._starts, addr) - 1
         return i if i >= 0 and addr < self.maps[i].end else None
+
+    def holders(self, sps: Iterable[tuple[int, int | None]]
+                ) -> dict[int, list[tuple[int, int]]]:
+        """{mapping index: [(tid, sp), ...]} of the threads whose stack
+        pointer in SPS ((tid, sp) pairs) lies in a mapping, in SPS's order:
+        a stack mapping's other threads for bounds() without a look at
+        every thread of the process."""
+        out: dict[int, list[tuple[int, int]]] = {}
+        for tid, sp in sps:
+            i = self.index(sp) if sp is not None else None
+            if i is not None and sp is not None:
+                out.setdefault(i, []).append((tid, sp))
+        return out
 
     def bounds(self, sp: int, fs_base: int | None = None,
                others: Sequence[tuple[int, int | None]] = ()
