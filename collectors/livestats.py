@@ -256,6 +256,11 @@ class LiveReader:
         return self.mod.plan(Resolver(self.image), self.detection.serving,
                              self.detection.allocator, self.opts)
 
+    def stack_pointers(self, maps: bytes) -> list[int] | None:
+        """The threads' stack pointers the remote handle found, when MAPS
+        is the /proc/PID/maps it read then (RemoteProcess.stack_pointers)."""
+        return self.rp.stack_pointers(maps) if self.rp is not None else None
+
     def collect(self, deadline_s: float | None = None) -> LiveStats:
         """One read: LiveStats.  DEADLINE_S (default: the reader's) bounds
         the wait for a safe thread.  Raises as ``collect``."""

@@ -283,7 +283,9 @@ class Session:
         else:
             kernel = self._memory(col)
             giveway.give_way()
-            process = _fit_to_kernel(procfs, pid, allocator.kind, stats, kernel)
+            reader = built.reader if built is not None else None
+            process = _fit_to_kernel(procfs, pid, allocator.kind, stats, kernel,
+                                     reader.stack_pointers if reader is not None else None)
         giveway.give_way()
         if det is not None:
             native["config"] = copy.deepcopy(built.config)     # a snapshot's own
@@ -379,11 +381,12 @@ def _serving_path(det):
     return det.serving.path if det.serving is not None else None
 
 
-def _fit_to_kernel(procfs, pid, kind, stats, process):
+def _fit_to_kernel(procfs, pid, kind, stats, process, known_sps=None):
     """An allocator's resident never exceeds what the kernel says is
     resident anonymous memory (PROCESS, read after the allocator's
     figures).  When its figure is higher, ``resident`` becomes the kernel's
     figure, labelled adjusted, with the allocator's kept as ``raw``.
+    KNOWN_SPS: the live reader's stack_pointers (heapmaps.anon_present_outside_stacks).
     Returns the process memory the snapshot keeps."""
     res = stats.get("resident")
     if res is None or res.value is None or process.rss_anon is None or \
@@ -396,7 +399,7 @@ def _fit_to_kernel(procfs, pid, kind, stats, process):
               f"{anon}, {process.source or 'status'})")
     # Tighter: the pages present where the allocator's memory can be,
     # i.e. anonymous mappings that are not thread stacks.
-    outside = heapmaps.anon_present_outside_stacks(procfs, pid)
+    outside = heapmaps.anon_present_outside_stacks(procfs, pid, known_sps)
     if outside is not None and outside[0] < anon:
         anon = outside[0]
         kernel = (f"the pages present in the process's anonymous mappings outside its "

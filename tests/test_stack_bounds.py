@@ -341,6 +341,81 @@ def test_a_stops_work_does_not_grow_with_the_threads(monkeypatch):
     assert few_kept and many_kept
 
 
+def test_the_next_borrow_looks_at_the_last_borrowed_thread_first(monkeypatch):
+    """A recording's or an exporter's next borrow reads the files of the
+    thread the last one got, not those of every thread, while the mappings
+    stay byte for byte the same (Chooser.again); changed mappings, or that
+    thread refused after its stop, bring back the look at every thread."""
+    from collectors.engine import choose
+    from collectors.engine.safepoints import Reason, refusal
+    with pool(40, 1, 64) as t:
+        read_of = []
+        real_facts, real_judge = choose.Chooser.thread_facts, choose.Chooser.judge
+
+        def thread_facts(self, tid):
+            if self.pid == t.pid:
+                read_of.append(tid)
+            return real_facts(self, tid)
+
+        monkeypatch.setattr(choose.Chooser, "thread_facts", thread_facts)
+        rp = remote.RemoteProcess(t.pid)
+        mmap = livestats.Resolver(ProcessImage(t.pid)).libc("mmap")
+
+        def borrow(call_mmap=False):
+            read_of.clear()
+            with rp.borrow() as c:
+                if call_mmap:     # a new mapping: PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS
+                    assert c.call(mmap, 0, 4096, 1, 0x22, -1, 0) > 0
+                return c.tid, list(read_of)
+
+        first, reads = borrow()
+        assert len(reads) >= 40
+        again, reads = borrow(call_mmap=True)
+        assert (again, reads) == (first, [first])
+        after_mmap, reads = borrow()
+        assert len(reads) >= 40             # the mappings changed: every thread
+        assert borrow()[1] == [after_mmap]
+
+        judged = []
+
+        def judge(self, th):
+            if self.pid == t.pid:
+                judged.append(th.tid)
+                if len(judged) == 1:        # the last thread, refused after its stop
+                    return refusal(Reason.WALK_UNPROVEN, subject="test", why="test")
+            return real_judge(self, th)
+
+        monkeypatch.setattr(choose.Chooser, "judge", judge)
+        tid, reads = borrow()
+        assert judged[0] == after_mmap and reads[0] == after_mmap and len(reads) >= 41
+        assert judged[-1] == tid
+        assert release_and_exit(t) == 0
+
+
+def test_known_stack_pointers_spare_a_read_of_every_thread(monkeypatch):
+    """The pages present outside thread stacks (the bound a jemalloc
+    resident is lowered to) take the stack pointers the engine's look at
+    every thread found when the mappings are still those it read, instead
+    of reading each thread's syscall file again; the same stacks are left
+    out either way."""
+    from collectors.allocators.glibc import heapmaps
+    from collectors.proc.procfs import ProcFS
+    with pool(40, 1, 64) as t:
+        rp = remote.RemoteProcess(t.pid)
+        with rp.borrow():
+            pass
+        read = []
+        real = heapmaps._thread_sps
+        monkeypatch.setattr(heapmaps, "_thread_sps", lambda *a: read.append(a) or real(*a))
+        known = heapmaps.anon_present_outside_stacks(ProcFS(), t.pid, rp.stack_pointers)
+        assert read == []
+        looked = heapmaps.anon_present_outside_stacks(ProcFS(), t.pid)
+        assert len(read) == 1
+        assert known[1] == looked[1] >= 42      # 40 pool threads, the controller, [stack]
+        assert rp.stack_pointers(b"other mappings") is None
+        assert release_and_exit(t) == 0
+
+
 @pytest.mark.parametrize("allocator", ALLOCATORS)
 def test_stack_need_measured(allocator):
     """The high-water mark of every entry point a snapshot or action calls,

@@ -116,6 +116,11 @@ class Chooser:
         # its own few threads, not every thread (O(threads) in the stop of a
         # 216-thread varnishd: ~100 us, and every candidate's room before it)
         self.round_stacks: dict[int, list[tuple[int, int]]] = {}
+        self.round_maps: bytes | None = None     # /proc/PID/maps as the last full round read it
+        # The thread the last borrow got, as /proc showed it before its stop:
+        # the next borrow's first round looks at it alone (again())
+        self.last_chosen: Candidate | None = None
+        self.first_round = False    # the next round is its borrow's first (new_borrow)
         self.parked = False       # no thread of the current round was running
         self.room: dict[int, int] = {}   # tid -> room seen this borrow (refusal message)
         self.insn_before: dict[int, bytes | None] = {}     # new_borrow
@@ -132,6 +137,7 @@ class Chooser:
         self._judge_maps: bytes | None = None   # the maps it was built from
 
     def new_borrow(self) -> None:
+        self.first_round = True
         self.room = {}
         self.restart_kinds = {}
         # pc -> the SYSCALL_INSN-long bytes before it, read before the stop
@@ -214,9 +220,49 @@ class Chooser:
             return None, refusal(Reason.BUSY_SYSCALL, name=name, note=note, where="")
         return cat, words or ""
 
+    def chosen(self, c: Candidate) -> None:
+        """C was borrowed: the next borrow looks at it first (again())."""
+        self.last_chosen = c
+
+    def again(self, only_tid: int | None) -> Round | None:
+        """A round of the thread the last borrow got, alone, when it is in
+        a wait again and the process's mappings are byte for byte those of
+        the last full round; else None (a full round).  A recording or an
+        exporter then reads that thread's two files and the mappings, not
+        two files of every thread (a 216-thread varnishd: ~12 ms of CPU a
+        snapshot).  The thread passes the checks a full round makes of
+        each thread (consider, with_room).  What it does not redo is the
+        look at the other threads: the best category among them is a
+        preference, and their stack pointers, needed to prove this thread's
+        stack mapping holds no other thread's stack, are the full round's.
+        With the same mappings no stack mapping appeared, merged or moved,
+        so only the threads whose stack pointers lay in this mapping then
+        (round_stacks) can be there now.  Only a borrow's first round: when
+        the thread is refused, before or after its stop, every thread is
+        looked at."""
+        last, first = self.last_chosen, self.first_round
+        self.first_round = False
+        if last is None or not first or only_tid not in (None, last.tid) or \
+                self.round_maps is None:
+            return None
+        try:
+            f = self.thread_facts(last.tid)
+        except RemoteCallError:
+            return None             # gone: the full round says so
+        if read_bytes(f"{self.procfs}/{self.pid}/maps", self.pid) != self.round_maps:
+            return None
+        c = self.consider(last.tid, f)
+        if isinstance(c, Refusal) or c.category == safepoints.RUNNING or self.with_room(c):
+            return None
+        return Round(candidates=[c])
+
     def candidates(self, only_tid: int | None) -> Round:
         """Threads worth stopping, best first (safepoints.CATEGORY_ORDER),
-        and why the others are not."""
+        and why the others are not: the last borrowed thread alone when it
+        waits again (again()), else every thread."""
+        rnd = self.again(only_tid)
+        if rnd is not None:
+            return rnd
         rnd = Round()
         why = rnd.refused
         task_dir = f"{self.procfs}/{self.pid}/task"
@@ -247,53 +293,17 @@ class Chooser:
                         sps[int(t)] = self.thread_facts(int(t)).sp
         # True when no thread runs: every one blocked (in a wait or not)
         self.parked = all(f.state not in ("R", "D") and f.nr != -1 for f in facts_of.values())
-        self.stackmaps = stackbounds.StackMaps(parse_maps(
-            read_bytes(f"{self.procfs}/{self.pid}/maps", self.pid)))
+        self.round_maps = read_bytes(f"{self.procfs}/{self.pid}/maps", self.pid)
+        self.stackmaps = stackbounds.StackMaps(parse_maps(self.round_maps))
         self.round_stacks = self.stackmaps.holders(sps.items())
-        cands = []
         for tid, f in facts_of.items():
-            if f.comm in safepoints.BACKGROUND_THREAD_COMMS:
-                why[tid] = refusal(Reason.BACKGROUND_THREAD, comm=f.comm)
-            elif f.state == "S" and f.nr >= 0:
-                cat, words = self.classify(tid, f.nr, f.args, pc=f.pc)
-                if cat is None:
-                    assert isinstance(words, Refusal)
-                    why[tid] = self._with_where(words, f.pc, f.sp)
-                    continue
-                assert isinstance(words, str)
-                where = self.in_forbidden(f.pc) if f.pc is not None else None
-                if where and not safepoints.is_libc_name(where):
-                    why[tid] = refusal(Reason.ISSUED_INSIDE, subject=words, inside=" inside",
-                                       where=where)
-                    continue
-                f.words = words
-                cands.append(Candidate(tid, cat, f))
-            elif f.state in ("R", "S") and f.nr == -1:
-                if not self.forbidden:
-                    why[tid] = refusal(Reason.RUNNING_UNJUDGED)
-                elif f.pc is not None and self.in_forbidden(f.pc):
-                    why[tid] = refusal(Reason.RUNNING_INSIDE, where=self.in_forbidden(f.pc))
-                else:
-                    cands.append(Candidate(tid, safepoints.RUNNING, f))
-            elif f.state == "D":
-                why[tid] = refusal(Reason.UNINTERRUPTIBLE)
-            elif f.state in ("Z", "X"):
-                why[tid] = refusal(Reason.EXITED)
-            elif f.state in ("T", "t"):
-                why[tid] = refusal(Reason.STOPPED)
+            c = self.consider(tid, f)
+            why_not = c if isinstance(c, Refusal) else self.with_room(c)
+            if why_not is not None:
+                why[tid] = why_not
             else:
-                why[tid] = refusal(Reason.OTHER_STATE, state=f.state,
-                                   name=self.arch.SYSCALL_NAMES.get(f.nr, f"syscall {f.nr}"))
-        # A safe point whose stack has no room for the call is no candidate.
-        # (Running threads show no stack pointer: judged once stopped.)
-        for c in cands:
-            if c.facts.sp is not None and c.category != safepoints.RUNNING:
-                _, c.facts.room, why_not = self.bounds_at(
-                    c.tid, c.facts.sp, thread_only=c.category == safepoints.GO_RUNTIME)
-                if why_not:
-                    why[c.tid] = why_not.about(c.facts.words)
-                    continue
-            rnd.candidates.append(c)
+                assert isinstance(c, Candidate)
+                rnd.candidates.append(c)
         # Best category first; within one, the most room below the stack
         # pointer first (unknown room -- running threads -- last).
         rnd.candidates.sort(key=lambda c: (
@@ -303,6 +313,55 @@ class Chooser:
             log.debug("pid %d tid %d refused before any stop: %s (%s)", self.pid, tid,
                       r.code.value, r.text)
         return rnd
+
+    def consider(self, tid: int, f: Facts) -> Candidate | Refusal:
+        """Thread TID as /proc shows it (F): a candidate, or why it is none."""
+        if f.comm in safepoints.BACKGROUND_THREAD_COMMS:
+            return refusal(Reason.BACKGROUND_THREAD, comm=f.comm)
+        if f.state == "S" and f.nr >= 0:
+            cat, words = self.classify(tid, f.nr, f.args, pc=f.pc)
+            if cat is None:
+                assert isinstance(words, Refusal)
+                return self._with_where(words, f.pc, f.sp)
+            assert isinstance(words, str)
+            where = self.in_forbidden(f.pc) if f.pc is not None else None
+            if where and not safepoints.is_libc_name(where):
+                return refusal(Reason.ISSUED_INSIDE, subject=words, inside=" inside",
+                               where=where)
+            f.words = words
+            return Candidate(tid, cat, f)
+        if f.state in ("R", "S") and f.nr == -1:
+            if not self.forbidden:
+                return refusal(Reason.RUNNING_UNJUDGED)
+            if f.pc is not None and self.in_forbidden(f.pc):
+                return refusal(Reason.RUNNING_INSIDE, where=self.in_forbidden(f.pc))
+            return Candidate(tid, safepoints.RUNNING, f)
+        if f.state == "D":
+            return refusal(Reason.UNINTERRUPTIBLE)
+        if f.state in ("Z", "X"):
+            return refusal(Reason.EXITED)
+        if f.state in ("T", "t"):
+            return refusal(Reason.STOPPED)
+        return refusal(Reason.OTHER_STATE, state=f.state,
+                       name=self.arch.SYSCALL_NAMES.get(f.nr, f"syscall {f.nr}"))
+
+    def with_room(self, c: Candidate) -> Refusal | None:
+        """None when C's stack has room for the call (its room set), else
+        why not.  Running threads show no stack pointer: judged once
+        stopped."""
+        if c.facts.sp is None or c.category == safepoints.RUNNING:
+            return None
+        _, c.facts.room, why_not = self.bounds_at(
+            c.tid, c.facts.sp, thread_only=c.category == safepoints.GO_RUNTIME)
+        return why_not.about(c.facts.words) if why_not else None
+
+    def stack_pointers(self, maps: bytes) -> list[int] | None:
+        """The stack pointers the last full round found in a mapping, when
+        MAPS is byte for byte the /proc/PID/maps it read (else None): with
+        the same mappings, the same ones hold the threads' stacks."""
+        if maps != self.round_maps:
+            return None
+        return [sp for held in self.round_stacks.values() for _, sp in held]
 
     def bounds_at(self, tid: int, sp: int, fs_base: int | None = None,
                   thread_only: bool = False

@@ -217,6 +217,11 @@ class RemoteProcess:
     def stack_need(self) -> int:
         return self._chooser.stack_need
 
+    def stack_pointers(self, maps: bytes) -> list[int] | None:
+        """The threads' stack pointers its last look at every thread found,
+        when MAPS is the /proc/PID/maps it read then (Chooser.stack_pointers)."""
+        return self._chooser.stack_pointers(maps)
+
     @property
     def mapper(self) -> Sequence[int | None] | None:
         return self._caller.mapper
@@ -344,6 +349,7 @@ class RemoteProcess:
                     self._unblock(old)
                     raise
                 if reason is None:
+                    ch.chosen(c)
                     last_why.pop(c.tid, None)
                     log.debug("pid %d tid %d chosen: %s %s, room %s", self.pid, c.tid,
                               th.verdict.category, th.verdict.syscall, c.facts.room)
