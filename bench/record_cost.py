@@ -9,8 +9,9 @@ server's requests.  Printed:
    the line), measured in this process with getrusage (user + system)
    around each snapshot, snapshots 0.2 s apart: the first, and the median
    of snapshots 2..N, for redis-server idle and under redis-benchmark,
-   attached and --no-attach, and for a 2-thread malloc/free churn target
-   under glibc, jemalloc and gperftools tcmalloc; and the command itself
+   attached and --no-attach, for a 2-thread malloc/free churn target
+   under glibc, jemalloc and gperftools tcmalloc, and for a pool of 200
+   idle threads under jemalloc; and the command itself
    (``record --interval 0.2``, its CPU from /proc).  Goal: <= 5 ms after
    the first.
 2. CPU of one exporter scrape of a procfs holding redis-server alone, with
@@ -32,8 +33,9 @@ server's requests.  Printed:
    hour of ``--interval 1`` is 3,600), read after snapshot 50, half-way and
    at the end.  Goal: <= 80 MiB, and not growing with the count.
 
-Compare two versions by running this script with PYTHONPATH set to each
-checkout (the children inherit it).
+It measures the checkout it is in (PYTHONPATH set to it, for the commands
+it starts too); compare two versions by running it with PYTHONPATH set to
+each checkout.
 
 Usage: python bench/record_cost.py [--snapshots 40] [--runs 4] [--requests 200000]
                                     [--long 3600] [--sections 1234]
@@ -51,6 +53,12 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if not os.environ.get("PYTHONPATH"):
+    # the checkout this script is in, here and in the commands it starts,
+    # not an allocdiag installed earlier (a stale copy measured silently)
+    os.environ["PYTHONPATH"] = ROOT
+    sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 import servers  # noqa: E402
 import targets  # noqa: E402
@@ -63,6 +71,7 @@ CLIENTS = 50
 P999 = re.compile(r"^\s*(99\.9\d*)% <= ([\d.]+) milliseconds", re.M)
 CHURN_THREADS = 2
 CHURN_ALLOCATORS = ("glibc", "jemalloc", "tcmalloc")
+POOL_THREADS = 200      # tests/targets/small_stacks.c: 8 in read(), the rest in condition waits
 # the command measured as a user runs it: its shortest interval
 COMMAND_INTERVAL_S = 0.2
 # between two snapshots measured in this process (as a recording sleeps)
@@ -137,6 +146,11 @@ def record_cpu(srv, count):
         with targets.start([exe, str(CHURN_THREADS), "1"], allocator=allocator) as t:
             line(f"churn x{CHURN_THREADS} {allocator} attached",
                  per_snapshot_ms(t.pid, count, False))
+    # a thread pool: nothing a snapshot does after the first may grow with the threads
+    pool = targets.build_c("small_stacks.c", "-pthread")
+    with targets.start([pool, str(POOL_THREADS), "8", "64"], allocator="jemalloc",
+                       timeout=30) as t:
+        line(f"pool x{POOL_THREADS} jemalloc attached", per_snapshot_ms(t.pid, count, False))
 
 
 def child_cpu_s(pid):
