@@ -53,13 +53,9 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-if not os.environ.get("PYTHONPATH"):
-    # the checkout this script is in, here and in the commands it starts,
-    # not an allocdiag installed earlier (a stale copy measured silently)
-    os.environ["PYTHONPATH"] = ROOT
-    sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+import checkout  # noqa: E402
+checkout.use()
 import servers  # noqa: E402
 import targets  # noqa: E402
 

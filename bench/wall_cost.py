@@ -31,6 +31,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+import checkout  # noqa: E402
+checkout.use()
 import targets  # noqa: E402
 
 CLI = os.path.join(os.path.dirname(sys.executable), "allocdiag")
