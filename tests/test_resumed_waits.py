@@ -22,6 +22,7 @@ import time
 
 import pytest
 
+from collectors.engine.callframe import DEADLINE_SLACK_NS
 from diag import snapshot
 from targets import build_c, start
 
@@ -31,6 +32,13 @@ MODES = ["sleep", "clock_nanosleep", "poll", "select", "epoll", "pause", "sigtim
 WAIT_MS = 1000
 SNAPSHOTS = 10
 SLACK_US = 50_000
+# An epoll-family or sigtimedwait wait a stop interrupted is given back what
+# is left of its timeout plus DEADLINE_SLACK_NS, epoll's rounded up to a
+# whole millisecond (callframe.keep_deadline: never early), so each stop
+# may end it up to this much later by design (a CI run: sigtimedwait 1063 ms
+# against 1061.9 allowed, 10 stops)
+KEPT_DEADLINE_MODES = ("epoll", "sigtimedwait")
+KEPT_DEADLINE_US = DEADLINE_SLACK_NS // 1000 + 1000
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -50,17 +58,20 @@ def waits_of(t):
     return out
 
 
-def check_waits(mode, waits, stopped_us=0, late_us=0):
+def check_waits(mode, waits, stopped_us=0, late_us=0, stops=0):
     """Every wait ended with its own result, never before its deadline, and
     at most SLACK_US after it plus the time the thread was stopped
-    (STOPPED_US: the stops themselves are the one delay allowed) and the
-    box's own lateness in the same run (LATE_US: lateness())."""
+    (STOPPED_US: the stops themselves are the one delay allowed besides
+    KEPT_DEADLINE_US per stop of a wait whose timeout the engine gives
+    back, STOPS of them) and the box's own lateness in the same run
+    (LATE_US: lateness())."""
     assert waits, f"{mode}: no wait finished"
+    kept_us = stops * KEPT_DEADLINE_US if mode in KEPT_DEADLINE_MODES else 0
     for us, ok in waits:
         assert ok, f"{mode}: a wait returned early or with a wrong result ({us} us)"
-        assert WAIT_MS * 1000 <= us <= WAIT_MS * 1000 + SLACK_US + stopped_us + late_us, \
-            f"{mode}: a {WAIT_MS} ms wait took {us / 1000:.1f} ms ({stopped_us} us stopped, " \
-            f"{late_us} us late untouched)"
+        assert WAIT_MS * 1000 <= us <= WAIT_MS * 1000 + SLACK_US + stopped_us + late_us + \
+            kept_us, f"{mode}: a {WAIT_MS} ms wait took {us / 1000:.1f} ms ({stopped_us} us " \
+            f"stopped, {late_us} us late untouched, {kept_us} us of kept deadlines)"
 
 
 def lateness(control):
@@ -94,7 +105,7 @@ def test_every_wait_snapshotted_again_and_again(allocator):
         time.sleep(WAIT_MS / 1000 + 0.2)     # the last wait interrupted ends
         late = lateness(control)
         for mode, t in targets.items():
-            check_waits(mode, waits_of(t), stopped[mode], late)
+            check_waits(mode, waits_of(t), stopped[mode], late, SNAPSHOTS)
             assert t.alive()
         for mode in ("sleep", "clock_nanosleep", "poll", "condwait"):
             assert any("restart_syscall" in (s or "") for s in seen[mode]), (mode, seen[mode])
