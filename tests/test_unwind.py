@@ -162,3 +162,27 @@ def test_a_walk_that_may_not_decode_names_the_fde_it_needs():
     (cfa_reg, _offset, expr), rules = table.row(vaddr)
     assert cfa_reg == unwind.RSP and not expr          # at a function's first byte
     assert (unwind.RA, unwind.OFFSET, -8) in rules      # the return address on top
+
+
+def test_a_short_read_of_a_stack_page_is_unreadable_not_a_crash():
+    """A page read that comes back short (a process that exits during a
+    wall window's walk gave b"" once: struct.error escaped `allocdiag wall`
+    in a pristine-chroot run) makes the words past its end unreadable:
+    UnwindError, which a tolerant walk turns into an early end."""
+    page = unwind.PAGE
+    full = bytes(range(256)) * (page // 256)
+    reads = {0x10000: b"", 0x20000: full[:100], 0x30000: full}
+    mem = unwind.PagedMemory(lambda addr, n: reads.get(addr))
+    with pytest.raises(unwind.UnwindError, match="gave 0 bytes"):
+        mem.word(0x10000 + 3128)
+    with pytest.raises(unwind.UnwindError, match="gave 0 bytes"):
+        mem.word(0x10000 + 3128)            # cached: the same answer
+    assert mem.word(0x20000 + 8) == int.from_bytes(full[8:16], "little")
+    with pytest.raises(unwind.UnwindError, match="gave 100 bytes"):
+        mem.word(0x20000 + 96)
+    with pytest.raises(unwind.UnwindError, match="gave 100 bytes"):
+        mem.word(0x20000 + page - 4)       # across the page boundary
+    assert mem.word(0x30000 + page - 8) == int.from_bytes(full[-8:], "little")
+    with pytest.raises(unwind.UnwindError, match="unreadable"):
+        mem.word(0x40000)                   # a failed read (None)
+

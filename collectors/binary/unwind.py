@@ -509,7 +509,9 @@ class _Mapping:
 class PagedMemory:
     """Stack words of a live process read page by page through READ(addr, n)
     (bytes or None): a walk reads a handful of pages, not one syscall per
-    saved register.  The memory reader a walk uses by default."""
+    saved register.  The memory reader a walk uses by default.  A read may
+    come back short (a process that exited mid-walk gave b""): a word past
+    its end is unreadable (UnwindError), as a failed read is."""
 
     def __init__(self, read: Callable[[int, int], bytes | None]) -> None:
         self._read = read
@@ -519,7 +521,7 @@ class PagedMemory:
         page = addr & ~(PAGE - 1)
         off = addr - page
         data = self._pages.get(page)
-        if data is not None and off + WORD <= PAGE:     # the common case, inline
+        if data is not None and off + WORD <= len(data):     # the common case, inline
             return _WORD.unpack_from(data, off)[0]
         if off + WORD > PAGE:                  # a word across two pages
             head = PAGE - off
@@ -536,6 +538,9 @@ class PagedMemory:
                 raise UnwindError(f"stack word at {addr:#x} unreadable")
             self._pages[page] = data
         off = addr - page
+        if off + n > len(data):
+            raise UnwindError(f"stack word at {addr:#x} unreadable (the read of its page "
+                              f"gave {len(data)} bytes)")
         return data[off:off + n]
 
 
