@@ -68,8 +68,10 @@ class StackMaps:
         every thread of the process."""
         out: dict[int, list[tuple[int, int]]] = {}
         for tid, sp in sps:
-            i = self.index(sp) if sp is not None else None
-            if i is not None and sp is not None:
+            if sp is None:
+                continue
+            i = self.index(sp)
+            if i is not None:
                 out.setdefault(i, []).append((tid, sp))
         return out
 
