@@ -261,9 +261,11 @@ class LiveReader:
         is the /proc/PID/maps it read then (RemoteProcess.stack_pointers)."""
         return self.rp.stack_pointers(maps) if self.rp is not None else None
 
-    def collect(self, deadline_s: float | None = None) -> LiveStats:
+    def collect(self, deadline_s: float | None = None, maps: bytes | None = None
+                ) -> LiveStats:
         """One read: LiveStats.  DEADLINE_S (default: the reader's) bounds
-        the wait for a safe thread.  Raises as ``collect``."""
+        the wait for a safe thread.  MAPS: the process's /proc/PID/maps the
+        caller has just read (RemoteProcess.borrow).  Raises as ``collect``."""
         mod, rp, image = self.mod, self.rp, self.image
         assert rp is not None, "renew() made it"
         rp.deadline_s = float(self.deadline_s if deadline_s is None else deadline_s)
@@ -275,7 +277,7 @@ class LiveReader:
             common.before_stop(mod, key)
             # what the module reads of the target before the stop, for this gather only
             addrs = {**self.addrs, **prefetch(image, self.addrs)} if prefetch else self.addrs
-            with rp.borrow() as c:
+            with rp.borrow(maps=None if attempt else maps) as c:
                 raw = mod.gather(c, addrs, self.opts)
                 thread = {"tid": c.tid, "kind": c.kind, "syscall": c.syscall}
             pauses.extend(rp.pause_us)

@@ -69,17 +69,20 @@ class Collected:
         return any(not s.ok for s in self.status.values())
 
 
-def _live(col, built, per_arena, deadline_s):
+def _live(col, built, per_arena, deadline_s, maps=None):
     """Run the remote stats collector with BUILT's live reader (made on
     first use); its pause goes into the collector status.  An allocator
     without a stats interface (Go runtime, musl) gives no stats: the
     collector is not ok, says why, and ``col.unsupported`` holds the error
     (``inspect`` exits 5 on it).  A reader whose read failed is not kept
     (the next snapshot starts its remote handle afresh), except when no
-    thread was at a safe point (a busy process: it is asked again)."""
+    thread was at a safe point (a busy process: it is asked again).
+    MAPS: the snapshot's read of /proc/PID/maps, for the borrow's first round
+    when the reader was kept (a new one's making reads the process)."""
     t0 = time.perf_counter()
     try:
         if built.reader is None:
+            maps = None
             if built.no_reader is not None:
                 # its traceback dropped: raised at every snapshot, it would grow
                 raise built.no_reader.with_traceback(None)
@@ -89,7 +92,7 @@ def _live(col, built, per_arena, deadline_s):
             except Unsupported as exc:
                 built.no_reader = exc
                 raise
-        live = built.reader.collect(deadline_s)
+        live = built.reader.collect(deadline_s, maps)
     except NoSuchProcess:
         built.reader = None
         raise
@@ -221,7 +224,7 @@ class Session:
         self.attach, self.per_arena, self.deadline_s = attach, per_arena, deadline_s
         self.builds = 0
         self._start = None          # the start time of the process _built belongs to
-        self._built = None
+        self._built: _Built | None = None
 
     def take(self, deadline_s: float | None = None) -> tuple[Snapshot, Collected]:
         """(Snapshot, Collected) of the process now.  DEADLINE_S: this read's
@@ -237,7 +240,11 @@ class Session:
         if cgroup is not None and cgroup.error:
             col.status["cgroup"] = CollectorStatus(True, cgroup.error,
                                                    col.status["cgroup"].duration_s)
+        kept = self._built
         built = self._current(col, status)
+        # the mappings just read, when nothing was built from them since (a
+        # recording's snapshot after the first): the borrow's round uses them
+        fresh_maps = kept.maps if kept is not None and built is kept else None
         giveway.give_way()
         image = built.image if built is not None else None
         det = built.det if built is not None else None
@@ -263,7 +270,7 @@ class Session:
                 (f" ({failed} failed)" if failed else ""), 0.0)
         if self.attach and det is not None:
             live = _live(col, built, self.per_arena,
-                         self.deadline_s if deadline_s is None else deadline_s)
+                         self.deadline_s if deadline_s is None else deadline_s, fresh_maps)
             if live is not None:
                 stats.update(live.stats)
                 native = live.native

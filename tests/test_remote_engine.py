@@ -643,6 +643,29 @@ def test_call_timeout_restores_and_quarantines(waits):
         RemoteProcess(t.pid)
 
 
+def test_the_checks_before_a_stop_read_the_process_stat_once(waits, monkeypatch):
+    """The checks before a borrow (not quarantined, the same process) read
+    /proc/PID/stat once, and only for the pid reuse check while nothing is
+    quarantined; a quarantined process is still refused."""
+    t, a = waits("nanosleep")
+    rp = RemoteProcess(t.pid)
+    reads = []
+    real = ptrace.start_time
+    monkeypatch.setattr(ptrace, "start_time",
+                        lambda pid, *args: pid == t.pid and reads.append(pid) or real(pid, *args))
+    with rp.borrow(tid=a["tid"]):
+        pass
+    assert reads == [t.pid]
+    ptrace.quarantine(t.pid, real(t.pid), "a test")
+    try:
+        with pytest.raises(Quarantined, match="a test"):
+            with rp.borrow():
+                pass
+    finally:
+        ptrace.REGISTRY.reset()
+    assert stat(t, a, BAD) == 0
+
+
 def test_crashing_call_is_contained(waits):
     t, a = waits("nanosleep")
     rp = RemoteProcess(t.pid)

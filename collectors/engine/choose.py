@@ -117,6 +117,10 @@ class Chooser:
         # 216-thread varnishd: ~100 us, and every candidate's room before it)
         self.round_stacks: dict[int, list[tuple[int, int]]] = {}
         self.round_maps: bytes | None = None     # /proc/PID/maps as the last full round read it
+        # /proc/PID/maps as the current round read it (read_maps): the look-ahead's
+        # StackJudge is checked against these bytes, not a read of its own
+        self.maps_now: bytes | None = None
+        self._given_maps: bytes | None = None    # new_borrow's MAPS, for its first read
         # The thread the last borrow got, as /proc showed it before its stop:
         # the next borrow's first round looks at it alone (again())
         self.last_chosen: Candidate | None = None
@@ -136,8 +140,13 @@ class Chooser:
                                         unwind.StackCopy | None]] = {}
         self._judge_maps: bytes | None = None   # the maps it was built from
 
-    def new_borrow(self) -> None:
+    def new_borrow(self, maps: bytes | None = None) -> None:
+        """A borrow starts.  MAPS: /proc/PID/maps read by the caller for the
+        same snapshot, a moment before (a recording's: before the stop, as a
+        round's own read is); its first round uses them instead of reading
+        them again (read_maps)."""
         self.first_round = True
+        self._given_maps = maps
         self.room = {}
         self.restart_kinds = {}
         # pc -> the SYSCALL_INSN-long bytes before it, read before the stop
@@ -249,7 +258,7 @@ class Chooser:
             f = self.thread_facts(last.tid)
         except RemoteCallError:
             return None             # gone: the full round says so
-        if read_bytes(f"{self.procfs}/{self.pid}/maps", self.pid) != self.round_maps:
+        if self.read_maps() != self.round_maps:
             return None
         c = self.consider(last.tid, f)
         if isinstance(c, Refusal) or c.category == safepoints.RUNNING or self.with_room(c):
@@ -293,7 +302,7 @@ class Chooser:
                         sps[int(t)] = self.thread_facts(int(t)).sp
         # True when no thread runs: every one blocked (in a wait or not)
         self.parked = all(f.state not in ("R", "D") and f.nr != -1 for f in facts_of.values())
-        self.round_maps = read_bytes(f"{self.procfs}/{self.pid}/maps", self.pid)
+        self.round_maps = self.read_maps()
         self.stackmaps = stackbounds.StackMaps(parse_maps(self.round_maps))
         self.round_stacks = self.stackmaps.holders(sps.items())
         for tid, f in facts_of.items():
@@ -403,12 +412,25 @@ class Chooser:
             return why
         return Refusal(why.code, {**why.args, "where": f" {found.text}"}, why.subject)
 
+    def read_maps(self) -> bytes:
+        """/proc/PID/maps for the current round (maps_now): the bytes
+        new_borrow was given, in its first read only, else read now."""
+        maps, self._given_maps = self._given_maps, None
+        if maps is None:
+            maps = read_bytes(f"{self.procfs}/{self.pid}/maps", self.pid)
+        self.maps_now = maps
+        return maps
+
     def stack_judge(self, refresh: bool = False) -> safepoints.StackJudge:
         """The StackJudge of this process (built on first use: only when a
         futex-waiting thread is the next candidate).  REFRESH: rebuild it if
-        the mappings changed since (dlopen; parsed tables stay cached)."""
+        the mappings changed since (dlopen; parsed tables stay cached),
+        judged by the current round's read of them (prepare refreshes right
+        after a round, which read them: a second read a moment later cost a
+        recording ~0.2 ms a snapshot)."""
         if self.judge_stack is None or refresh:
-            maps = read_bytes(f"{self.procfs}/{self.pid}/maps", self.pid)
+            maps = self.maps_now if refresh and self.maps_now is not None else \
+                read_bytes(f"{self.procfs}/{self.pid}/maps", self.pid)
             if self.judge_stack is None or maps != self._judge_maps:
                 self.judge_stack = safepoints.StackJudge(
                     self.pid, maps, self.forbidden,

@@ -399,12 +399,14 @@ class RemoteProcess:
 
     # ---- public -------------------------------------------------------------------
     @contextlib.contextmanager
-    def borrow(self, tid: int | None = None) -> Iterator[Call]:
-        """Stop one safe thread (or only TID) and yield a Call on it."""
+    def borrow(self, tid: int | None = None, maps: bytes | None = None) -> Iterator[Call]:
+        """Stop one safe thread (or only TID) and yield a Call on it.  MAPS:
+        /proc/PID/maps just read by the caller for the same work (a
+        snapshot's), used instead of a read of its own (Chooser.new_borrow)."""
         reap_orphans()
         self._caller.record = type(self._caller.record)()
         self.last = None
-        self._chooser.new_borrow()
+        self._chooser.new_borrow(maps)
         with _borrowing():
             self._preflight()
             th, old, chosen_from = self._acquire(tid)

@@ -291,9 +291,13 @@ REGISTRY = Registry()
 _orphan_lock = threading.RLock()
 
 
-def quarantine_reason(pid: int, procfs: str = "/proc") -> str | None:
-    """Why PID is quarantined, or None."""
-    key = (pid, start_time(pid, procfs))
+def quarantine_reason(pid: int, procfs: str = "/proc", start: int | None = None
+                      ) -> str | None:
+    """Why PID (started at START, read now when not given) is quarantined,
+    or None."""
+    if not REGISTRY.quarantine:
+        return None             # the usual case: no stat read
+    key = (pid, start_time(pid, procfs) if start is None else start)
     with REGISTRY.lock:
         return REGISTRY.quarantine.get(key)
 
@@ -427,11 +431,13 @@ class Tracer:
     def preflight(self) -> None:
         """Checks before any stop: not quarantined, the same program still
         running, not stopped, traced by no one else, SIGSEGV not ignored."""
-        reason = quarantine_reason(self.pid, self.procfs)
+        st = status_fields(read_bytes(f"{self.procfs}/{self.pid}/status", self.pid))
+        # read after the status: a pid reused meanwhile shows here
+        start = start_time(self.pid, self.procfs)
+        reason = quarantine_reason(self.pid, self.procfs, start)
         if reason:
             raise Quarantined(f"no remote calls: {reason}", pid=self.pid)
-        st = status_fields(read_bytes(f"{self.procfs}/{self.pid}/status", self.pid))
-        if start_time(self.pid, self.procfs) != self.start:
+        if start != self.start:
             raise NoSuchProcess(self.pid, "the process exited (pid reused)")
         state = st.get("State", "?")[:1]
         if state in ("Z", "X"):
