@@ -101,6 +101,9 @@ def test_glibc_untouched_chunks_allocated_above_resident_is_labelled():
         snap, _ = snapshot.take(t.pid)
     chunks = snap.native["heap_resident"]["mmapped_chunks"]
     assert chunks["count"] == 64 and chunks["resident"] < 4 * MiB
+    # the bytes in its provenance are what is mapped, said as such (not present)
+    assert f"64 mmapped chunks found by their headers ({chunks['bytes']} bytes mapped)" in \
+        snap.stats["resident"].source
     layers = {x.name: x for x in breakdown.layers(snap)}
     assert layers["allocated"].note == ADJUSTED
     assert layers["allocated"].raw == snap.stats["allocated"].value >= 64 * MiB

@@ -205,7 +205,7 @@ def resident(image: Any, native: Any, stats: Any) -> Any:
                                                      "resident": chunk_res}
         res += chunk_res
         formula += (f" + pagemap present pages of the {n} mmapped chunks found by their "
-                    f"headers ({size} bytes")
+                    f"headers ({size} bytes mapped")
         if mi.get("hblks") is not None and (mi["hblks"], mi["hblkhd"]) != (n, size):
             formula += (f"; glibc counts {mi['hblks']} chunks, {mi['hblkhd']} bytes: the "
                         "rest not found, a lower bound")
