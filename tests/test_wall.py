@@ -450,6 +450,34 @@ def test_static_jemalloc_is_attributed_by_name():
     assert hot is None or "alloc_batch" in hot.evidence["sites"]
 
 
+@pytest.mark.parametrize("build, expected", [
+    ([], "application"),                                   # glibc's malloc, in libc.so.6
+    (["static-jemalloc"], "unknown"),                      # its own malloc, in its text
+])
+def test_a_walk_stopped_in_a_stripped_program_is_its_time_unless_it_holds_malloc(
+        tmp_path, build, expected):
+    """A walk that stopped early (a frame bigger than the stack copy, as
+    Debian's memcached sendmsg frame of 16 KiB) in a stripped executable
+    whose libc and allocator are shared objects is the program's own time:
+    its code holds no malloc.  A stripped executable that defines malloc (a
+    static jemalloc) may be inside it: unknown, as before."""
+    from collectors.sampler.attribution import Attributor
+    flags = targets.static_jemalloc_flags() if build else ["-lpthread"]
+    built = targets.build_c("wall_target.c", *flags,
+                            name="wall_target_static_je" if build else None)
+    exe = str(tmp_path / "stripped")
+    subprocess.run(["strip", "-o", exe, built], check=True)
+    with targets.start([exe, "mix", "1"]) as t:
+        Lines(t)
+        maps = open(f"/proc/{t.pid}/maps").read()
+        text = next(line.split()[0] for line in maps.splitlines()
+                    if line.endswith(exe) and line.split()[1] == "r-xp")
+        pc = int(text.split("-")[0], 16) + 0x40
+        a = Attributor(t.pid, maps).classify([pc], complete=False)
+        assert a.folded[0] == "[incomplete]" and a.folded[1].startswith("stripped+0x"), a.folded
+        assert a.cls == expected, a.folded
+
+
 def test_no_allocator_stats_still_gets_cpu_fault_and_syscall_figures(tmp_path, tracefs):
     # musl: detected, but no stats interface -> counters missing, the rest measured
     deps.need("musl-gcc")

@@ -133,10 +133,15 @@ class SymbolTable:
     """One object's PT_LOADs and sorted function symbols."""
 
     def __init__(self, path: str, build_id: str | None, loads: list[tuple[int, int, int]],
-                 funcs: list[tuple[int, int, int, str]], source: str) -> None:
+                 funcs: list[tuple[int, int, int, str]], source: str,
+                 program_only: bool = False) -> None:
         self.path = path
         self.build_id = build_id
         self.loads = loads                    # [(p_offset, p_filesz, p_vaddr)]
+        # an executable that loads its libc as a shared object (PT_INTERP)
+        # and defines no malloc of its own: none of its code is the malloc
+        # allocator's nor libc's, named or not (program_code())
+        self.program_only = program_only
         funcs.sort()
         self._starts = [f[0] for f in funcs]
         self._funcs = funcs                   # [(st_value, bind rank, st_size, name)]
@@ -199,6 +204,17 @@ def _func_symbols(elf, name):
             out.append((st_value, _BIND_RANK.get(st_info >> ST_BIND_SHIFT, LOCAL_RANK),
                         st_size, sym))
     return out
+
+
+def _program_only(elf, funcs, dynsym):
+    """ELF is an executable with a program interpreter (PT_INTERP: its libc
+    is a shared object, not linked in) whose symbols (FUNCS, DYNSYM) define
+    no malloc: a malloc it defined would interpose libc's, making it the
+    allocator (a static jemalloc).  libc.so.6 has PT_INTERP too, and malloc."""
+    if elf["e_type"] not in ("ET_EXEC", "ET_DYN") or \
+            not any(seg["p_type"] == "PT_INTERP" for seg in elf.iter_segments()):
+        return False
+    return not any(f[3] == "malloc" for f in (*funcs, *dynsym))
 
 
 def _debuglink(elf):
@@ -280,12 +296,15 @@ def load_table(path: str, display: str, debug_root: str = DEBUG_ROOT,
                 dbg = _find_debug(display, build_id, _debuglink(elf), debug_root, root)
                 if dbg is not None:
                     funcs, source = dbg
+            dynsym = _func_symbols(elf, ".dynsym")
             if not funcs:
-                funcs, source = _func_symbols(elf, ".dynsym"), "dynsym"
+                funcs, source = dynsym, "dynsym"
+            program_only = _program_only(elf, funcs, dynsym)
     except _ELF_ERRORS as exc:
         log.debug("symbols of %s: not read from %s (%s)", display, path, type(exc).__name__)
         return None
-    table = SymbolTable(display, build_id, loads, funcs, source if funcs else "none")
+    table = SymbolTable(display, build_id, loads, funcs, source if funcs else "none",
+                        program_only)
     log.debug("symbols of %s: %s, %d functions (build-id %s)", display, table.source,
               len(funcs), build_id)
     if build_id is not None:
@@ -421,3 +440,10 @@ class Symbolizer:
 
     def stack(self, addrs: Iterable[int]) -> list[Frame]:
         return [self.frame(a) for a in addrs]
+
+    def program_only(self, path: str | None) -> bool:
+        """The object mapped at PATH holds only the program's own code
+        (SymbolTable.program_only): a frame in it is the program's, named
+        or not (a stripped executable)."""
+        table = self._tables.get(path or "")
+        return table is not None and table.program_only

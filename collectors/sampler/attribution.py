@@ -16,8 +16,9 @@ A walk that stopped early (collectors.binary.unwind ``tolerant``) still counts a
 application time when it reached the program's own code (an allocator does
 not call back into it): a named function outside the system libraries whose
 name is not reserved (no leading underscore: static executables carry their
-libc); otherwise the sample is ``unknown`` -- never application time by
-default.
+libc), or any frame of an executable that loads libc as a shared object and
+defines no malloc (named or stripped, it holds neither); otherwise the
+sample is ``unknown`` -- never application time by default.
 
 Names come from collectors.binary.symbolize (``.symtab``, the debug file by
 build-id such as libc6-dbg's, else ``.dynsym``) and collectors.binary.demangle.  An
@@ -124,12 +125,20 @@ def internal_name(frame: Frame, glibc_malloc: bool) -> str | None:
     return None
 
 
-def _program_code(frame: Frame) -> bool:
+def _program_code(frame: Frame, program_only: bool = False) -> bool:
     """FRAME is the program's own code: a named function outside the system
     libraries whose name is not reserved to the implementation (a leading
     underscore: a static executable carries libc -- musl's __lock, glibc's
-    __libc_* -- inside it)."""
-    return bool(frame.object and frame.function and not frame.function.startswith("_")
+    __libc_* -- inside it); or any frame of an object that holds nothing
+    else (PROGRAM_ONLY, Symbolizer.program_only: a stripped executable whose
+    libc and allocator are shared objects, as Debian's memcached: a third
+    of its samples were unknown, their walk stopped above its 16 KiB
+    sendmsg frame)."""
+    if not frame.object:
+        return False
+    if program_only:
+        return True
+    return bool(frame.function and not frame.function.startswith("_")
                 and not SYSTEM_RE.search(frame.object)
                 and not ALLOCATOR_OBJECT_RE.search(frame.object))
 
@@ -184,7 +193,8 @@ class Attributor:
             site_frames = tuple(f.text for f in frames[outer + 1:outer + 1 + SITE_FRAMES])
             site = site_frames[0] if site_frames else UNKNOWN_SITE
             return Attribution(ALLOCATOR, fn, entry, site, site_frames, folded)
-        if complete or any(_program_code(f) for f in frames):
+        only = self.symbolizer.program_only
+        if complete or any(_program_code(f, only(f.object)) for f in frames):
             return Attribution(APPLICATION, None, None, None, (), folded)
         return Attribution(UNKNOWN, None, None, None, (), folded or ("[unknown]",))
 
