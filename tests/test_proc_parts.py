@@ -143,6 +143,46 @@ def test_stat_line_cpu_ticks_move_for_a_busy_process():
     assert boot_time() < time.time()
 
 
+# /proc/PID/task/TID/syscall as read on this kernel (6.18): redis-server's
+# event loop in epoll_wait (232), one of its threads in futex (202), a busy
+# python, the same python after SIGSTOP
+CAPTURED_SYSCALL = {
+    b"232 0x5 0x7f7549b6fa00 0x2790 0x64 0x2 0x0 0x7ffc31015b30 0x7f754a326f36\n":
+        (232, (0x5, 0x7f7549b6fa00, 0x2790, 0x64, 0x2, 0x0), 0x7ffc31015b30, 0x7f754a326f36),
+    b"202 0x556030cf8be8 0x189 0x0 0x0 0x0 0xffffffff 0x7f75495fe200 0x7f754a2a3f16\n":
+        (202, (0x556030cf8be8, 0x189, 0, 0, 0, 0xffffffff), 0x7f75495fe200, 0x7f754a2a3f16),
+    b"running\n": (-1, (), None, None),
+    b"-1 0x7fff57a59b30 0x7f02e00fe1cc\n": (-1, (), 0x7fff57a59b30, 0x7f02e00fe1cc),
+}
+
+
+def test_captured_syscall_lines_of_each_shape():
+    from collectors.proc.syscall import NOT_IN_SYSCALL, RUNNING, parse_syscall
+    for data, want in CAPTURED_SYSCALL.items():
+        assert tuple(parse_syscall(data)) == want, data
+    assert parse_syscall(b"") == RUNNING and RUNNING.nr == NOT_IN_SYSCALL
+    with pytest.raises(ValueError):
+        parse_syscall(b"-1 0xzz 0x1\n")
+
+
+def test_syscall_file_of_a_live_waiting_thread():
+    from collectors.proc.syscall import parse_syscall
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        for _ in range(200):
+            sc = parse_syscall(open(f"/proc/{sleeper.pid}/syscall", "rb").read())
+            if sc.nr >= 0:
+                break
+            time.sleep(0.01)
+        assert sc.nr == 230 and len(sc.args) == 6      # clock_nanosleep (x86-64)
+        maps = parse_maps(open(f"/proc/{sleeper.pid}/maps", "rb").read())
+        assert any(m.path == "[stack]" and m.start <= sc.sp < m.end for m in maps)
+        assert any("x" in m.perms and m.start <= sc.pc < m.end for m in maps)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_start_time_of_a_live_process_named_with_parens(tmp_path):
     exe = tmp_path / COMM
     exe.write_bytes(open("/bin/sleep", "rb").read())

@@ -23,6 +23,7 @@ from collectors.engine.safepoints import Reason, Refusal, refusal
 from collectors.engine.tracee import At, Thread, Tracer, read_bytes
 from collectors.proc.maps import parse_maps
 from collectors.proc.readall import read_all
+from collectors.proc.syscall import NOT_IN_SYSCALL, parse_syscall
 from diag.model.errors import AccessDenied, AllocdiagError, NoSuchProcess, RemoteCallError
 
 log = lazylog.getLogger("collectors.engine")
@@ -32,10 +33,6 @@ ERESTART = safepoints.ERESTART
 # skips (128), 64 bytes of gap, MAX_SCRATCH of small scratch, the call frame
 # (return address and stack arguments) and alignment.
 FRAME_BUDGET = 4 * 1024
-# /proc/PID/task/TID/syscall (fs/proc/base.c proc_pid_syscall): "nr a0..a5 sp pc",
-# or "-1 sp pc" in user code, or "running"
-SYSCALL_LINE_FIELDS = 9
-SYSCALL_ARGS = slice(1, 7)
 MS_PER_S = 1000.0
 STAT_PROCESSOR_FIELD = 36     # /proc/PID/stat field 39 (processor), after "comm)"
 NS_PER_MS = 1_000_000
@@ -168,19 +165,10 @@ class Chooser:
         """Facts of TID from /proc, without stopping it.  Raises
         RemoteCallError when the thread vanished."""
         stat = read_bytes(self.tracer.task(tid, "stat"), self.pid, tid)
-        sc = read_bytes(self.tracer.task(tid, "syscall"), self.pid, tid).split()
+        sc = parse_syscall(read_bytes(self.tracer.task(tid, "syscall"), self.pid, tid))
         comm = stat[stat.find(b"(") + 1:stat.rfind(b")")].decode("utf-8", "replace")
         state = stat.rsplit(b")", 1)[1].split()[0].decode()
-        nr, sp, pc = -1, None, None
-        args: tuple[int, ...] = ()
-        if sc and sc[0] != b"running":
-            nr = int(sc[0])
-            if len(sc) >= SYSCALL_LINE_FIELDS:
-                args = tuple(int(x, 16) for x in sc[SYSCALL_ARGS])
-                sp, pc = int(sc[-2], 16), int(sc[-1], 16)
-            elif len(sc) >= 3:
-                sp, pc = int(sc[-2], 16), int(sc[-1], 16)
-        return Facts(state, nr, args, sp, pc, comm)
+        return Facts(state, sc.nr, sc.args, sc.sp, sc.pc, comm)
 
     def classify(self, tid: int, nr: int, args: tuple[int, ...], stopped: bool = False,
                  pc: int | None = None) -> tuple[str, str] | tuple[None, Refusal]:
@@ -301,7 +289,8 @@ class Chooser:
                     with contextlib.suppress(AllocdiagError):
                         sps[int(t)] = self.thread_facts(int(t)).sp
         # True when no thread runs: every one blocked (in a wait or not)
-        self.parked = all(f.state not in ("R", "D") and f.nr != -1 for f in facts_of.values())
+        self.parked = all(f.state not in ("R", "D") and f.nr != NOT_IN_SYSCALL
+                          for f in facts_of.values())
         self.round_maps = self.read_maps()
         self.stackmaps = stackbounds.StackMaps(parse_maps(self.round_maps))
         self.round_stacks = self.stackmaps.holders(sps.items())
@@ -339,7 +328,7 @@ class Chooser:
                                where=where)
             f.words = words
             return Candidate(tid, cat, f)
-        if f.state in ("R", "S") and f.nr == -1:
+        if f.state in ("R", "S") and f.nr == NOT_IN_SYSCALL:
             if not self.forbidden:
                 return refusal(Reason.RUNNING_UNJUDGED)
             if f.pc is not None and self.in_forbidden(f.pc):

@@ -50,6 +50,7 @@ from collectors.proc.procfs import ProcFS
 from collectors.proc.readall import read_all
 from collectors.proc.stat import ZOMBIE_STATES, parse_state
 from collectors.proc.status import parse_status
+from collectors.proc.syscall import NOT_IN_SYSCALL, parse_syscall
 from diag.model.errors import AccessDenied, NoSuchProcess
 from collectors.sampler import perf, records
 from collectors.sampler.attribution import ALLOCATOR, UNKNOWN, Attributor, is_lock_wait
@@ -94,8 +95,6 @@ CPU, SWITCH = "cpu", "switch"
 log = lazylog.getLogger("collectors.sampler")
 # fs/proc/array.c task_state_array: asleep, interruptible or not
 SLEEP_STATES = (b"S", b"D")
-# fs/proc/base.c proc_pid_syscall: "nr arg1..arg6 sp pc" for a task blocked in a syscall
-SYSCALL_FIELDS, SYSCALL_SP_FIELD, SYSCALL_PC_FIELD = 9, 7, 8
 OFF_T_MAX = (1 << 63) - 1       # the largest pread(2) offset: off_t is signed 64-bit
 NOFILE_PER_THREAD = 9           # descriptors per thread at most: see _open_thread
 NOFILE_SPARE = 64
@@ -399,14 +398,13 @@ class Session:
                 if parse_state(f.read()) not in SLEEP_STATES:
                     return
             with open(os.path.join(task, "syscall"), "rb") as f:
-                fields = f.read().split()
-        except OSError:
+                sc = parse_syscall(f.read())
+        except (OSError, ValueError):
             return
         a = None
-        if len(fields) == SYSCALL_FIELDS:
-            sp, pc = int(fields[SYSCALL_SP_FIELD], 16), int(fields[SYSCALL_PC_FIELD], 16)
-            w = self.unwinder.walk({unwind.RA: pc, unwind.RSP: sp}, parse=True, partial=True,
-                                   tolerant=True)
+        if sc.nr != NOT_IN_SYSCALL and sc.sp is not None and sc.pc is not None:
+            w = self.unwinder.walk({unwind.RA: sc.pc, unwind.RSP: sc.sp}, parse=True,
+                                   partial=True, tolerant=True)
             if w.frames:
                 a = self.attributor.classify([f.pc for f in w.frames], w.complete)
         t.out_ns, t.out_preempt, t.out_cls = now, False, (a, 1)

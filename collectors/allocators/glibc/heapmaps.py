@@ -32,6 +32,7 @@ from diag.model.errors import AccessDenied, AllocdiagError
 from collectors.engine.memory import MemoryReader
 from collectors.proc.pagemap import PAGE_SIZE, Pagemap
 from collectors.proc.maps import parse_maps
+from collectors.proc.syscall import parse_syscall
 from diag.model import Value
 
 HEAP_MAX_SIZE = 64 << 20
@@ -127,12 +128,6 @@ def glibc_heap_resident(procfs: Any, pid: Any) -> Any:
     return total, heaps, maps
 
 
-# /proc/PID/task/TID/syscall: "nr a1 .. a6 sp pc" for a thread blocked in a
-# syscall, "-1 sp pc" for one blocked outside, "running" otherwise
-# (Documentation/filesystems/proc.rst); the stack pointer is second to last.
-SYSCALL_SP_FROM_END = 2
-
-
 def _thread_sps(procfs, pid):
     """Stack pointers of the threads that are not running (a running
     thread's is not readable)."""
@@ -143,11 +138,11 @@ def _thread_sps(procfs, pid):
         return sps
     for tid in tids:
         try:
-            fields = procfs.read(pid, f"task/{tid}/syscall").split()
-        except (OSError, AllocdiagError):
+            sp = parse_syscall(procfs.read(pid, f"task/{tid}/syscall")).sp
+        except (OSError, AllocdiagError, ValueError):
             continue
-        if len(fields) >= 3:
-            sps.append(int(fields[-SYSCALL_SP_FROM_END], 16))
+        if sp is not None:
+            sps.append(sp)
     return sps
 
 
