@@ -27,9 +27,11 @@ event lines, so replay and every older reader see only the snapshots;
 ``read_recording_events`` returns both.  Snapshot lines are unchanged.
 """
 
+import contextlib
 import datetime
 import gzip
 import json
+import os
 import time
 import zlib
 
@@ -69,8 +71,16 @@ class Recorder:
         self.path = str(path)
         self.count = 0
         self.events = 0
-        # gzip in append mode adds a member; readers see one stream.
-        self._f = open_text(self.path, "a" if append else "w")
+        self._append = append
+        self._f = None
+        self._closed = False
+        # An unwritable path fails here, before any process is stopped; the
+        # file is truncated only when the first line is written.  A recording
+        # whose first snapshot fails (no such process, a kernel thread) leaves
+        # a file that was there as it was, and no empty file where none was.
+        self._created = not os.path.exists(self.path)
+        with open(self.path, "ab"):
+            pass
 
     def write(self, snapshot):
         self._line(snapshot.to_json())
@@ -82,6 +92,11 @@ class Recorder:
         self.events += 1
 
     def _line(self, doc):
+        if self._f is None:
+            if self._closed:
+                raise ValueError(f"{self.path}: the recording is closed")
+            # gzip in append mode adds a member; readers see one stream.
+            self._f = open_text(self.path, "a" if self._append else "w")
         self._f.write(json.dumps(doc, separators=(",", ":")) + "\n")
         self._f.flush()
 
@@ -89,10 +104,14 @@ class Recorder:
         if self._f is not None:
             self._f.close()
             self._f = None
+        elif not self._closed and self._created:
+            with contextlib.suppress(OSError):      # nothing was written: none made
+                os.unlink(self.path)
+        self._closed = True
 
     @property
     def closed(self):
-        return self._f is None
+        return self._closed
 
     def __enter__(self):
         return self

@@ -53,8 +53,9 @@ class Live:
 
     def start(self):
         # a zombie, or a main thread gone with pthread_exit(), said as
-        # such: the sampler would take either for "no such process"
-        ProcFS(self.procfs).check_not_exited(self.pid)
+        # such: the sampler would take either for "no such process"; a
+        # kernel thread has no allocator and no user stacks to sample
+        ProcFS(self.procfs).check_user_process(self.pid)
         if self.want_counters:
             try:
                 self.reader = counters_mod.Reader(self.pid, self.procfs)

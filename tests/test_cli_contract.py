@@ -102,20 +102,36 @@ def _kernel_thread():
 
 PID_COMMANDS = [["inspect"], ["inspect", "--no-attach"], ["inspect", "--json"], ["explain"],
                 ["preload"], ["release", "--yes"], ["heap", "status"],
-                ["set", "--yes", "{pid}", "arena_max=2"]]
+                ["set", "--yes", "{pid}", "arena_max=2"], ["wall", "--duration", "0.5"],
+                ["record", "-o", "{out}", "--duration", "1"]]
 
 
-def _pid_argv(argv, pid):
-    return [a.format(pid=pid) for a in argv] + ([] if "{pid}" in argv else [str(pid)])
+def _pid_argv(argv, pid, out="unused.jsonl"):
+    return [a.format(pid=pid, out=out) for a in argv] + ([] if "{pid}" in argv else [str(pid)])
 
 
 @pytest.mark.parametrize("argv", PID_COMMANDS)
-def test_kernel_thread_is_named_as_one_exit_5(argv):
+def test_kernel_thread_is_named_as_one_exit_5(argv, tmp_path):
     pid = _kernel_thread()
-    r = allocdiag(*_pid_argv(argv, pid))
+    out = tmp_path / "k.jsonl"
+    r = allocdiag(*_pid_argv(argv, pid, out))
     assert r.returncode == 5, r.stderr
     assert "is a kernel thread" in r.stderr and "no allocator" in r.stderr and clean(r)
     assert "no such process" not in r.stderr
+    assert not out.exists()         # record: no empty recording left behind
+
+
+def test_a_recording_that_fails_at_its_first_snapshot_leaves_the_file_as_it_was(tmp_path):
+    """record -o over an earlier recording, of a process that does not exist:
+    exit 3, and the earlier file is untouched (it is truncated only when the
+    first snapshot is written)."""
+    old = tmp_path / "incident.jsonl"
+    old.write_text("an earlier recording\n")
+    r = allocdiag("record", "-o", str(old), "--duration", "1", "999999999")
+    assert r.returncode == 3 and "no such process" in r.stderr and clean(r)
+    assert old.read_text() == "an earlier recording\n"
+    unwritable = allocdiag("record", "-o", str(tmp_path / "no" / "dir.jsonl"), "999999999")
+    assert unwritable.returncode == 2 and clean(unwritable), unwritable.stderr
 
 
 def test_kernel_thread_without_the_status_line_is_found_by_its_flags(tmp_path):

@@ -29,7 +29,10 @@ def add_parser(sub):
                   "allocdiag record 1234 -o wall.jsonl.gz --duration 60 --wall",
                   "allocdiag report incident.jsonl.gz -o incident.html"])
     p.add_argument("pid", type=pid_arg)
-    p.add_argument("-o", "--output", required=True, metavar="FILE")
+    p.add_argument("-o", "--output", required=True, metavar="FILE",
+                   help="the recording (gzip when it ends in .gz); an existing FILE is "
+                        "replaced when the first snapshot is written, and left as it was "
+                        "when that fails")
     p.add_argument("--interval", type=sample_interval, default=2.0, metavar="S",
                    help="seconds between samples (default 2, at least 0.2)")
     p.add_argument("--duration", type=float, default=None, metavar="S",
