@@ -24,6 +24,7 @@ from diag.model.exitcodes import ExitCode
 from diag import hostlive, hostscan, metrics as M, snapshot, walllive
 from diag.model.wall import SYSCALLS
 from diag.exporter_options import MAX_TARGETS_DEFAULT
+from collectors.proc.procfs import ProcFS
 
 try:        # an optional extra: the command names the install line when it is missing
     import prometheus_client
@@ -359,8 +360,16 @@ def _add_snapshot(s, cgroups, key, snap):
 
 
 def _missing_reason(proc, pid):
-    """Why an explicit target is absent from the scan."""
-    return "vanished" if not os.path.exists(f"{proc}/{pid}") else "denied"
+    """Why an explicit target is absent from the scan (a hostlive.REASONS
+    word): gone or a zombie, a kernel thread (no allocator: the scan skips
+    them), else unreadable."""
+    if not os.path.exists(f"{proc}/{pid}"):
+        return "vanished"
+    try:
+        ProcFS(proc).check_user_process(pid)
+    except AllocdiagError as exc:
+        return hostlive.reason_code(exc)
+    return "denied"
 
 
 def _family(m):

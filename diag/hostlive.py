@@ -60,7 +60,7 @@ class Entry:
     snapshot: Optional[object] = None   # the diag.model.Snapshot of an "ok" read
 
 
-def _code(exc):
+def reason_code(exc):
     """The REASONS word for an exception raised by a snapshot."""
     for cls, code in ((NoSuchProcess, "vanished"), (AccessDenied, "denied"),
                       (Quarantined, "quarantined"), (RemoteCallError, "remote_failed"),
@@ -95,7 +95,7 @@ def read_one(pid, take=None, deadline_s=0.3):
     try:
         snap, col = take(pid, deadline_s)
     except AllocdiagError as exc:
-        return Entry("not read", now, reason=str(exc.msg), code=_code(exc))
+        return Entry("not read", now, reason=str(exc.msg), code=reason_code(exc))
     remote = col.status.get("remote")
     resident = snap.stats.get("resident")
     resident = resident.value if resident is not None else None

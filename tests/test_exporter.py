@@ -174,6 +174,17 @@ def test_a_target_that_exits_is_reported_vanished():
     assert collector.last_live_ok is False
 
 
+def test_a_kernel_thread_target_is_reported_unsupported_not_denied():
+    """The scan skips kernel threads; one named with --target was reported
+    "denied" (a permission problem) though it has no allocator at all."""
+    from targets import kernel_thread_pid
+    pid = kernel_thread_pid() or pytest.skip("no kernel thread visible in this PID namespace")
+    collector = exporter.AllocdiagCollector(exporter.Options(targets=(pid,)), sync=True)
+    (info,) = samples(_scrape(exporter.registry(collector)), "allocdiag_target_info",
+                      pid=str(pid))
+    assert (info.labels["state"], info.labels["reason"]) == ("not read", "unsupported")
+
+
 def _scrape(reg):
     return families(generate_latest(reg).decode())
 
