@@ -210,6 +210,13 @@ def _reaped_pid():
     return p.pid
 
 
+def test_errors_name_the_procfs_root_they_read(tmp_path):
+    """`allocdiag --proc DIR` (a container's procfs): a failed read names the
+    file under DIR, not under /proc."""
+    with pytest.raises(NoSuchProcess, match=f"reading {tmp_path}/1/status"):
+        ProcFS(str(tmp_path)).status(1)
+
+
 def test_vanished_pid_is_no_such_process():
     pid = _reaped_pid()
     with pytest.raises(FileNotFoundError) as info:

@@ -43,7 +43,7 @@ class Pagemap:
         try:
             self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
-            raise oserror.translate(exc, pid, f"reading /proc/{pid}/pagemap",
+            raise oserror.translate(exc, pid, f"reading {path}",
                                     procfs=procfs_root) from None
 
     def pages(self, start: int, end: int) -> tuple[int, int] | tuple[None, None]:

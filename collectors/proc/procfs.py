@@ -69,7 +69,7 @@ class ProcFS:
                 # ESRCH with /proc/PID still there: a kernel thread or a
                 # zombie has no mm; say which (raises), else "no such process".
                 self.check_user_process(pid)
-            raise oserror.translate(exc, pid, f"reading /proc/{pid}/{name}",
+            raise oserror.translate(exc, pid, f"reading {self.root}/{pid}/{name}",
                                     procfs=self.root) from None
 
     def pids(self) -> list[int]:
@@ -248,7 +248,7 @@ class ProcFS:
         except OSError as exc:
             if oserror.process_exists(pid, self.root):
                 return None
-            raise oserror.translate(exc, pid, f"reading /proc/{pid}/exe",
+            raise oserror.translate(exc, pid, f"reading {self.root}/{pid}/exe",
                                     procfs=self.root) from None
 
     # -- cgroup -------------------------------------------------------------
