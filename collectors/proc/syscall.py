@@ -7,8 +7,6 @@ outside a system call (stopped in user code), ``running`` for one on a CPU
 (its registers are not readable then).
 """
 
-from __future__ import annotations
-
 from typing import NamedTuple
 
 SYSCALL_LINE_FIELDS = 9           # nr, six arguments, sp, pc
