@@ -408,15 +408,18 @@ def test_captured_proc_tree(budget):
             shutil.rmtree(root)
 
 
-PROC_PARTS_SEEDS = ("proc-maps-deleted-spaces.txt", "proc-stat-comm-parens.txt")
+PROC_PARTS_SEEDS = ("proc-maps-deleted-spaces.txt", "proc-stat-comm-parens.txt",
+                    "smaps-glibc-two-arenas.txt")
 
 
 @BUDGET
 def test_maps_and_stat_parsers(budget):
     """The one maps parser: strict gives mappings or MalformedData; lenient
     (heap profile trailers) never raises and keeps only well-formed ranges.
-    The stat reader gives an int or None."""
+    smaps' Rss per mapping: pairs or MalformedData.  The stat reader gives
+    an int or None."""
     from collectors.proc.maps import parse_maps
+    from collectors.proc.smaps import rss_by_mapping
     from collectors.proc.stat import parse_start_time, parse_state
     seeds = []
     for name in PROC_PARTS_SEEDS:
@@ -426,6 +429,8 @@ def test_maps_and_stat_parsers(budget):
     @check(budget, mutations(seeds))
     def prop(data):
         outcome(parse_maps, data)
+        for m, rss in outcome(rss_by_mapping, data) or ():
+            assert m.start < m.end and rss >= 0
         for m in parse_maps(data, strict=False):
             assert m.start < m.end <= (1 << 64) - 1 and len(m.perms) == 4
         st = parse_start_time(data)

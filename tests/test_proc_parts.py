@@ -108,6 +108,30 @@ def test_unwinder_takes_text_bytes_or_mappings():
 
 # -- stat ----------------------------------------------------------------------
 
+def test_captured_smaps_rss_of_each_mapping():
+    """smaps of a glibc process with two arena heaps (a real capture): one
+    (mapping, Rss) per block, the same total as summing every Rss line, and
+    glibc's heap resident from it ([heap] 8 KiB + the two heaps' rw parts)."""
+    from collectors.allocators.glibc.heapmaps import glibc_heap_resident
+    from collectors.proc.smaps import rss_by_mapping, sum_kb_lines
+    with open(os.path.join(FIXTURES, "smaps-glibc-two-arenas.txt"), "rb") as f:
+        data = f.read()
+    rows = rss_by_mapping(data)
+    assert len(rows) == 33 and sum(r for _, r in rows) == sum_kb_lines(data)[b"Rss"]
+    heap = next(r for m, r in rows if m.path == "[heap]")
+    arenas = [r for m, r in rows if m.start in (0x7f3ba0000000, 0x7f3ba8000000)]
+
+    class Captured:
+        def read(self, pid, name):
+            return data
+
+    total, heaps, maps = glibc_heap_resident(Captured(), 0)
+    assert (heap, heaps, total) == (8 * 1024, 2, heap + sum(arenas)) and len(maps) == 33
+    assert arenas[0] == 1836 * 1024
+    with pytest.raises(MalformedData, match="33 mappings but 32 Rss lines"):
+        rss_by_mapping(data.replace(b"Rss:                1836 kB\n", b"", 1))
+
+
 def test_captured_stat_with_parens_in_comm():
     assert parse_state(STAT) == b"S"
     assert parse_start_time(STAT) == 2310259

@@ -32,6 +32,7 @@ from diag.model.errors import AccessDenied, AllocdiagError
 from collectors.engine.memory import MemoryReader
 from collectors.proc.pagemap import PAGE_SIZE, Pagemap
 from collectors.proc.maps import parse_maps
+from collectors.proc.smaps import rss_by_mapping
 from collectors.proc.syscall import parse_syscall
 from diag.model import Value
 
@@ -89,24 +90,12 @@ def glibc_heap_resident(procfs: Any, pid: Any) -> Any:
     maps), or (None, 0, None) when smaps cannot be read."""
     try:
         data = procfs.read(pid, "smaps")
+        rows = rss_by_mapping(data)
     except Exception:        # noqa: BLE001 - any read failure: not attributable
         return None, 0, None
     total, heaps = 0, 0
-    maps = []
-    rss_of = {}
-    current = None
-    for line in data.split(b"\n"):
-        if not line:
-            continue
-        head = line.split(None, 1)[0]
-        if b"-" in head and not head.endswith(b":"):
-            parsed = parse_maps(line + b"\n")
-            if parsed:
-                current = parsed[0]
-                maps.append(current)
-            continue
-        if current is not None and line.startswith(b"Rss:"):
-            rss_of[current.start] = int(line.split()[1]) * 1024
+    maps = [m for m, _ in rows]
+    rss_of = {m.start: rss for m, rss in rows}
     for i, m in enumerate(maps):
         if m.path == "[heap]":
             total += rss_of.get(m.start, 0)
