@@ -340,6 +340,44 @@ except AccessDenied as e:
     assert "SESSION permission denied: reading /proc/1/maps True" in out.stdout, out.stderr
 
 
+def test_pagemap_does_not_count_the_zero_pages_or_shared_memory():
+    """Pages only read map the kernel's shared zero page (the huge one under
+    MADV_HUGEPAGE): pagemap shows them present, smaps' Rss does not count
+    them, and neither does Pagemap.  A shared anonymous mapping's pages are
+    shmem, not anonymous memory (RssShmem): not counted either."""
+    import mmap as mmap_mod
+    from collectors.proc import pagemap
+    from collectors.proc.smaps import rss_by_mapping
+    if pagemap.zero_page_pfn() is None:
+        pytest.skip("PFNs are not visible to this process (no CAP_SYS_ADMIN)")
+    huge = 2 << 20
+    size = 4 * huge
+    private = mmap_mod.mmap(-1, size, flags=mmap_mod.MAP_PRIVATE | mmap_mod.MAP_ANONYMOUS)
+    shared = mmap_mod.mmap(-1, 8 * pagemap.PAGE_SIZE)
+    views = [ctypes.c_char.from_buffer(private), ctypes.c_char.from_buffer(shared)]
+    start, shared_at = (ctypes.addressof(v) for v in views)
+    del views
+    try:
+        aligned = (start + huge - 1) // huge * huge          # 2 MiB for the huge zero page
+        private.madvise(mmap_mod.MADV_HUGEPAGE, aligned - start + huge, huge)
+        for off in range(0, size, pagemap.PAGE_SIZE):
+            private[off]                                   # read, never written
+        for off in (0, 3 * huge):
+            private[off] = 1                               # two pages written
+        for off in range(0, 8 * pagemap.PAGE_SIZE, pagemap.PAGE_SIZE):
+            shared[off] = 1
+        # the madvise split the mapping in up to three: their Rss, summed
+        rss = sum(r for m, r in rss_by_mapping(open("/proc/self/smaps", "rb").read())
+                  if start <= m.start < start + size)
+        with pagemap.Pagemap(os.getpid()) as pm:
+            assert pm.zero_page_known
+            assert pm.resident_bytes([(start, start + size)]) == rss == 2 * pagemap.PAGE_SIZE
+            assert pm.pages(shared_at, shared_at + 8 * pagemap.PAGE_SIZE) == (0, 0)
+    finally:
+        private.close()
+        shared.close()
+
+
 def test_pagemap_counts_present_pages_across_read_chunks(monkeypatch):
     # the counts come from each entry's top byte (bit 63 present, bit 62
     # swapped), read CHUNK_ENTRIES entries at a time: a small chunk makes a
@@ -347,7 +385,9 @@ def test_pagemap_counts_present_pages_across_read_chunks(monkeypatch):
     import mmap as mmap_mod
     from collectors.proc import pagemap
     n = 64
-    m = mmap_mod.mmap(-1, n * pagemap.PAGE_SIZE)
+    # private, as the allocators' memory is (mmap's default is MAP_SHARED: shmem)
+    m = mmap_mod.mmap(-1, n * pagemap.PAGE_SIZE,
+                      flags=mmap_mod.MAP_PRIVATE | mmap_mod.MAP_ANONYMOUS)
     touched = [0, 1, 5, 6, 7, 31, 32, 33, 62, 63]
     for page in touched:
         m[page * pagemap.PAGE_SIZE] = 1
