@@ -22,6 +22,7 @@ from diag.model.records import replace
 from collectors import giveway, livestats
 
 from collectors.allocators.glibc import heapmaps
+from collectors.proc import pagemap
 
 
 from collectors.runtimes.interpreter import find_python
@@ -410,7 +411,8 @@ def _fit_to_kernel(procfs, pid, kind, stats, process, known_sps=None):
     if outside is not None and outside[0] < anon:
         anon = outside[0]
         kernel = (f"the pages present in the process's anonymous mappings outside its "
-                  f"{outside[1]} thread stacks (/proc/PID/pagemap: {anon})")
+                  f"{outside[1]} thread stacks (/proc/PID/pagemap: {anon}"
+                  f"{pagemap.present_caveat()})")
     stats["resident"] = Value.adjusted(
         anon, res, f"lowered to {kernel}, {res.value - anon} below the allocator's "
                    f"{res.source}: {why}")

@@ -378,6 +378,30 @@ def test_pagemap_does_not_count_the_zero_pages_or_shared_memory():
         shared.close()
 
 
+def test_without_cap_sys_admin_pages_only_read_count_and_the_figures_say_so():
+    """As nobody the PFNs read 0: the small zero page cannot be told from a
+    resident page.  Such pages count, and present_caveat() is what the
+    figures built on them add to their source."""
+    code = """
+import ctypes, mmap, os
+from collectors.proc import pagemap
+m = mmap.mmap(-1, 4 * pagemap.PAGE_SIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+v = ctypes.c_char.from_buffer(m); at = ctypes.addressof(v); del v
+for off in range(0, 4 * pagemap.PAGE_SIZE, pagemap.PAGE_SIZE):
+    m[off]
+with pagemap.Pagemap(os.getpid()) as pm:
+    print("PFN", pagemap.zero_page_pfn(), pm.zero_page_known,
+          pm.pages(at, at + 4 * pagemap.PAGE_SIZE)[0])
+print("CAVEAT", pagemap.present_caveat())
+"""
+    out = unpriv.run(["-c", code])
+    assert "PFN None False 4" in out.stdout, out.stdout + out.stderr
+    assert "CAVEAT ; pages only read" in out.stdout and "CAP_SYS_ADMIN" in out.stdout
+    from collectors.proc import pagemap
+    if pagemap.zero_page_pfn() is not None:         # root here: nothing to add
+        assert pagemap.present_caveat() == ""
+
+
 def test_pagemap_counts_present_pages_across_read_chunks(monkeypatch):
     # the counts come from each entry's top byte (bit 63 present, bit 62
     # swapped), read CHUNK_ENTRIES entries at a time: a small chunk makes a

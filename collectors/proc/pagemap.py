@@ -115,6 +115,15 @@ def count_entries(data: bytes, tables: list[bytes]) -> int:
     return acc.bit_count()
 
 
+def present_caveat() -> str:
+    """What a figure made of present pages must add to its source when the
+    small zero page cannot be told apart (no CAP_SYS_ADMIN): "" otherwise."""
+    if _zero_page_tables() is not None:
+        return ""
+    return ("; pages only read (the kernel's shared zero page) count too: telling them "
+            "apart needs CAP_SYS_ADMIN")
+
+
 _zero_tables: list[bytes] | None = None
 
 

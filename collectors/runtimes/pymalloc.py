@@ -46,7 +46,7 @@ from collections import namedtuple
 
 from diag.model.errors import AccessDenied, AllocdiagError, NoSuchProcess
 from collectors.engine.memory import MemoryReader
-from collectors.proc.pagemap import Pagemap
+from collectors.proc.pagemap import Pagemap, present_caveat
 from diag.model import Runtime, Value
 from collectors.runtimes.interpreter import find_python, u32
 
@@ -631,7 +631,7 @@ def collect(image, prefer_symbols=True, procfs_root="/proc"):
     try:
         with Pagemap(image.pid, procfs_root) as pm:
             resident = pm.resident_bytes(w.arena_ranges)
-            rsrc = "/proc/PID/pagemap: present pages of the arenas"
+            rsrc = "/proc/PID/pagemap: present pages of the arenas" + present_caveat()
     except AccessDenied:
         pass
     values = {

@@ -30,7 +30,7 @@ import struct
 
 from diag.model.errors import AccessDenied, AllocdiagError
 from collectors.engine.memory import MemoryReader
-from collectors.proc.pagemap import PAGE_SIZE, Pagemap
+from collectors.proc.pagemap import PAGE_SIZE, Pagemap, present_caveat
 from collectors.proc.maps import parse_maps
 from collectors.proc.smaps import rss_by_mapping
 from collectors.proc.syscall import parse_syscall
@@ -193,7 +193,7 @@ def resident(image: Any, native: Any, stats: Any) -> Any:
         if mi.get("hblks") is not None and (mi["hblks"], mi["hblkhd"]) != (n, size):
             formula += (f"; glibc counts {mi['hblks']} chunks, {mi['hblkhd']} bytes: the "
                         "rest not found, a lower bound")
-        formula += ")"
+        formula += ")" + present_caveat()
     else:
         formula += " (mmapped chunks not readable: a lower bound)"
     stats["resident"] = Value.derived(res, formula)

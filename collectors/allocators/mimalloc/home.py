@@ -6,6 +6,7 @@ from typing import Any
 import ctypes
 
 from collectors.engine.memory import MemoryReader
+from collectors.proc.pagemap import present_caveat
 from diag.model import Value
 from diag.model.errors import AllocdiagError
 from collectors.allocators.interface import Base, has_symbol, LazyFreeAdvice, Release, Signature, Vocabulary
@@ -51,7 +52,7 @@ def walk_segments(run: Any, image: Any, stats: dict[str, Any], native: dict[str,
         mib = sum(b - a for a, b in w.spans) >> 20
         stats["resident"] = Value.measured(
             w.resident, f"/proc/PID/pagemap: present pages of the {w.segments} mimalloc "
-                        f"segments walked ({mib} MiB of address space)")
+                        f"segments walked ({mib} MiB of address space)" + present_caveat())
     walk = w._asdict()
     del walk["spans"]
     native["mimalloc_walk"] = {"ok": True, "build": desc, **walk}
