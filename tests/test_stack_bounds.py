@@ -77,6 +77,21 @@ def pool(threads, readers, stack_kib, reader_kib=None, allocator="glibc"):
         yield t
 
 
+def back_in_wait(pid, tid, timeout=5.0):
+    """Wait until thread TID, just released from a stop, is in a system call
+    again: until then /proc shows it running, and a borrow made at once
+    looks past it (on a busy 2-core box that took longer than the next
+    borrow's checks)."""
+    from collectors.proc.syscall import parse_syscall
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/task/{tid}/syscall", "rb") as f:
+            if parse_syscall(f.read()).nr >= 0:
+                return
+        time.sleep(0.001)
+    raise AssertionError(f"thread {tid} did not return to its wait")
+
+
 def pool_threads(t):
     """{tid: (lo, hi, kind, rseq)} from the READY line."""
     out = {}
@@ -366,7 +381,9 @@ def test_the_next_borrow_looks_at_the_last_borrowed_thread_first(monkeypatch):
             with rp.borrow() as c:
                 if call_mmap:     # a new mapping: PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS
                     assert c.call(mmap, 0, 4096, 1, 0x22, -1, 0) > 0
-                return c.tid, list(read_of)
+                tid, reads = c.tid, list(read_of)
+            back_in_wait(t.pid, tid)
+            return tid, reads
 
         first, reads = borrow()
         assert len(reads) >= 40
@@ -402,8 +419,9 @@ def test_known_stack_pointers_spare_a_read_of_every_thread(monkeypatch):
     from collectors.proc.procfs import ProcFS
     with pool(40, 1, 64) as t:
         rp = remote.RemoteProcess(t.pid)
-        with rp.borrow():
-            pass
+        with rp.borrow() as c:
+            tid = c.tid
+        back_in_wait(t.pid, tid)
         read = []
         real = heapmaps._thread_sps
         monkeypatch.setattr(heapmaps, "_thread_sps", lambda *a: read.append(a) or real(*a))
@@ -449,6 +467,7 @@ def test_a_recordings_borrow_reads_the_mappings_once_or_not_at_all(monkeypatch):
         first, _ = session.take()
         assert first.native["borrowed_thread"]["tid"] == t.pid and reads
         for _ in range(3):
+            back_in_wait(t.pid, t.pid)      # released by the last stop: in epoll_wait again
             reads.clear()
             snap, col = session.take()
             assert col.status["remote"].ok and snap.stats["allocated"].value > 0
