@@ -363,8 +363,6 @@ def _missing_reason(proc, pid):
     """Why an explicit target is absent from the scan (a hostlive.REASONS
     word): gone or a zombie, a kernel thread (no allocator: the scan skips
     them), else unreadable."""
-    if not os.path.exists(f"{proc}/{pid}"):
-        return "vanished"
     try:
         ProcFS(proc).check_user_process(pid)
     except AllocdiagError as exc:

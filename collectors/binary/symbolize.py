@@ -206,15 +206,20 @@ def _func_symbols(elf, name):
     return out
 
 
-def _program_only(elf, funcs, dynsym):
+def _program_only(elf, funcs, source):
     """ELF is an executable with a program interpreter (PT_INTERP: its libc
-    is a shared object, not linked in) whose symbols (FUNCS, DYNSYM) define
-    no malloc: a malloc it defined would interpose libc's, making it the
-    allocator (a static jemalloc).  libc.so.6 has PT_INTERP too, and malloc."""
+    is a shared object, not linked in) whose symbols define no malloc: a
+    malloc it defined would interpose libc's, making it the allocator (a
+    static jemalloc).  libc.so.6 has PT_INTERP too, and malloc.  FUNCS came
+    from SOURCE; .dynsym is read too when they did not (an interposing
+    malloc is exported), and only for such an executable."""
     if elf["e_type"] not in ("ET_EXEC", "ET_DYN") or \
             not any(seg["p_type"] == "PT_INTERP" for seg in elf.iter_segments()):
         return False
-    return not any(f[3] == "malloc" for f in (*funcs, *dynsym))
+    if any(f[3] == "malloc" for f in funcs):
+        return False
+    return source == "dynsym" or not any(f[3] == "malloc"
+                                         for f in _func_symbols(elf, ".dynsym"))
 
 
 def _debuglink(elf):
@@ -296,10 +301,9 @@ def load_table(path: str, display: str, debug_root: str = DEBUG_ROOT,
                 dbg = _find_debug(display, build_id, _debuglink(elf), debug_root, root)
                 if dbg is not None:
                     funcs, source = dbg
-            dynsym = _func_symbols(elf, ".dynsym")
             if not funcs:
-                funcs, source = dynsym, "dynsym"
-            program_only = _program_only(elf, funcs, dynsym)
+                funcs, source = _func_symbols(elf, ".dynsym"), "dynsym"
+            program_only = _program_only(elf, funcs, source)
     except _ELF_ERRORS as exc:
         log.debug("symbols of %s: not read from %s (%s)", display, path, type(exc).__name__)
         return None

@@ -113,10 +113,11 @@ class Chooser:
         # its own few threads, not every thread (O(threads) in the stop of a
         # 216-thread varnishd: ~100 us, and every candidate's room before it)
         self.round_stacks: dict[int, list[tuple[int, int]]] = {}
-        self.round_maps: bytes | None = None     # /proc/PID/maps as the last full round read it
-        # /proc/PID/maps as the current round read it (read_maps): the look-ahead's
-        # StackJudge is checked against these bytes, not a read of its own
-        self.maps_now: bytes | None = None
+        # /proc/PID/maps as the last full round read it; a round that yields
+        # candidates read these very bytes (again() gives up when they differ),
+        # so the look-ahead's StackJudge is checked against them, not a read
+        # of its own
+        self.round_maps: bytes | None = None
         self._given_maps: bytes | None = None    # new_borrow's MAPS, for its first read
         # The thread the last borrow got, as /proc showed it before its stop:
         # the next borrow's first round looks at it alone (again())
@@ -402,12 +403,11 @@ class Chooser:
         return Refusal(why.code, {**why.args, "where": f" {found.text}"}, why.subject)
 
     def read_maps(self) -> bytes:
-        """/proc/PID/maps for the current round (maps_now): the bytes
-        new_borrow was given, in its first read only, else read now."""
+        """/proc/PID/maps for the current round: the bytes new_borrow was
+        given, in its first read only, else read now."""
         maps, self._given_maps = self._given_maps, None
         if maps is None:
             maps = read_bytes(f"{self.procfs}/{self.pid}/maps", self.pid)
-        self.maps_now = maps
         return maps
 
     def stack_judge(self, refresh: bool = False) -> safepoints.StackJudge:
@@ -418,7 +418,7 @@ class Chooser:
         after a round, which read them: a second read a moment later cost a
         recording ~0.2 ms a snapshot)."""
         if self.judge_stack is None or refresh:
-            maps = self.maps_now if refresh and self.maps_now is not None else \
+            maps = self.round_maps if refresh and self.round_maps is not None else \
                 read_bytes(f"{self.procfs}/{self.pid}/maps", self.pid)
             if self.judge_stack is None or maps != self._judge_maps:
                 self.judge_stack = safepoints.StackJudge(

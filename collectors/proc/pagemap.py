@@ -25,6 +25,7 @@ without it a read-only page of the small zero page counts as resident
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import os
 from collections.abc import Iterable
@@ -39,36 +40,29 @@ PM_PRESENT = 1 << 63
 PM_SWAPPED = 1 << 62
 PM_FILE = 1 << 61                 # "page is a file-page or shared-anon"
 PM_PFN_MASK = (1 << 55) - 1       # bits 0-54
-# Both flags live in an entry's last byte (little-endian): counted over that
+# The flags live in an entry's last byte (little-endian): counted over that
 # byte of every entry with bytes.translate, at C speed, not one Python step a
 # page (a 570 MiB heap is 146,000 entries: ~11 ms that way).
 _TOP_BYTE = PM_ENTRY_BYTES - 1
 _TOP_PRESENT = PM_PRESENT >> 56                       # 0x80
 _TOP_SWAPPED = PM_SWAPPED >> 56                       # 0x40
 _TOP_FILE = PM_FILE >> 56                             # 0x20
-_PRESENT_BYTES = bytes(b for b in range(256) if b & _TOP_PRESENT)
-# present with bit 61: in private anonymous memory, the huge zero page
-_PRESENT_FILE_BYTES = bytes(b for b in range(256) if b & _TOP_PRESENT and b & _TOP_FILE)
+# present without bit 61 (in private anonymous memory only the huge zero
+# page has it)
+_PRESENT_ANON_BYTES = bytes(b for b in range(256) if b & _TOP_PRESENT and not b & _TOP_FILE)
 _SWAPPED_ONLY_BYTES = bytes(b for b in range(256) if b & _TOP_SWAPPED and not b & _TOP_PRESENT)
 # Entries read per pread: 1 MiB of them covers 512 MiB of address space, so
 # a range of many GiB (reserved, never touched) costs no more memory.
 CHUNK_ENTRIES = 1 << 17
 
 
-_zero_pfn: int | None = None
-_zero_pfn_learnt = False
-
-
+@functools.cache
 def zero_page_pfn() -> int | None:
     """The PFN of the kernel's shared zero page, or None when this process
     cannot see PFNs (no CAP_SYS_ADMIN) or the page could not be mapped.
     Learnt once: a private anonymous page of our own, read and never
     written, maps it (x86-64 has one small zero page; architectures with
     coloured zero pages, MIPS and s390, would need each of them)."""
-    global _zero_pfn, _zero_pfn_learnt
-    if _zero_pfn_learnt:
-        return _zero_pfn
-    _zero_pfn_learnt = True
     try:
         m = mmap.mmap(-1, PAGE_SIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     except OSError:
@@ -89,8 +83,7 @@ def zero_page_pfn() -> int | None:
     finally:
         m.close()
     pfn = entry & PM_PFN_MASK
-    _zero_pfn = pfn if entry & PM_PRESENT and not entry & PM_FILE and pfn else None
-    return _zero_pfn
+    return pfn if entry & PM_PRESENT and not entry & PM_FILE and pfn else None
 
 
 def _lane_tables(value: int, mask: int) -> list[bytes]:
@@ -124,19 +117,14 @@ def present_caveat() -> str:
             "apart needs CAP_SYS_ADMIN")
 
 
-_zero_tables: list[bytes] | None = None
-
-
+@functools.cache
 def _zero_page_tables() -> list[bytes] | None:
     """The lane tables of a present entry of the small zero page (present,
     bit 61 clear, its PFN), made once; None when its PFN is not known."""
-    global _zero_tables
-    if _zero_tables is None:
-        zero = zero_page_pfn()
-        if zero is None:
-            return None
-        _zero_tables = _lane_tables(PM_PRESENT | zero, PM_PRESENT | PM_FILE | PM_PFN_MASK)
-    return _zero_tables
+    zero = zero_page_pfn()
+    if zero is None:
+        return None
+    return _lane_tables(PM_PRESENT | zero, PM_PRESENT | PM_FILE | PM_PFN_MASK)
 
 
 class Pagemap:
@@ -171,8 +159,7 @@ class Pagemap:
             if len(data) != n * PM_ENTRY_BYTES:
                 return None, None
             top = data[_TOP_BYTE::PM_ENTRY_BYTES]
-            present += n - len(top.translate(None, _PRESENT_BYTES))
-            present -= n - len(top.translate(None, _PRESENT_FILE_BYTES))
+            present += n - len(top.translate(None, _PRESENT_ANON_BYTES))
             if self._zero_tables is not None:
                 present -= count_entries(data, self._zero_tables)
             swapped += n - len(top.translate(None, _SWAPPED_ONLY_BYTES))

@@ -95,10 +95,9 @@ def glibc_heap_resident(procfs: Any, pid: Any) -> Any:
         return None, 0, None
     total, heaps = 0, 0
     maps = [m for m, _ in rows]
-    rss_of = {m.start: rss for m, rss in rows}
-    for i, m in enumerate(maps):
+    for i, (m, rss) in enumerate(rows):
         if m.path == "[heap]":
-            total += rss_of.get(m.start, 0)
+            total += rss
         elif m.path is None and m.perms.startswith("rw") and m.start % HEAP_MAX_SIZE == 0:
             # A glibc heap: its reserved tail (---p) follows, and the two
             # together span at most HEAP_MAX_SIZE.
@@ -112,7 +111,7 @@ def glibc_heap_resident(procfs: Any, pid: Any) -> Any:
             # slot) are adjacent: the kernel merges their rw-p parts into one
             # mapping, so a run of k heaps spans exactly k x HEAP_MAX_SIZE.
             if (end - m.start) % HEAP_MAX_SIZE == 0:
-                total += rss_of.get(m.start, 0)
+                total += rss
                 heaps += (end - m.start) // HEAP_MAX_SIZE
     return total, heaps, maps
 
