@@ -207,6 +207,28 @@ def build_go(package_dir, cgo=False):
     return out
 
 
+CAP_SYS_ADMIN = 21          # include/uapi/linux/capability.h
+
+
+def has_cap_sys_admin():
+    with open("/proc/self/status") as f:
+        cap_eff = int(next(line for line in f if line.startswith("CapEff:")).split()[1], 16)
+    return bool(cap_eff >> CAP_SYS_ADMIN & 1)
+
+
+def zero_page_pfn_or_skip():
+    """The kernel's zero page PFN as allocdiag learns it.  Skips only when
+    this process lacks CAP_SYS_ADMIN (PFNs read 0: nothing to learn); with
+    the capability, a PFN that was not learnt fails the test."""
+    from collectors.proc import pagemap
+    if not has_cap_sys_admin():
+        import pytest
+        pytest.skip("PFNs are not visible to this process (no CAP_SYS_ADMIN)")
+    pfn = pagemap.zero_page_pfn()
+    assert pfn is not None, "CAP_SYS_ADMIN held, but the zero page's PFN was not learnt"
+    return pfn
+
+
 def kernel_thread_pid():
     """A kernel thread's pid, by its status line "Kthread: 1" (the kernel's
     own word, not allocdiag's reading of the stat flags), kthreadd (2)

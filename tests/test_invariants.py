@@ -17,7 +17,7 @@ import pytest
 from diag.model.records import replace
 from diag import breakdown, invariants, snapshot
 from diag.model import ADJUSTED, MEASURED, invariant_violations
-from targets import build_c, start
+from targets import build_c, start, zero_page_pfn_or_skip
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
@@ -103,8 +103,7 @@ def test_pages_only_read_are_not_resident():
     present but smaps' Rss and RssAnon do not count.  Their resident is the
     written pages, as smaps says, not the 64 MiB read (it was, before)."""
     from collectors.proc import pagemap
-    if pagemap.zero_page_pfn() is None:
-        pytest.skip("PFNs are not visible to this process (no CAP_SYS_ADMIN)")
+    zero_page_pfn_or_skip()
     with untouched("glibc", 0, read_rest=True) as t:
         snap, _ = snapshot.take(t.pid)
     chunks = snap.native["heap_resident"]["mmapped_chunks"]
