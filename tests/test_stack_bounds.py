@@ -21,6 +21,7 @@ refuses writes outside its scratch.
 
 import contextlib
 import json
+import logging
 import os
 import re
 import socket
@@ -364,7 +365,7 @@ def test_a_stops_work_does_not_grow_with_the_threads(monkeypatch):
     assert few_kept and many_kept
 
 
-def test_the_next_borrow_looks_at_the_last_borrowed_thread_first(monkeypatch):
+def test_the_next_borrow_looks_at_the_last_borrowed_thread_first(monkeypatch, caplog):
     """A recording's or an exporter's next borrow reads the files of the
     thread the last one got, not those of every thread, while the mappings
     stay byte for byte the same (Chooser.again); changed mappings, or that
@@ -395,8 +396,10 @@ def test_the_next_borrow_looks_at_the_last_borrowed_thread_first(monkeypatch):
 
         first, reads = borrow()
         assert len(reads) >= 40
+        caplog.set_level(logging.DEBUG, logger="collectors")
         again, reads = borrow(call_mmap=True)
-        assert (again, reads) == (first, [first])
+        # why not, when not (seen once in CI, not reproduced)
+        assert (again, reads) == (first, [first]), caplog.text
         after_mmap, reads = borrow()
         assert len(reads) >= 40             # the mappings changed: every thread
         assert borrow()[1] == [after_mmap]

@@ -248,9 +248,14 @@ class Chooser:
         except RemoteCallError:
             return None             # gone: the full round says so
         if self.read_maps() != self.round_maps:
+            log.debug("pid %d: the mappings changed since the last full round", self.pid)
             return None
         c = self.consider(last.tid, f)
-        if isinstance(c, Refusal) or c.category == safepoints.RUNNING or self.with_room(c):
+        why = c if isinstance(c, Refusal) else \
+            "running" if c.category == safepoints.RUNNING else self.with_room(c)
+        if why:
+            log.debug("pid %d tid %d, borrowed last time, not again: %s", self.pid, last.tid,
+                      why)
             return None
         return Round(candidates=[c])
 
