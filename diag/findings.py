@@ -40,10 +40,12 @@ def _pct(part, whole):
     return round(100.0 * part / whole, 1) if whole else None
 
 
-def evaluate(snap, floor=FLOOR):
-    """Findings for one snapshot, most bytes at stake first."""
+def evaluate(snap, floor=FLOOR, table=None):
+    """Findings for one snapshot, most bytes at stake first.  TABLE: the
+    snapshot's knobs (diag.knobs.knobs), when its maker has them already."""
     kind = snap.allocator.kind
-    table = knob_table(kind, snap.native)
+    if table is None:
+        table = knob_table(kind, snap.native)
     own = tuple(ALLOCATOR_RULES[r] for r in for_kind(kind).vocabulary.findings if r in ALLOCATOR_RULES)
     out = []
     for rule in RULES_BEFORE + own + RULES_AFTER:

@@ -295,15 +295,16 @@ class Session:
             process = _fit_to_kernel(procfs, pid, allocator.kind, stats, kernel,
                                      reader.stack_pointers if reader is not None else None)
         giveway.give_way()
+        table = None            # findings make it when there is no detection
         if det is not None:
             native["config"] = copy.deepcopy(built.config)     # a snapshot's own
-            native["knobs"] = {k: v.to_json() for k, v in
-                               knobs.knobs(allocator.kind, native).items()}
+            table = knobs.knobs(allocator.kind, native)
+            native["knobs"] = {k: v.to_json() for k, v in table.items()}
         snap = Snapshot(pid=pid, comm=comm, exe=exe, taken_at=taken_at, allocator=allocator,
                         preload=preload, process=process,
                         cgroup=cgroup or CgroupMemory(), stats=stats, native=native,
                         findings=(), collectors=dict(col.status), runtime=runtime)
-        snap = replace(snap, findings=findings.evaluate(snap))
+        snap = replace(snap, findings=findings.evaluate(snap, table=table))
         invariants.check(snap)
         return snap, col
 

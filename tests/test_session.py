@@ -49,7 +49,12 @@ def spies(monkeypatch):
     return out
 
 
-def test_a_second_snapshot_rebuilds_nothing_the_maps_gave(spies):
+def test_a_second_snapshot_rebuilds_nothing_the_maps_gave(spies, monkeypatch):
+    from diag import findings, knobs
+    # the knobs' table: made once a snapshot, for its JSON and its findings
+    table = Spy(knobs.knobs)
+    monkeypatch.setattr(knobs, "knobs", table)
+    monkeypatch.setattr(findings, "knob_table", table)
     # GIVEN a jemalloc process whose mappings do not change
     with start([build_c("dlopen_later.c", "-ldl")], allocator="jemalloc") as t:
         session = snapshot.Session(t.pid)
@@ -60,6 +65,7 @@ def test_a_second_snapshot_rebuilds_nothing_the_maps_gave(spies):
     # handle once; every snapshot still read the allocator
     assert spies["ProcessImage"].calls == 1 and spies["detect"].calls == 1
     assert spies["open_remote"].calls == 1 and reader.plans == 1 and session.builds == 1
+    assert table.calls == SNAPSHOTS
     for s in snaps:
         assert s.allocator.kind == "jemalloc" and s.collectors["remote"].ok, s.collectors
         assert s.stats["allocated"].value and s.collectors["remote"].pause_us is not None
