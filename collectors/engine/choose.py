@@ -251,13 +251,14 @@ class Chooser:
             log.debug("pid %d: the mappings changed since the last full round", self.pid)
             return None
         c = self.consider(last.tid, f)
-        why = c if isinstance(c, Refusal) else \
-            "running" if c.category == safepoints.RUNNING else self.with_room(c)
-        if why:
-            log.debug("pid %d tid %d, borrowed last time, not again: %s", self.pid, last.tid,
-                      why)
-            return None
-        return Round(candidates=[c])
+        if isinstance(c, Refusal):
+            why: Refusal | str | None = c
+        else:
+            why = "running" if c.category == safepoints.RUNNING else self.with_room(c)
+            if why is None:
+                return Round(candidates=[c])
+        log.debug("pid %d tid %d, borrowed last time, not again: %s", self.pid, last.tid, why)
+        return None
 
     def candidates(self, only_tid: int | None) -> Round:
         """Threads worth stopping, best first (safepoints.CATEGORY_ORDER),
