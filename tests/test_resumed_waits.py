@@ -127,3 +127,43 @@ def test_separate_cli_runs_during_one_wait(mode):
             syscalls.append(doc["native"]["borrowed_thread"]["syscall"])
         time.sleep(WAIT_MS / 1000 + 0.2)
         check_waits(mode, waits_of(t))
+
+
+def test_an_epoll_wait_given_back_again_is_timed_from_when_it_was_seen_asleep(monkeypatch):
+    """The clock offset that moves a waiter's se.exec_start onto
+    CLOCK_MONOTONIC grows with the steal and IRQ time of its sleep (40 ms a
+    second on a loaded guest; a pristine run's 1 s epoll waits ended up to
+    255 ms late).  After a release the engine looks for the waiter asleep
+    again (choose.note_back_asleep) and times the next give-back from that
+    moment: here the offset is made to drift by 200 ms after its first
+    measure, and the snapshots after the first do not use it (at least one
+    of them: the look lasts 2 ms), so the wait still ends on time."""
+    from collectors.engine import choose
+    drift_s = 0.2
+    calls = []
+    real = choose.clock_offset
+
+    def drifting(cpu):
+        calls.append(cpu)
+        off = real(cpu)
+        return None if off is None else off + (drift_s if len(calls) > 1 else 0.0)
+
+    monkeypatch.setattr(choose, "clock_offset", drifting)
+    exe = build_c("one_wait.c", "-pthread")
+    with start([exe, "epoll", str(WAIT_MS)], allocator="jemalloc") as t, \
+            start([exe, "sleep", str(WAIT_MS)], allocator="jemalloc") as control:
+        time.sleep(0.05)                     # inside its first wait
+        session = snapshot.Session(t.pid)
+        stopped = 0
+        for _ in range(4):                   # ~0.5 s: all in that wait
+            snap, col = session.take()
+            assert col.status["remote"].ok, col.status["remote"].error
+            assert snap.native["borrowed_thread"]["syscall"] == "epoll_wait"
+            stopped += col.status["remote"].pause_us or 0
+            time.sleep(0.1)
+        time.sleep(WAIT_MS / 1000 + 0.2)
+        late = lateness(control)
+        waits = waits_of(t)
+    assert 1 <= len(calls) < 4, calls
+    # each snapshot that did measure the drifted offset gives that much more
+    check_waits("epoll", waits, stopped, late + int((len(calls) - 1) * drift_s * 1e6), 4)

@@ -58,6 +58,28 @@ def exec_start(sched: bytes) -> float | None:
     return None
 
 
+# An epoll-family waiter whose timeout a borrow gave back, seen asleep again
+# after its release (Chooser.note_back_asleep): (pid, tid) -> (the process's
+# start time, the thread's se.exec_start then, CLOCK_MONOTONIC when seen).
+# While its exec_start stays the same it has not run since, so its wait
+# began before that moment: the next borrow takes that as when it went to
+# sleep (last_ran) instead of moving exec_start onto CLOCK_MONOTONIC by the
+# clock offset measured then.  That offset grows with the steal and IRQ time
+# of the sleep (40 ms a second on a loaded 2-vCPU guest), and each restart
+# given back that much too long made a recording's 1 s epoll waits end up to
+# 255 ms late.  Module-wide: one-shot snapshots (a new Session each) of the
+# same process reuse it.  The oldest dropped beyond ASLEEP_SINCE_MAX.
+_asleep_since: dict[tuple[int, int], tuple[int | None, float, float]] = {}
+ASLEEP_SINCE_MAX = 1024
+# How long note_back_asleep looks for the released thread back in its wait
+# (it re-enters the syscall within tens of microseconds on an idle box)
+BACK_ASLEEP_WAIT_S = 0.002
+# ... and only for a wait given back at least this long: a shorter one
+# (redis's event loop: 100 ms at most) is over before a next borrow, and
+# the look (3-6 /proc reads, 0.1-0.3 ms of CPU) would be spent for nothing
+BACK_ASLEEP_MIN_LEFT_S = 0.1
+
+
 @record
 class Facts:
     """What /proc says of one thread without stopping it; nr -1 when it
@@ -530,14 +552,49 @@ class Chooser:
         slept on, moved onto CLOCK_MONOTONIC by that CPU's offset
         (clock_offset)."""
         try:
-            sched = read_bytes(self.tracer.task(tid, "sched"), self.pid, tid)
+            theirs = exec_start(read_bytes(self.tracer.task(tid, "sched"), self.pid, tid))
+            seen = _asleep_since.get((self.pid, tid))
+            if seen is not None and theirs is not None and \
+                    seen[:2] == (self.tracer.start, theirs):
+                # asleep since before the last release looked (no offset
+                # needed: note_back_asleep)
+                return seen[2], theirs
             stat = read_bytes(self.tracer.task(tid, "stat"), self.pid, tid)
             cpu = int(stat.rsplit(b")", 1)[1].split()[STAT_PROCESSOR_FIELD])
         except (AllocdiagError, ValueError, IndexError):
             return None, None
-        theirs = exec_start(sched)
         offset = clock_offset(cpu)
         return (None if theirs is None or offset is None else theirs + offset), theirs
+
+    def note_back_asleep(self, tid: int) -> bool:
+        """After the release of an epoll-family waiter whose timeout was
+        given back: look (up to BACK_ASLEEP_WAIT_S) for TID asleep in its
+        system call again, and keep when (_asleep_since).  Its exec_start
+        read before and after the look at /proc's syscall file, unchanged,
+        says it was not picked to run in between, so it was asleep since
+        before the first read and the moment kept is never before its wait
+        began (a timeout given back from it is never too short).  True
+        when kept."""
+        deadline = time.monotonic() + BACK_ASLEEP_WAIT_S
+        sched = self.tracer.task(tid, "sched")
+        while True:
+            try:
+                before = exec_start(read_bytes(sched, self.pid, tid))
+                in_call = parse_syscall(read_bytes(self.tracer.task(tid, "syscall"),
+                                                   self.pid, tid)).nr != NOT_IN_SYSCALL
+                seen = time.monotonic()
+                after = exec_start(read_bytes(sched, self.pid, tid))
+            except (AllocdiagError, ValueError):
+                return False
+            if in_call and before is not None and before == after:
+                _asleep_since.pop((self.pid, tid), None)
+                _asleep_since[(self.pid, tid)] = (self.tracer.start, before, seen)
+                while len(_asleep_since) > ASLEEP_SINCE_MAX:
+                    del _asleep_since[next(iter(_asleep_since))]
+                return True
+            if seen >= deadline:
+                return False
+            os.sched_yield()
 
     def still_asleep(self, c: Candidate) -> bool:
         """True when C has not run since prepare read when it went to sleep

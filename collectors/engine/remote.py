@@ -83,7 +83,7 @@ from diag.model.records import asdict
 from collectors import giveway
 from collectors.engine import abi, arch, ptrace, rehearsal, safepoints
 from collectors.engine.callframe import MAX_SCRATCH, Call, Caller, Stats
-from collectors.engine.choose import FRAME_BUDGET, Chooser
+from collectors.engine.choose import BACK_ASLEEP_MIN_LEFT_S, FRAME_BUDGET, NS_PER_S, Chooser
 from collectors.engine.memory import MemoryReader
 from collectors.engine.safepoints import Reason, Refusal, refusal
 from collectors.engine.tracee import (REGISTRY, STOPPED_MSG, Registry, SigInfo, Skip, Stop,
@@ -439,6 +439,13 @@ class RemoteProcess:
                                  "calls": th.frame.calls, "group_stop_seen": th.group_stop_seen}
                     self._unblock(old)
                     del chosen_from     # the thread runs again: freed now
+                    if v.category == safepoints.EPOLL and v.restart_rax is not None and \
+                            not th.gone and v.timeout_ns is not None and v.since is not None \
+                            and v.timeout_ns / NS_PER_S - (time.monotonic() - v.since) >= \
+                            BACK_ASLEEP_MIN_LEFT_S:
+                        # when its restarted wait began, for the next borrow's
+                        # give-back (choose._asleep_since)
+                        self._chooser.note_back_asleep(th.tid)
 
 
 @contextlib.contextmanager
