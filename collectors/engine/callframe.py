@@ -425,8 +425,8 @@ class Caller:
         if v.restart_rax is None or v.since is None or v.timeout_ns is None:
             return regs
         nr, _ = self.arch.syscall_state(regs)
-        left = max(0, v.timeout_ns - int((time.monotonic() - v.since) * NS_PER_S)) + \
-            DEADLINE_SLACK_NS
+        v.left_ns = max(0, v.timeout_ns - int((time.monotonic() - v.since) * NS_PER_S))
+        left = v.left_ns + DEADLINE_SLACK_NS
         if nr in safepoints.TIMEOUT_MS_ARG:
             regs = self.arch.copy_regs(regs)
             self.arch.set_syscall_arg(regs, safepoints.TIMEOUT_MS_ARG[nr], -(-left // NS_PER_MS))

@@ -439,11 +439,10 @@ class RemoteProcess:
                                  "calls": th.frame.calls, "group_stop_seen": th.group_stop_seen}
                     self._unblock(old)
                     del chosen_from     # the thread runs again: freed now
-                    if v.category == safepoints.EPOLL and v.restart_rax is not None and \
-                            not th.gone and v.timeout_ns is not None and v.since is not None \
-                            and v.timeout_ns / NS_PER_S - (time.monotonic() - v.since) >= \
-                            BACK_ASLEEP_MIN_LEFT_S:
-                        # when its restarted wait began, for the next borrow's
+                    if v.left_ns is not None and v.left_ns >= BACK_ASLEEP_MIN_LEFT_S * NS_PER_S \
+                            and not th.gone:
+                        # a timeout given back (keep_deadline): when its
+                        # restarted wait began, for the next borrow's
                         # give-back (choose._asleep_since)
                         self._chooser.note_back_asleep(th.tid)
 

@@ -195,6 +195,7 @@ class Verdict:
     restart_rax: int | None = None   # rax to restore instead of the saved one (EINTR -> restart)
     since: float | None = None       # monotonic time it last ran before the stop (epoll family)
     timeout_ns: int | None = None    # its relative timeout as passed (read at the stop)
+    left_ns: int | None = None       # what was left of it at the release (keep_deadline)
 
 
 @record
