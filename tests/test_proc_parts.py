@@ -363,10 +363,9 @@ def test_pagemap_does_not_count_the_zero_pages_or_shared_memory():
     views = [ctypes.c_char.from_buffer(private), ctypes.c_char.from_buffer(shared)]
     base, shared_at = (ctypes.addressof(v) for v in views)
     del views
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    _libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     for guard in (base, base + page + size):
-        assert libc.mprotect(guard, page, mmap_mod.PROT_READ) == 0, ctypes.get_errno()
+        assert _libc.mprotect(guard, page, mmap_mod.PROT_READ) == 0, ctypes.get_errno()
     start = base + page
     try:
         aligned = (start + huge - 1) // huge * huge          # 2 MiB for the huge zero page
