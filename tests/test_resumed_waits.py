@@ -167,3 +167,31 @@ def test_an_epoll_wait_given_back_again_is_timed_from_when_it_was_seen_asleep(mo
     assert 1 <= len(calls) < 4, calls
     # each snapshot that did measure the drifted offset gives that much more
     check_waits("epoll", waits, stopped, late + int((len(calls) - 1) * drift_s * 1e6), 4)
+
+
+def test_only_an_epoll_wait_with_a_timeout_has_its_clock_offset_measured(monkeypatch):
+    """The offset (choose.clock_offset: ~0.3 ms of allocdiag's CPU, moving
+    to the waiter's CPU and sleeping there three times) serves only to give
+    back what is left of a timeout: a wait with none (epoll_wait -1, as an
+    idle event loop) is borrowed without it, a 1 s one with it, and both
+    snapshots are live."""
+    from collectors.engine import choose
+    calls = []
+    real = choose.clock_offset
+
+    def counted(cpu):
+        calls.append(cpu)
+        return real(cpu)
+
+    monkeypatch.setattr(choose, "clock_offset", counted)
+    exe = build_c("one_wait.c", "-pthread")
+    measured = {}
+    for ms in (-1, WAIT_MS):
+        with start([exe, "epoll", str(ms)], allocator="jemalloc") as t:
+            time.sleep(0.05)
+            before = len(calls)
+            snap, col = snapshot.take(t.pid)
+            assert col.status["remote"].ok, col.status["remote"].error
+            assert snap.native["borrowed_thread"]["syscall"] == "epoll_wait"
+            measured[ms] = len(calls) - before
+    assert measured == {-1: 0, WAIT_MS: 1}, measured

@@ -494,8 +494,10 @@ class Chooser:
         if c.category == safepoints.EPOLL:
             # when it last ran, for the time left of its timeout: read only
             # for the epoll waiter about to be stopped (clock_offset moves
-            # this thread to that CPU and sleeps there), not for every one
-            c.facts.since, c.facts.slept_at = self.last_ran(c.tid)
+            # this thread to that CPU and sleeps there), not for every one;
+            # of a wait with no timeout only its se.exec_start (still_asleep)
+            c.facts.since, c.facts.slept_at = self.last_ran(
+                c.tid, safepoints.times_out(c.facts.nr, c.facts.args))
             return walked, None
         if c.category == safepoints.GO_RUNTIME:
             return False, None      # proven by its stub's range: no walk
@@ -545,14 +547,18 @@ class Chooser:
         self.insn_before[pc] = self.try_read(pc - len(safepoints.SYSCALL_INSN),
                                              len(safepoints.SYSCALL_INSN))
 
-    def last_ran(self, tid: int) -> tuple[float | None, float | None]:
+    def last_ran(self, tid: int, timed: bool = True) -> tuple[float | None, float | None]:
         """(CLOCK_MONOTONIC seconds at which TID last ran (it went to sleep
         then), or None; its se.exec_start as read): se.exec_start of
         /proc/PID/task/TID/sched, the scheduler's task clock of the CPU it
         slept on, moved onto CLOCK_MONOTONIC by that CPU's offset
-        (clock_offset)."""
+        (clock_offset).  TIMED false (a wait with no timeout to give back):
+        the first is None, and no offset is measured (~0.3 ms of CPU, a
+        third of a recording's choice of its thread)."""
         try:
             theirs = exec_start(read_bytes(self.tracer.task(tid, "sched"), self.pid, tid))
+            if not timed:
+                return None, theirs
             seen = _asleep_since.get((self.pid, tid))
             if seen is not None and theirs is not None and \
                     seen[:2] == (self.tracer.start, theirs):

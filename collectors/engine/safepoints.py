@@ -198,6 +198,21 @@ EPOLL_WAITS = {NR[n]: n for n in (
 # a struct timespec pointer (include/linux/syscalls.h).
 TIMEOUT_MS_ARG = {NR["epoll_wait"]: 3, NR["epoll_pwait"]: 3}
 TIMESPEC_ARG = {NR["epoll_pwait2"]: 3, NR["rt_sigtimedwait"]: 2}
+
+
+def times_out(nr: int, args: tuple[int, ...]) -> bool:
+    """False when an epoll-family wait NR called with ARGS (as /proc's
+    syscall file shows them) has no finite timeout to give back at the
+    release (callframe.keep_deadline): milliseconds <= 0 (infinite, or
+    none at all), or a NULL timespec pointer; True otherwise (a pointed-to
+    timespec is read only at the stop)."""
+    if nr in TIMEOUT_MS_ARG and len(args) > TIMEOUT_MS_ARG[nr]:
+        return abi.signed32(args[TIMEOUT_MS_ARG[nr]]) > 0
+    if nr in TIMESPEC_ARG and len(args) > TIMESPEC_ARG[nr]:
+        return args[TIMESPEC_ARG[nr]] != 0
+    return True
+
+
 NR_futex = NR["futex"]
 NR_semop, NR_semtimedop = NR["semop"], NR["semtimedop"]
 NR_futex_waitv = NR["futex_waitv"]
