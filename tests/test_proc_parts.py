@@ -384,19 +384,27 @@ def test_pagemap_does_not_count_the_zero_pages_or_shared_memory():
                    if start <= m.start < start + size]
         assert all(m.end <= start + size for m, _ in counted), counted
         rss = sum(r for _, r in counted)
-        with pagemap.Pagemap(os.getpid()) as pm:
-            assert pm.zero_page_known
-            assert pm.resident_bytes([(start, start + size)]) == rss == 2 * pagemap.PAGE_SIZE
-            assert pm.pages(shared_at, shared_at + 8 * pagemap.PAGE_SIZE) == (0, 0)
+        # the same with the entries read and with PAGEMAP_SCAN (where the
+        # kernel has it: both ways on this one)
+        for scan in (False, True) if pagemap.scan_supported() else (False,):
+            with pagemap.Pagemap(os.getpid(), scan=scan) as pm:
+                assert pm.zero_page_known
+                assert pm.resident_bytes([(start, start + size)]) == rss == \
+                    2 * pagemap.PAGE_SIZE, scan
+                assert pm.resident_bytes([(shared_at, shared_at + 8 * page)]) == 0, scan
+                assert pm.pages(shared_at, shared_at + 8 * pagemap.PAGE_SIZE) == (0, 0)
     finally:
         private.close()
         shared.close()
 
 
-def test_without_cap_sys_admin_pages_only_read_count_and_the_figures_say_so():
-    """As nobody the PFNs read 0: the small zero page cannot be told from a
-    resident page.  Such pages count, and present_caveat() is what the
-    figures built on them add to their source."""
+def test_without_cap_sys_admin_pages_only_read_count_only_without_pagemap_scan():
+    """As nobody the PFNs read 0: in the entries read, the small zero page
+    cannot be told from a resident page; such pages count, and
+    present_caveat() is what the figures built on them add to their source.
+    PAGEMAP_SCAN (Linux 6.7) tells the zero page apart with no capability:
+    where the kernel has it, resident_bytes() counts none of them and there
+    is nothing to add."""
     code = """
 import ctypes, mmap, os
 from collectors.proc import pagemap
@@ -404,15 +412,23 @@ m = mmap.mmap(-1, 4 * pagemap.PAGE_SIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONY
 v = ctypes.c_char.from_buffer(m); at = ctypes.addressof(v); del v
 for off in range(0, 4 * pagemap.PAGE_SIZE, pagemap.PAGE_SIZE):
     m[off]
-with pagemap.Pagemap(os.getpid()) as pm:
+span = [(at, at + 4 * pagemap.PAGE_SIZE)]
+with pagemap.Pagemap(os.getpid()) as pm, pagemap.Pagemap(os.getpid(), scan=False) as read:
     print("PFN", pagemap.zero_page_pfn(), pm.zero_page_known,
-          pm.pages(at, at + 4 * pagemap.PAGE_SIZE)[0])
-print("CAVEAT", pagemap.present_caveat())
+          pm.pages(*span[0])[0], read.resident_bytes(span) // pagemap.PAGE_SIZE)
+    print("SCAN", pagemap.scan_supported(), pm.resident_bytes(span))
+print("CAVEAT", repr(pagemap.present_caveat()))
+pagemap.scan_supported = lambda: False              # a kernel without it
+print("WITHOUT", pagemap.present_caveat())
 """
     out = unpriv.run(["-c", code])
-    assert "PFN None False 4" in out.stdout, out.stdout + out.stderr
-    assert "CAVEAT ; pages only read" in out.stdout and "CAP_SYS_ADMIN" in out.stdout
+    assert "PFN None False 4 4" in out.stdout, out.stdout + out.stderr
+    assert "WITHOUT ; pages only read" in out.stdout and "CAP_SYS_ADMIN" in out.stdout
     from collectors.proc import pagemap
+    if pagemap.scan_supported():                    # 6.7 or later: this kernel
+        assert "SCAN True 0" in out.stdout and "CAVEAT ''" in out.stdout, out.stdout
+    else:
+        assert "SCAN False 16384" in out.stdout and "CAVEAT '; pages only" in out.stdout
     if has_cap_sys_admin():                         # as root here: the PFN is learnt
         assert zero_page_pfn_or_skip() and pagemap.present_caveat() == ""
 
@@ -434,11 +450,39 @@ def test_pagemap_counts_present_pages_across_read_chunks(monkeypatch):
     try:
         for chunk in (7, pagemap.CHUNK_ENTRIES):
             monkeypatch.setattr(pagemap, "CHUNK_ENTRIES", chunk)
-            with pagemap.Pagemap(os.getpid()) as pm:
+            with pagemap.Pagemap(os.getpid(), scan=False) as pm:
                 assert pm.pages(start, start + n * pagemap.PAGE_SIZE) == (len(touched), 0)
                 assert pm.pages(start + 2 * pagemap.PAGE_SIZE,
                                 start + 40 * pagemap.PAGE_SIZE) == (6, 0)
                 assert pm.resident_bytes([(start, start + 8 * pagemap.PAGE_SIZE)]) == \
                     5 * pagemap.PAGE_SIZE
+        if pagemap.scan_supported():
+            # PAGEMAP_SCAN returns the four runs of touched pages; two at a
+            # time, the scan goes on from where the kernel stopped
+            for regions in (2, pagemap.SCAN_REGIONS):
+                monkeypatch.setattr(pagemap, "SCAN_REGIONS", regions)
+                with pagemap.Pagemap(os.getpid()) as pm:
+                    assert pm.resident_bytes([(start, start + n * pagemap.PAGE_SIZE)]) == \
+                        len(touched) * pagemap.PAGE_SIZE
+                    assert pm.resident_bytes([(start + 2 * pagemap.PAGE_SIZE,
+                                               start + 40 * pagemap.PAGE_SIZE)]) == \
+                        6 * pagemap.PAGE_SIZE
+                    assert not pm._scan_refused
     finally:
         m.close()
+
+
+def test_a_captured_pagemap_file_is_read_as_entries(tmp_path):
+    """A pagemap that is a plain file (a capture under an injected procfs
+    root) refuses PAGEMAP_SCAN (ENOTTY): its entries are read instead, and
+    the file is not asked again."""
+    from collectors.proc import pagemap
+    present = pagemap.PM_PRESENT | 0x1234
+    entries = [present, 0, present, present, pagemap.PM_SWAPPED, present | pagemap.PM_FILE]
+    (tmp_path / "77").mkdir()
+    (tmp_path / "77" / "pagemap").write_bytes(b"".join(e.to_bytes(8, "little")
+                                                       for e in entries))
+    page = pagemap.PAGE_SIZE
+    with pagemap.Pagemap(77, str(tmp_path)) as pm:
+        assert pm.resident_bytes([(0, 2 * page), (2 * page, 6 * page)]) == 3 * page
+        assert pm._scan_refused
