@@ -458,9 +458,12 @@ def test_pagemap_counts_present_pages_across_read_chunks(monkeypatch):
                     5 * pagemap.PAGE_SIZE
         if pagemap.scan_supported():
             # PAGEMAP_SCAN returns the four runs of touched pages; two at a
-            # time, the scan goes on from where the kernel stopped
-            for regions in (2, pagemap.SCAN_REGIONS):
+            # time, or three pages at a time, the scan goes on from where
+            # the kernel stopped
+            for regions, most in ((2, pagemap.SCAN_MAX_PAGES), (pagemap.SCAN_REGIONS, 3),
+                                  (pagemap.SCAN_REGIONS, pagemap.SCAN_MAX_PAGES)):
                 monkeypatch.setattr(pagemap, "SCAN_REGIONS", regions)
+                monkeypatch.setattr(pagemap, "SCAN_MAX_PAGES", most)
                 with pagemap.Pagemap(os.getpid()) as pm:
                     assert pm.resident_bytes([(start, start + n * pagemap.PAGE_SIZE)]) == \
                         len(touched) * pagemap.PAGE_SIZE

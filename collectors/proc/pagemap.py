@@ -83,6 +83,12 @@ PAGE_IS_PRESENT = 1 << 3
 PAGE_IS_PFNZERO = 1 << 5
 # Runs returned per ioctl; a range with more is scanned on from walk_end.
 SCAN_REGIONS = 256
+# Pages found per ioctl, the same: the kernel walks the range under the
+# target's mmap read lock, released only between ioctls (a read of the
+# entries releases it every 2 MiB).  A dense 512 MiB range took 10 ms in
+# one ioctl on 6.18, so each stops after 2 MiB of pages found; untouched
+# address space costs nothing (64 GiB reserved: 0.05 ms, 181 ms as reads).
+SCAN_MAX_PAGES = (2 << 20) // PAGE_SIZE
 # The ioctl's answers for a kernel (or a file: a fixture) without it.
 _NO_SCAN = (errno.ENOTTY, errno.EINVAL, errno.EOPNOTSUPP)
 
@@ -251,7 +257,7 @@ class Pagemap:
         if self._scan is None:
             vec = (page_region * SCAN_REGIONS)()
             arg = pm_scan_arg(size=ctypes.sizeof(pm_scan_arg), vec=ctypes.addressof(vec),
-                              vec_len=SCAN_REGIONS,
+                              vec_len=SCAN_REGIONS, max_pages=SCAN_MAX_PAGES,
                               category_mask=PAGE_IS_PRESENT | PAGE_IS_FILE | PAGE_IS_PFNZERO,
                               category_inverted=PAGE_IS_FILE | PAGE_IS_PFNZERO,
                               return_mask=PAGE_IS_PRESENT)
