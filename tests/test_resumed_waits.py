@@ -171,7 +171,7 @@ def test_an_epoll_wait_given_back_again_is_timed_from_when_it_was_seen_asleep(mo
 
 def test_only_an_epoll_wait_with_a_timeout_has_its_clock_offset_measured(monkeypatch):
     """The offset (choose.clock_offset: ~0.3 ms of allocdiag's CPU, moving
-    to the waiter's CPU and sleeping there three times) serves only to give
+    to the waiter's CPU and sleeping there) serves only to give
     back what is left of a timeout: a wait with none (epoll_wait -1, as an
     idle event loop) is borrowed without it, a 1 s one with it, and both
     snapshots are live."""
