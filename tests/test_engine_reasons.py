@@ -154,6 +154,50 @@ def test_look_ahead_that_cannot_walk_judges_as_before(sp, monkeypatch):  # noqa:
     assert judge.look_ahead(int(sc[-1], 16), int(sc[-2], 16), "read") is None
 
 
+def test_look_ahead_walks_again_only_when_a_word_it_read_reads_differently(
+        sp, monkeypatch):  # noqa: F811
+    """A thread parked in one wait is looked at before every snapshot's
+    stop: the walk is kept with the stack words it read (saved registers,
+    return addresses) and the text it looked at, and not made again while
+    they read the same; one of them read differently walks again."""
+    t, a = sp("handler_read")
+    parked(t, a, NR_READ)
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES),
+                       deadline_s=0.5)
+    judge = rp._chooser.stack_judge()
+    with open(f"/proc/{t.pid}/task/{a['tid']}/syscall") as f:     # parked: pc and sp shown
+        sc = f.read().split()
+    pc, sp_ = int(sc[-1], 16), int(sc[-2], 16)
+    assert judge.look_ahead(pc, sp_, "read").code is Reason.SIGNAL_HANDLER
+    walks = []
+    real_walk, real_read = judge.unwinder.walk, judge.read
+
+    def counted(*args, **kw):
+        walks.append(args)
+        return real_walk(*args, **kw)
+
+    monkeypatch.setattr(judge.unwinder, "walk", counted)
+    assert judge.look_ahead(pc, sp_, "read").code is Reason.SIGNAL_HANDLER
+    assert walks == []
+    kept = judge._ahead[(pc, sp_)][0]
+    assert len(kept) >= 2          # the frames' saved words and the trampoline's text
+    for victim in kept:
+        def changed(at, n, victim=victim):
+            data = real_read(at, n)
+            if data is not None and at <= victim < at + n:
+                i = victim - at
+                data = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:]
+            return data
+
+        monkeypatch.setattr(judge, "read", changed)
+        before = len(walks)
+        judge.look_ahead(pc, sp_, "read")
+        assert len(walks) == before + 1, hex(victim)
+        monkeypatch.setattr(judge, "read", real_read)
+        judge.look_ahead(pc, sp_, "read")           # as it was: walked and kept again
+    assert judge.look_ahead(pc, sp_, "read").code is Reason.SIGNAL_HANDLER
+
+
 def test_every_reason_has_words():
     assert set(REASON_TEXT) == set(Reason)
     r = Refusal(Reason.NO_ROOM, {"room": "12 KiB", "need": "20 KiB"}, "read")

@@ -447,6 +447,32 @@ def _libc_facts_of(obj: Any, bias: int, m: Any) -> LibcFacts:
     return (m.path, waits.at(bias), malloc.at(bias), named.at(bias))
 
 
+# Look-ahead walks kept by StackJudge (one a candidate thread).
+LOOK_AHEAD_KEPT = 16
+
+
+class _WordsRead(unwind.PagedMemory):
+    """PagedMemory that keeps the words a walk read ({address: 8 bytes}),
+    and whether a read came back short or failed (``short``)."""
+
+    def __init__(self, read: Callable[[int, int], bytes | None]) -> None:
+        self.short = False
+
+        def reader(at: int, n: int) -> bytes | None:
+            data = read(at, n)
+            if data is None or len(data) < n:
+                self.short = True
+            return data
+
+        super().__init__(reader)
+        self.read_words: dict[int, bytes] = {}
+
+    def word(self, addr: int) -> int:
+        value = super().word(addr)
+        self.read_words[addr] = value.to_bytes(unwind.WORD, "little")
+        return value
+
+
 class StackJudge:
     """Judges futex-waiting threads of one process by walking their stacks.
 
@@ -471,6 +497,9 @@ class StackJudge:
         self._libc_done = False
         # what the last walk from a stopped thread could not decode (walk)
         self.needs: unwind.NeedsDecode | None = None
+        # look_ahead's last findings by (pc, sp): the bytes each walk read
+        # (stack pages, the trampoline's text) and what it found
+        self._ahead: dict[tuple[int, int], tuple[dict[int, bytes], tuple[str, str] | None]] = {}
 
     # -- libc facts, from the libc mapping's .dynsym ----------------------------
     def _libc_facts(self) -> LibcFacts | None:
@@ -578,21 +607,68 @@ class StackJudge:
         A walk that stops early for another reason (no CFI: JIT or Go code;
         a frame based on a register /proc does not show) proves nothing
         either way; the wait is judged as before."""
+        found = self._looked_ahead(pc, sp)
+        if found is None:
+            return None
+        if found[0] == Reason.ALLOCATOR_FRAME.value:
+            return refusal(Reason.ALLOCATOR_AHEAD, subject=subject,
+                           frame=refusal(Reason.ALLOCATOR_FRAME, where=found[1]).text)
+        return refusal(Reason.SIGNAL_HANDLER, subject=subject)
+
+    def _looked_ahead(self, pc: int, sp: int) -> tuple[str, str] | None:
+        """What a walk from (PC, SP) finds: (ALLOCATOR_FRAME's code, where)
+        or (SIGNAL_HANDLER's code, ""), else None.  The same as the last
+        walk from there when every stack word that walk read (the saved
+        registers and return addresses, not the frames' locals) and the
+        text it looked at read the same now: the walk is a function of
+        them and of this judge's tables (a thread parked in one wait: a
+        page read or two instead of the walk, ~0.1 ms of a recording's
+        snapshot)."""
+        kept = self._ahead.get((pc, sp))
+        if kept is not None and self._same_words(kept[0]):
+            return kept[1]
+        stack = _WordsRead(self.read)
         try:
             w = self.unwinder.walk({unwind.RA: pc, unwind.RSP: sp}, parse=True, partial=True,
-                                   tolerant=True)
+                                   tolerant=True, memory=stack)
         except Exception as exc:        # a table that does not parse: proves nothing, as
             log.debug("look-ahead walk from pc %#x failed: %s", pc, exc)  # a walk cut short
             return None
+        read = stack.read_words
+        found: tuple[str, str] | None = None
         where = self.allocator_frame(w.frames, self.proven)
-        if where:
-            return refusal(Reason.ALLOCATOR_AHEAD, subject=subject,
-                           frame=refusal(Reason.ALLOCATOR_FRAME, where=where).text)
         cause = w.cause
-        if isinstance(cause, unwind.CFAExpression) and cause.pc is not None and w.frames and \
-                self.read(cause.pc, len(SIGRETURN_TRAMPOLINE)) == SIGRETURN_TRAMPOLINE:
-            return refusal(Reason.SIGNAL_HANDLER, subject=subject)
-        return None
+        if where:
+            found = (Reason.ALLOCATOR_FRAME.value, where)
+        elif isinstance(cause, unwind.CFAExpression) and cause.pc is not None and w.frames:
+            text = self.read(cause.pc, len(SIGRETURN_TRAMPOLINE))
+            if text is None:
+                return None             # unreadable: nothing kept
+            read[cause.pc] = text
+            if text == SIGRETURN_TRAMPOLINE:
+                found = (Reason.SIGNAL_HANDLER.value, "")
+        self._ahead.pop((pc, sp), None)
+        if not stack.short:
+            # (a walk cut by an unreadable word may go further later: not kept)
+            self._ahead[(pc, sp)] = (read, found)
+        while len(self._ahead) > LOOK_AHEAD_KEPT:
+            del self._ahead[next(iter(self._ahead))]
+        return found
+
+    def _same_words(self, read: dict[int, bytes]) -> bool:
+        """True when each {address: bytes} of READ reads the same now, the
+        words of one page read together."""
+        pages: dict[int, list[int]] = {}
+        for at in read:
+            pages.setdefault(at & ~(unwind.PAGE - 1), []).append(at)
+        for page, ats in pages.items():
+            low, high = min(ats), max(at + len(read[at]) for at in ats)
+            data = self.read(low, high - low) if high - page <= unwind.PAGE else None
+            if data is None or len(data) != high - low:
+                return False
+            if any(data[at - low:at - low + len(read[at])] != read[at] for at in ats):
+                return False
+        return True
 
     def walk(self, dwarf_regs: dict[int, int]) -> tuple[list[unwind.Frame] | None,
                                                           Refusal | None]:
