@@ -397,8 +397,17 @@ def test_the_next_borrow_looks_at_the_last_borrowed_thread_first(monkeypatch, ca
         first, reads = borrow()
         assert len(reads) >= 40
         caplog.set_level(logging.DEBUG, logger="collectors")
-        again, reads = borrow(call_mmap=True)
-        # why not, when not (seen once in CI, not reproduced)
+        for _ in range(3):
+            caplog.clear()
+            again, reads = borrow(call_mmap=True)
+            if (again, reads) == (first, [first]) or "(state R)" not in caplog.text:
+                break
+            # That thread was runnable at that moment, back in its wait a
+            # moment before (seen twice in full runs on a loaded box, with
+            # this log): it is rightly looked past.  The call changed the
+            # mappings: a look at every thread again, then the same test.
+            first, reads = borrow()
+        # why not, when not
         assert (again, reads) == (first, [first]), caplog.text
         after_mmap, reads = borrow()
         assert len(reads) >= 40             # the mappings changed: every thread
