@@ -7,6 +7,7 @@ worker thread in a chosen wait, counters readable without stopping anything)
 and tests/targets/remote_churn.c (threads churning malloc/free).
 """
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -458,6 +459,23 @@ def _engine_loop_code(pid, tid, func):
         f"        c.call({func}, 30)\n")
 
 
+def _where_is(pid):
+    """What /proc says of a process that should have exited: its state and
+    signal masks, each thread's wait channel, syscall and kernel stack."""
+    out = []
+    with contextlib.suppress(OSError):
+        with open(f"/proc/{pid}/status") as f:
+            out += [line.strip() for line in f if line.split(":")[0] in (
+                "State", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt", "TracerPid")]
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            for leaf in ("wchan", "syscall", "stack"):
+                with contextlib.suppress(OSError):
+                    with open(f"/proc/{pid}/task/{tid}/{leaf}") as f:
+                        out.append(f"{tid} {leaf}: {f.read().strip()}")
+    return "; ".join(out)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_signal_to_allocdiag_during_a_call(waits, sig):
     """SIGINT/TERM/HUP to the tool mid-call: the restore finishes first, the
@@ -474,7 +492,13 @@ def test_signal_to_allocdiag_during_a_call(waits, sig):
             wait_for(lambda: int(proc_status(t.pid, a["tid"])["TracerPid"]) == p.pid,
                      2.0, "engine mid-window")
             p.send_signal(sig)
-            p.wait(timeout=10)
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                # seen once in a full CI run, not reproduced in 48 runs of
+                # this test (idle and with both cores busy): say where it is
+                pytest.fail(f"allocdiag still alive 10 s after {sig.name}: "
+                            f"{_where_is(p.pid)}")
         finally:
             if p.poll() is None:
                 p.kill()

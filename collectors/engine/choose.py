@@ -554,7 +554,7 @@ class Chooser:
         slept on, moved onto CLOCK_MONOTONIC by that CPU's offset
         (clock_offset).  TIMED false (a wait with no timeout to give back):
         the first is None, and no offset is measured (~0.3 ms of CPU, a
-        third of a recording's choice of its thread)."""
+        third of what the look before a stop costs)."""
         try:
             theirs = exec_start(read_bytes(self.tracer.task(tid, "sched"), self.pid, tid))
             if not timed:
