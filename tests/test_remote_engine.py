@@ -459,6 +459,16 @@ def _engine_loop_code(pid, tid, func):
         f"        c.call({func}, 30)\n")
 
 
+def _default_dispositions():
+    """In the child before exec: the signals the test sends at their default
+    action, as in a shell a user started allocdiag from.  A suite run under
+    nohup (or as a background job) passes them on ignored: SIGHUP was then
+    discarded, and the tool lived on (a dev CI run, /proc: SigIgn had
+    SIGHUP)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _where_is(pid):
     """What /proc says of a process that should have exited: its state and
     signal masks, each thread's wait channel, syscall and kernel stack."""
@@ -484,7 +494,8 @@ def test_signal_to_allocdiag_during_a_call(waits, sig):
     for delay in (0.013, 0.031, 0.047):
         p = subprocess.Popen([sys.executable, "-c",
                               _engine_loop_code(t.pid, a["tid"], a["slow_fn"])],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             preexec_fn=_default_dispositions)
         try:
             assert p.stdout.readline().strip() == b"LOOPING"
             time.sleep(0.1 + delay)
@@ -495,8 +506,6 @@ def test_signal_to_allocdiag_during_a_call(waits, sig):
             try:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                # seen once in a full CI run, not reproduced in 48 runs of
-                # this test (idle and with both cores busy): say where it is
                 pytest.fail(f"allocdiag still alive 10 s after {sig.name}: "
                             f"{_where_is(p.pid)}")
         finally:
