@@ -200,8 +200,9 @@ class Pagemap:
         # True when the small zero page can be told from a resident page
         # (pages(); resident_bytes() also tells it with PAGEMAP_SCAN)
         self.zero_page_known = self._zero_tables is not None
-        # PAGEMAP_SCAN's argument and output, made at its first use; None
-        # again once the file has refused it (an older kernel, a fixture)
+        # PAGEMAP_SCAN's argument and output, made at its first use, and
+        # whether the file refused it (an older kernel, a fixture): the
+        # entries are read from then on
         self._scan: tuple[pm_scan_arg, ctypes.Array[page_region]] | None = None
         self._scan_refused = not scan
         path = os.path.join(procfs_root, str(pid), "pagemap")
