@@ -32,13 +32,14 @@ It tells the zero page apart without CAP_SYS_ADMIN.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
 import functools
 import mmap
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from collectors.proc import oserror
@@ -97,6 +98,20 @@ _NO_SCAN = (errno.ENOTTY, errno.EINVAL, errno.EOPNOTSUPP)
 CHUNK_ENTRIES = 1 << 17
 
 
+@contextlib.contextmanager
+def _own_page() -> Iterator[tuple[mmap.mmap, int]]:
+    """(mapping, address) of a private anonymous page of this process's
+    own, not touched yet; OSError when it cannot be mapped."""
+    m = mmap.mmap(-1, PAGE_SIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        view = ctypes.c_char.from_buffer(m)
+        addr = ctypes.addressof(view)
+        del view
+        yield m, addr
+    finally:
+        m.close()
+
+
 @functools.cache
 def zero_page_pfn() -> int | None:
     """The PFN of the kernel's shared zero page, or None when this process
@@ -105,24 +120,16 @@ def zero_page_pfn() -> int | None:
     written, maps it (x86-64 has one small zero page; architectures with
     coloured zero pages, MIPS and s390, would need each of them)."""
     try:
-        m = mmap.mmap(-1, PAGE_SIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    except OSError:
-        return None
-    try:
-        view = ctypes.c_char.from_buffer(m)
-        addr = ctypes.addressof(view)
-        del view
-        m[0]                                # the read fault: the zero page
-        fd = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            entry = int.from_bytes(os.pread(fd, PM_ENTRY_BYTES,
-                                            addr // PAGE_SIZE * PM_ENTRY_BYTES), "little")
-        finally:
-            os.close(fd)
+        with _own_page() as (m, addr):
+            m[0]                                # the read fault: the zero page
+            fd = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                entry = int.from_bytes(os.pread(fd, PM_ENTRY_BYTES,
+                                                addr // PAGE_SIZE * PM_ENTRY_BYTES), "little")
+            finally:
+                os.close(fd)
     except (OSError, ValueError):
         return None
-    finally:
-        m.close()
     pfn = entry & PM_PFN_MASK
     return pfn if entry & PM_PRESENT and not entry & PM_FILE and pfn else None
 
@@ -153,20 +160,13 @@ def count_entries(data: bytes, tables: list[bytes]) -> int:
 def scan_supported() -> bool:
     """True when this kernel answers PAGEMAP_SCAN (asked once, of a page
     of this process's own)."""
-    m = None
     try:
-        m = mmap.mmap(-1, PAGE_SIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        view = ctypes.c_char.from_buffer(m)
-        addr = ctypes.addressof(view)
-        del view
-        m[0:1] = b"x"
-        with Pagemap(os.getpid()) as pm:
-            return pm._scan_present(addr, addr + PAGE_SIZE) == 1
+        with _own_page() as (m, addr):
+            m[0:1] = b"x"
+            with Pagemap(os.getpid()) as pm:
+                return pm._scan_present(addr, addr + PAGE_SIZE) == 1
     except OSError:
         return False
-    finally:
-        if m is not None:
-            m.close()
 
 
 def present_caveat() -> str:
