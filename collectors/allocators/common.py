@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from collectors.binary import diskcache
+from collectors.newest import keep_newest
 from diag.model.errors import MalformedData, RemoteCallError, Unsupported
 
 # What a remote call's rax holds, by the C return type (x86-64 SysV ABI: an
@@ -54,10 +55,7 @@ class KeptValues:
             self._unstored[key] = got
 
     def _keep(self, key: Any, got: tuple[float, Any]) -> None:
-        self._values.pop(key, None)
-        self._values[key] = got
-        while len(self._values) > self.kept:
-            del self._values[next(iter(self._values))]
+        keep_newest(self._values, key, got, self.kept)
 
     def _disk_key(self, key: Any) -> Any:
         """(boot id, pid, start time, path) for a live process's key

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from collectors import lazylog
+from collectors.newest import keep_newest
 from diag.model.records import field, record
 from collectors.binary import unwind
 from collectors.engine import abi, memory, ptrace, rseq, safepoints, stackbounds
@@ -593,10 +594,8 @@ class Chooser:
             except (AllocdiagError, ValueError):
                 return False
             if in_call and before is not None and before == after:
-                _asleep_since.pop((self.pid, tid), None)
-                _asleep_since[(self.pid, tid)] = (self.tracer.start, before, seen)
-                while len(_asleep_since) > ASLEEP_SINCE_MAX:
-                    del _asleep_since[next(iter(_asleep_since))]
+                keep_newest(_asleep_since, (self.pid, tid), (self.tracer.start, before, seen),
+                            ASLEEP_SINCE_MAX)
                 return True
             if seen >= deadline:
                 return False

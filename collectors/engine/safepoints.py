@@ -38,6 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Callable
 
 from collectors import lazylog
+from collectors.newest import keep_newest
 from diag.model.records import field, record, replace
 from collectors.binary import unwind
 from collectors.binary.elf import STT_FUNC, STT_GNU_IFUNC
@@ -435,10 +436,8 @@ def _libc_ranges(obj: Any, opener: Any) -> tuple[Ranges, Ranges, Ranges]:
             rows, complete = _libc_functions(obj, opener)
             if complete:
                 obj.store_part(LIBC_PART, rows)
-        ranges = _LIBC_RANGES[obj] = (new_ranges(rows[0]), new_ranges(rows[1]),
-                                      new_ranges(rows[2]))
-        while len(_LIBC_RANGES) > LIBC_RANGES_KEPT:
-            del _LIBC_RANGES[next(iter(_LIBC_RANGES))]
+        ranges = (new_ranges(rows[0]), new_ranges(rows[1]), new_ranges(rows[2]))
+        keep_newest(_LIBC_RANGES, obj, ranges, LIBC_RANGES_KEPT)
     return ranges
 
 
@@ -647,12 +646,11 @@ class StackJudge:
             read[cause.pc] = text
             if text == SIGRETURN_TRAMPOLINE:
                 found = (Reason.SIGNAL_HANDLER.value, "")
-        self._ahead.pop((pc, sp), None)
-        if not stack.short:
-            # (a walk cut by an unreadable word may go further later: not kept)
-            self._ahead[(pc, sp)] = (read, found)
-        while len(self._ahead) > LOOK_AHEAD_KEPT:
-            del self._ahead[next(iter(self._ahead))]
+        if stack.short:
+            # a walk cut by an unreadable word may go further later: not kept
+            self._ahead.pop((pc, sp), None)
+        else:
+            keep_newest(self._ahead, (pc, sp), (read, found), LOOK_AHEAD_KEPT)
         return found
 
     def _same_words(self, read: dict[int, bytes]) -> bool:
