@@ -74,6 +74,7 @@ class Recorder:
         self._append = append
         self._f = None
         self._closed = False
+        self._kept = {}     # Snapshot.json_text's texts of what the snapshots share
         # An unwritable path fails here, before any process is stopped; the
         # file is truncated only when the first line is written.  A recording
         # whose first snapshot fails (no such process, a kernel thread) leaves
@@ -83,7 +84,7 @@ class Recorder:
             pass
 
     def write(self, snapshot):
-        self._line(snapshot.to_json())
+        self._text(snapshot.json_text(self._kept))
         self.count += 1
 
     def write_event(self, kind, doc):
@@ -92,12 +93,15 @@ class Recorder:
         self.events += 1
 
     def _line(self, doc):
+        self._text(json.dumps(doc, separators=(",", ":")))
+
+    def _text(self, text):
         if self._f is None:
             if self._closed:
                 raise ValueError(f"{self.path}: the recording is closed")
             # gzip in append mode adds a member; readers see one stream.
             self._f = open_text(self.path, "a" if self._append else "w")
-        self._f.write(json.dumps(doc, separators=(",", ":")) + "\n")
+        self._f.write(text + "\n")
         self._f.flush()
 
     def close(self):

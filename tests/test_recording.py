@@ -6,9 +6,11 @@ import os
 
 import pytest
 
+from diag.model import Allocator, Preload
 from diag.model.errors import MalformedData, NoSuchProcess
+from diag.model.records import replace
 from diag.recording import Recorder, read_recording, record, snapshot_from_json
-from fakes import SNAPSHOTS, jemalloc_snapshot, staircase
+from fakes import FIXTURES, SNAPSHOTS, jemalloc_snapshot, staircase
 
 
 def _line(snap):
@@ -37,6 +39,33 @@ def test_round_trip_is_exact(kind, tmp_path):
 def test_snapshot_equality_when_native_is_json_shaped():
     snap = jemalloc_snapshot()          # native: str keys, lists only
     assert snapshot_from_json(json.loads(_line(snap))) == snap
+
+
+def test_a_line_reuses_the_text_of_the_records_its_snapshot_shares_with_the_last(
+        tmp_path, monkeypatch):
+    # GIVEN a real recording's snapshots sharing one Allocator and one
+    # Preload (as a Session's do while the mappings stay the same), then one
+    # with a Preload of its own (a new build)
+    snaps = read_recording(os.path.join(FIXTURES, "recording-jemalloc-burst-release.jsonl.gz"))
+    allocator, preload = snaps[0].allocator, snaps[0].preload
+    shared = [replace(s, allocator=allocator, preload=preload) for s in snaps[:6]]
+    rebuilt = replace(preload, verdict=preload.verdict + " (a new build)")
+    shared.append(replace(shared[-1], preload=rebuilt))
+    converted = []
+    for cls in (Allocator, Preload):
+        real = cls.to_json
+        monkeypatch.setattr(cls, "to_json", lambda self, real=real: converted.append(
+            type(self).__name__) or real(self))
+    path = tmp_path / "r.jsonl"
+    # WHEN recorded
+    with Recorder(path) as rec:
+        for s in shared:
+            rec.write(s)
+    written = converted.copy()
+    # THEN every line is its snapshot's document, byte for byte
+    assert path.read_text().splitlines() == [_line(s) for s in shared]
+    # and each shared record was converted once, the new Preload once more
+    assert sorted(written) == ["Allocator", "Preload", "Preload"]
 
 
 def test_gzip(tmp_path):
