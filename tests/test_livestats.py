@@ -5,6 +5,7 @@ shared and static/prefixed where that exists; and the snapshot/CLI plumbing.
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -380,16 +381,33 @@ def test_google_tcmalloc_entry_points_called():
     assert ls.native["getstats_text"].startswith("MALLOC:")
 
 
-def test_glibc_resident_attributed_from_smaps():
+def test_glibc_resident_attributed_from_the_heaps_pages(monkeypatch):
     from examples import launch
+    from collectors.allocators.glibc import heapmaps
+    from collectors.proc.procfs import ProcFS
     p = launch.start("arena_sprawl", "glibc", args=("--live", "600"))
     try:
         launch.wait_ready(p, 60)
         snap, _ = snapshot.take(p.pid)
+        # the heaps' pages by pagemap are smaps' Rss of the same mappings,
+        # read while the process is stopped (its pages cannot change)
+        os.kill(p.pid, signal.SIGSTOP)
+        try:
+            by_pagemap = heapmaps.heap_resident_by_pagemap(ProcFS(), p.pid)
+            by_smaps = heapmaps.glibc_heap_resident(ProcFS(), p.pid)
+        finally:
+            os.kill(p.pid, signal.SIGCONT)
+        # where pagemap cannot tell the zero page apart, smaps is read
+        monkeypatch.setattr(heapmaps, "present_caveat", lambda: "; a caveat")
+        fallback, _ = snapshot.take(p.pid)
     finally:
         launch.stop(p)
+    assert by_pagemap[0] == by_smaps[0] and by_pagemap[1] == by_smaps[1] >= 8
+    assert [(m.start, m.end) for m in by_pagemap[2]] == [(m.start, m.end) for m in by_smaps[2]]
+    assert fallback.stats["resident"].source.startswith("smaps Rss of [heap]")
     res = snap.stats["resident"]
     assert res.provenance == "derived" and "mmapped chunks" in res.source
+    assert res.source.startswith("pagemap present pages of [heap]")
     assert "lower bound" not in res.source          # every mmapped chunk glibc counts was found
     assert snap.native["heap_resident"]["arena_heaps"] >= 8
     # Nearly all of this process's anonymous memory is glibc heaps.

@@ -84,8 +84,11 @@ FIELDS = (
                 "mallinfo2 (called)", "allocdiag"),
     NativeField("version", TEXT, "glibc version (gnu_get_libc_version)", "glibc"),
     NativeField("error", TEXT, "why malloc_info detail is missing", "allocdiag"),
-    NativeField("heap_resident.bytes", BYTES, "smaps Rss of [heap] and the arena heaps", "/proc/PID/smaps"),
-    NativeField("heap_resident.arena_heaps", COUNT, "arena heaps found in smaps", "/proc/PID/smaps"),
+    NativeField("heap_resident.bytes", BYTES, "present pages of [heap] and the arena heaps, "
+                "the zero page left out (smaps Rss where pagemap cannot tell it apart: "
+                "stats.resident's source says which)", "/proc/PID/pagemap or /proc/PID/smaps"),
+    NativeField("heap_resident.arena_heaps", COUNT, "arena heaps found in the mappings",
+                "/proc/PID/maps or /proc/PID/smaps"),
     NativeField("heap_resident.mmapped_chunks.count", COUNT, "mmapped chunks found by their "
                 "headers (prev_size, size | IS_MMAPPED)", "/proc/PID/mem"),
     NativeField("heap_resident.mmapped_chunks.bytes", BYTES, "bytes of the mmapped chunks found",
@@ -232,8 +235,8 @@ def parse_file(data: bytes) -> dict[str, Any]:
 
 
 def complete(image: Any, native: dict[str, Any], stats: dict[str, Value]) -> None:
-    """Fill ``resident`` when the calls left it unknown: smaps Rss of the
-    heaps plus the present pages of the mmapped chunks (heapmaps.resident)."""
+    """Fill ``resident`` when the calls left it unknown: the heaps' present
+    pages plus the present pages of the mmapped chunks (heapmaps.resident)."""
     from collectors.allocators.glibc import heapmaps
     if stats.get("resident") is not None and stats["resident"].value is None:
         heapmaps.resident(image, native, stats)
