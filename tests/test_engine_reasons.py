@@ -170,7 +170,7 @@ def test_look_ahead_walks_again_only_when_a_word_it_read_reads_differently(
     pc, sp_ = int(sc[-1], 16), int(sc[-2], 16)
     assert judge.look_ahead(pc, sp_, "read").code is Reason.SIGNAL_HANDLER
     walks = []
-    real_walk, real_read = judge.unwinder.walk, judge.read
+    real_walk = judge.unwinder.walk
 
     def counted(*args, **kw):
         walks.append(args)
@@ -182,20 +182,32 @@ def test_look_ahead_walks_again_only_when_a_word_it_read_reads_differently(
     kept = judge._ahead[(pc, sp_)][0]
     assert len(kept) >= 2          # the frames' saved words and the trampoline's text
     for victim in kept:
-        def changed(at, n, victim=victim):
-            data = real_read(at, n)
-            if data is not None and at <= victim < at + n:
-                i = victim - at
-                data = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:]
-            return data
-
-        monkeypatch.setattr(judge, "read", changed)
-        before = len(walks)
-        judge.look_ahead(pc, sp_, "read")
-        assert len(walks) == before + 1, hex(victim)
-        monkeypatch.setattr(judge, "read", real_read)
+        assert _walks_when_flipped(judge, monkeypatch, victim, walks,
+                                   lambda: judge.look_ahead(pc, sp_, "read")), hex(victim)
         judge.look_ahead(pc, sp_, "read")           # as it was: walked and kept again
     assert judge.look_ahead(pc, sp_, "read").code is Reason.SIGNAL_HANDLER
+
+
+def _walks_when_flipped(judge, monkeypatch, victim, walks, ask):
+    """True when ASK() walks again with the byte at VICTIM read flipped
+    through JUDGE's reader (WALKS: the walks counted); the reader is the
+    real one again after."""
+    real_read = judge.read
+
+    def changed(at, n):
+        data = real_read(at, n)
+        if data is not None and at <= victim < at + n:
+            i = victim - at
+            data = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:]
+        return data
+
+    monkeypatch.setattr(judge, "read", changed)
+    before = len(walks)
+    try:
+        ask()
+    finally:
+        monkeypatch.setattr(judge, "read", real_read)
+    return len(walks) == before + 1
 
 
 def test_every_reason_has_words():
@@ -314,4 +326,48 @@ def test_debug_lines_name_the_decisions(sp, caplog):  # noqa: F811
     assert f"tid {main} call {getpid:#x}" in text and "returned" in text
     assert f"tid {main} (restartable read) borrowed: stopped " in text
     assert f"tid {main} detached" in text
+    assert_released(t.pid)
+
+
+def test_futex_wait_walks_again_only_when_a_word_it_read_reads_differently(
+        sp, monkeypatch):  # noqa: F811
+    """A thread parked in one condition wait is walked before each stop
+    (prepare) and in it (judge).  Each walk is kept with the stack words it
+    read, under (pc, sp) before the stop and under every register in it,
+    and not made again while they read the same; any one of them read
+    differently walks again, and a borrow with nothing changed walks
+    neither time."""
+    t, a = sp("condwait")
+    parked(t, a, NR_FUTEX)
+    rp = RemoteProcess(t.pid, forbidden_ranges=text_ranges(t.pid, LIBC_NAMES))
+    judge = rp._chooser.stack_judge()
+    walks, judged = [], []
+    real_walk, real_judge = judge.unwinder.walk, judge.judge
+
+    def counted(*args, **kw):
+        walks.append(args)
+        return real_walk(*args, **kw)
+
+    def seen(regs):
+        judged.append(regs)
+        return real_judge(regs)
+
+    with open(f"/proc/{t.pid}/task/{a['tid']}/syscall") as f:     # parked: pc and sp shown
+        sc = f.read().split()
+    pc, sp_ = int(sc[-1], 16), int(sc[-2], 16)
+    with rp.borrow(tid=a["tid"]) as c:             # walked before the stop, and in it
+        assert c.category == safepoints.FUTEX
+    monkeypatch.setattr(judge.unwinder, "walk", counted)
+    monkeypatch.setattr(judge, "judge", seen)
+    with rp.borrow(tid=a["tid"]) as c:
+        assert c.category == safepoints.FUTEX
+        assert walks == [] and len(judged) == 1
+        # the kept walks, each flipped word in turn (the thread stays stopped)
+        for kept, ask in ((judge._prepared[(pc, sp_)][0], lambda: judge.prepare(pc, sp_)),
+                          (judge._judged[tuple(sorted(judged[0].items()))][0],
+                           lambda: real_judge(judged[0]))):
+            assert len(kept) >= 2          # saved registers and return addresses
+            for victim in kept:
+                assert _walks_when_flipped(judge, monkeypatch, victim, walks, ask), hex(victim)
+                assert ask() is None                # as it was: walked, safe, kept again
     assert_released(t.pid)
