@@ -364,8 +364,33 @@ def test_many_arenas_xml_via_mmap_leaves_no_mapping():
     finally:
         launch.stop(p)
     assert len(ls.native["malloc_info"]["arenas"]) >= 8
-    assert any("anonymous mapping" in s for s in ls.native["side_effects"])
+    assert sum("XML" in s for s in ls.native["side_effects"]) == 1     # where its buffer was
     assert before == after
+
+
+@pytest.mark.parametrize("room", ["stack", "none"])
+def test_glibc_side_effects_say_where_the_xml_buffer_was(room, monkeypatch):
+    """malloc_info's buffer goes on the borrowed thread's stack when its
+    room holds it, else into a mapping made and unmapped in the stop: the
+    side effects say which, never a mapping that was not made."""
+    from collectors.engine import callframe
+    if room == "none":      # no stack has that much to spare
+        monkeypatch.setattr(callframe.Caller, "STACK_BUFFER_SPARE", 1 << 40)
+    mmaps = []
+    real_map = callframe.Caller.map_buffer
+    monkeypatch.setattr(callframe.Caller, "map_buffer",
+                        lambda self, th, n: mmaps.append(n) or real_map(self, th, n))
+    exe = build_c("capture_glibc.c", "-lpthread")
+    with start([exe, "--serve"]) as t:
+        det, ls = live(t.pid)
+    said = [s for s in ls.native["side_effects"] if "XML" in s]
+    assert len(said) == 1
+    if room == "stack":
+        assert mmaps == [] and said[0].startswith("the XML written into a ") and \
+            "-byte buffer on the borrowed thread's own stack" in said[0]
+    else:
+        assert len(mmaps) == 1 and said[0] == (f"a {mmaps[0]}-byte anonymous mapping for the "
+                                               "XML, unmapped before the thread was released")
 
 
 def test_google_tcmalloc_entry_points_called():

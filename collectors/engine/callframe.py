@@ -535,6 +535,11 @@ class Call:
         its stack.  Never a stack without that room."""
         return self._caller.buffer(self._th, n)
 
+    def mapped(self, addr: int) -> bool:
+        """True when ADDR is a Call.buffer this borrow mapped; False for
+        one it put on the thread's stack (what a side effect must say)."""
+        return any(mem == addr for mem, _ in self._th.frame.buffers)
+
     def cstring(self, addr: int, limit: int = 1 << 20) -> bytes:
         """The NUL-terminated string at ADDR, cut at LIMIT bytes.  Each read
         (up to CSTRING_CHUNK) ends on a page boundary, so it can fault only on

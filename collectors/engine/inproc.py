@@ -73,6 +73,12 @@ class InProcess:
         ctypes.memset(at, 0, n)
         return at
 
+    def mapped(self, addr: int) -> None:
+        """Call.mapped's answer here: None, since a buffer is this
+        process's own memory, neither a mapping made for it nor a thread's
+        stack."""
+        return None
+
     def cstring(self, addr: int, limit: int = 1 << 20) -> bytes:
         return ctypes.string_at(addr, _strnlen(addr, limit))
 

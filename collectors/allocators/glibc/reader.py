@@ -175,17 +175,20 @@ def gather(c: Any, a: Any, opts: Any) -> Any:
     # an anonymous mapping, unmapped before the thread is released).
     size = common.SCRATCH_TEXT if a["bound"] <= common.SCRATCH_TEXT else \
         max(LARGE_TEXT, a["bound"])
-    _malloc_info(c, a, c.buffer(size), size, raw)
+    raw["buffers"] = []
+    _malloc_info(c, a, size, raw)
     if raw.get("truncated"):
         # An arena the maps did not show (created meanwhile): once more,
-        # into a mapping with room for four times as many.
-        size = 4 * max(LARGE_TEXT, a["bound"])
-        _malloc_info(c, a, c.buffer(size), size, raw)
-    raw["mmap"] = size
+        # into a buffer with room for four times as many.
+        _malloc_info(c, a, 4 * max(LARGE_TEXT, a["bound"]), raw)
     return raw
 
 
-def _malloc_info(c, a, buf, size, raw):
+def _malloc_info(c, a, size, raw):
+    """malloc_info into a SIZE-byte Call.buffer; where that buffer was
+    (mapped or on the stack) is kept for the side effects (parse)."""
+    buf = c.buffer(size)
+    raw["buffers"].append((size, c.mapped(buf)))
     f = common.fmemopen(c, a, buf, size)
     raw["rc"] = c.call(a["malloc_info"], 0, f) & common.INT_RETURN
     c.call(a["fclose"], f)
@@ -205,9 +208,15 @@ def parse(raw: Any, alloc: Any) -> Any:
     native["gathered_by"] = "malloc_info"
     native["side_effects"].append("fmemopen: one FILE (~500 bytes) malloc'd and freed in the "
                                   "calling thread's arena")
-    if "mmap" in raw:
-        native["side_effects"].append(f"a {raw['mmap']}-byte anonymous mapping for the XML, "
-                                      "unmapped before the thread was released")
+    for size, mapped in raw.get("buffers", ()):
+        if mapped is None:
+            continue            # allocdiag's own memory (self mode): no one else's
+        native["side_effects"].append(
+            f"a {size}-byte anonymous mapping for the XML, unmapped before the thread was "
+            "released" if mapped else
+            f"the XML written into a {size}-byte buffer on the borrowed thread's own stack, "
+            "below its stack pointer (no mapping made; stack pages it reached that the "
+            "thread had not used stay resident)")
     if raw["rc"] != 0:
         native["error"] = f"malloc_info returned {raw['rc']}"
     elif raw["truncated"]:
