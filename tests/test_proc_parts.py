@@ -489,3 +489,34 @@ def test_a_captured_pagemap_file_is_read_as_entries(tmp_path):
     with pagemap.Pagemap(77, str(tmp_path)) as pm:
         assert pm.resident_bytes([(0, 2 * page), (2 * page, 6 * page)]) == 3 * page
         assert pm._scan_refused
+    # a refused scan: the zero page is told apart only by its PFN
+    assert pm.zero_page_told_apart is pm.zero_page_known
+
+
+def test_glibc_heaps_from_a_pagemap_that_cannot_tell_the_zero_page_fall_back_to_smaps(
+        tmp_path, monkeypatch):
+    """glibc's heaps' resident comes from pagemap only where it leaves the
+    zero page out, as smaps Rss does: a captured pagemap (a plain file, no
+    scan) read without the zero page's PFN gives way to smaps."""
+    from collectors.allocators.glibc import heapmaps
+    from collectors.proc import pagemap
+    start, page = 0x55D0C0000000, pagemap.PAGE_SIZE
+    (tmp_path / "77").mkdir()
+    (tmp_path / "77" / "maps").write_text(f"{start:x}-{start + 4 * page:x} rw-p 00000000 "
+                                          "00:00 0                          [heap]\n")
+    with open(tmp_path / "77" / "pagemap", "wb") as f:
+        f.seek(start // page * pagemap.PM_ENTRY_BYTES)
+        f.write((pagemap.PM_PRESENT | 0x1234).to_bytes(8, "little") * 4)
+    procfs = ProcFS(str(tmp_path))
+
+    class NoZeroPFN(Pagemap):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            self.zero_page_known = False
+
+    with Pagemap(77, str(tmp_path)) as pm:
+        if not pm.zero_page_known:
+            pytest.skip("needs the zero page's PFN (CAP_SYS_ADMIN) for the counted case")
+    assert heapmaps.heap_resident_by_pagemap(procfs, 77)[:2] == (4 * page, 0)
+    monkeypatch.setattr(heapmaps, "Pagemap", NoZeroPFN)
+    assert heapmaps.heap_resident_by_pagemap(procfs, 77) == (None, 0, None)

@@ -250,6 +250,13 @@ class Pagemap:
             total += present * PAGE_SIZE
         return total
 
+    @property
+    def zero_page_told_apart(self) -> bool:
+        """True when resident_bytes() leaves the zero page out: this file
+        answers PAGEMAP_SCAN (not refused so far), or the zero page's PFN is
+        known."""
+        return self.zero_page_known or not self._scan_refused
+
     def _scan_present(self, start: int, end: int) -> int | None:
         """Present pages in [START, END) that are neither a file or shared
         page nor the zero page, by PAGEMAP_SCAN; None when unreadable or

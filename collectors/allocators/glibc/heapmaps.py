@@ -114,6 +114,8 @@ def heap_resident_by_pagemap(procfs: Any, pid: Any) -> Any:
         spans, heaps = heap_spans(maps)
         with Pagemap(pid, procfs.root) as pm:
             total = pm.resident_bytes(spans)
+            if not pm.zero_page_told_apart:
+                total = None    # this file refused the scan (a captured one): smaps
     except (OSError, AllocdiagError):
         return None, 0, None
     return (total, heaps, maps) if total is not None else (None, 0, None)
