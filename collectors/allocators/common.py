@@ -16,7 +16,7 @@ INT_RETURN = (1 << 32) - 1
 BOOL_RETURN = 0xFF
 U64 = (1 << 64) - 1           # a negative C long/int argument passed in a 64-bit register
 
-SCRATCH_TEXT = 48 * 1024      # bytes of the buffer (Call.buffer, never the stack) for text/XML
+SCRATCH_TEXT = 48 * 1024      # bytes of the buffer (Call.buffer) for text/XML
 IONBF = 2                     # stdio.h _IONBF: no stdio buffer (nothing malloc'd for it)
 
 

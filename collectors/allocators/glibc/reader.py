@@ -171,8 +171,9 @@ def gather(c: Any, a: Any, opts: Any) -> Any:
         c.call(a["mallinfo2"], out)
         return {"mallinfo2": c.read(out, glibc_stats.MALLINFO2_SIZE)}
     raw: dict[str, Any] = {}
-    # The XML goes into a buffer outside the borrowed stack (Call.buffer:
-    # an anonymous mapping, unmapped before the thread is released).
+    # The XML goes into a Call.buffer: below the scratch on the borrowed
+    # thread's stack when its room holds it, else an anonymous mapping,
+    # unmapped before the thread is released.
     size = common.SCRATCH_TEXT if a["bound"] <= common.SCRATCH_TEXT else \
         max(LARGE_TEXT, a["bound"])
     raw["buffers"] = []
