@@ -757,13 +757,14 @@ class Unwinder:
             return None
         raise UnwindError(f"more than {MAX_FRAMES} frames")
 
-    def prepare(self, pc: int, sp: int) -> list[Frame]:
+    def prepare(self, pc: int, sp: int, memory: Any = None) -> list[Frame]:
         """Parse the CFI of every object a walk from (PC, SP) reaches without
         knowing the other registers (a look-ahead from
         /proc/PID/task/TID/syscall, done before the thread is stopped).
-        Returns the frames found; never raises for a walk that stops early."""
+        Returns the frames found; never raises for a walk that stops early.
+        MEMORY: the stack words' reader, as walk's."""
         try:
-            return self.walk({RA: pc, RSP: sp}, parse=True, partial=True)
+            return self.walk({RA: pc, RSP: sp}, parse=True, partial=True, memory=memory)
         except UnwindError:
             return []
 

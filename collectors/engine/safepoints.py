@@ -599,19 +599,11 @@ class StackJudge:
         allocator frames (no need to stop the thread), else None.  Kept as
         look_ahead's walks are (_looked_ahead): a thread parked in one
         futex wait is walked again only when a word the walk read changed."""
-        kept = self._prepared.get((pc, sp))
-        if kept is not None and self._same_words(kept[0]):
-            return kept[1]
-        stack = _WordsRead(self.read)
-        try:
-            frames = self.unwinder.walk({unwind.RA: pc, unwind.RSP: sp}, parse=True,
-                                        partial=True, memory=stack)
-        except unwind.UnwindError:
-            return None         # as Unwinder.prepare: a walk cut short proves nothing
-        where = self.allocator_frame(frames)
-        why = refusal(Reason.ALLOCATOR_FRAME, where=where) if where else None
-        if not stack.short:
-            keep_newest(self._prepared, (pc, sp), (stack.read_words, why), LOOK_AHEAD_KEPT)
+        def find(stack: _WordsRead) -> tuple[Refusal | None, bool]:
+            where = self.allocator_frame(self.unwinder.prepare(pc, sp, memory=stack))
+            return (refusal(Reason.ALLOCATOR_FRAME, where=where) if where else None), True
+
+        why: Refusal | None = self._kept_walk(self._prepared, (pc, sp), find)
         return why
 
     def look_ahead(self, pc: int, sp: int, subject: str) -> Refusal | None:
@@ -641,35 +633,46 @@ class StackJudge:
         them and of this judge's tables (a thread parked in one wait: a
         page read or two instead of the walk, ~0.1 ms of a recording's
         snapshot)."""
-        kept = self._ahead.get((pc, sp))
+        def find(stack: _WordsRead) -> tuple[tuple[str, str] | None, bool]:
+            try:
+                w = self.unwinder.walk({unwind.RA: pc, unwind.RSP: sp}, parse=True,
+                                       partial=True, tolerant=True, memory=stack)
+            except Exception as exc:    # a table that does not parse: proves nothing, as
+                log.debug("look-ahead walk from pc %#x failed: %s", pc, exc)  # one cut short
+                return None, False
+            where = self.allocator_frame(w.frames, self.proven)
+            cause = w.cause
+            if where:
+                return (Reason.ALLOCATOR_FRAME.value, where), True
+            if isinstance(cause, unwind.CFAExpression) and cause.pc is not None and w.frames:
+                text = self.read(cause.pc, len(SIGRETURN_TRAMPOLINE))
+                if text is None:
+                    return None, False      # unreadable: nothing kept
+                stack.read_words[cause.pc] = text
+                if text == SIGRETURN_TRAMPOLINE:
+                    return (Reason.SIGNAL_HANDLER.value, ""), True
+            return None, True
+
+        found: tuple[str, str] | None = self._kept_walk(self._ahead, (pc, sp), find)
+        return found
+
+    def _kept_walk(self, table: dict[Any, tuple[dict[int, bytes], Any]], key: Any,
+                   find: Callable[[_WordsRead], tuple[Any, bool]]) -> Any:
+        """FIND's answer from a walk that reads through the _WordsRead it is
+        given ((answer, whether it may be kept)), or TABLE's answer under KEY
+        while every word that walk read (and any text FIND added to them)
+        reads the same.  A walk cut by an unreadable word may go further
+        later, and one FIND says proves nothing: neither is kept."""
+        kept = table.get(key)
         if kept is not None and self._same_words(kept[0]):
             return kept[1]
         stack = _WordsRead(self.read)
-        try:
-            w = self.unwinder.walk({unwind.RA: pc, unwind.RSP: sp}, parse=True, partial=True,
-                                   tolerant=True, memory=stack)
-        except Exception as exc:        # a table that does not parse: proves nothing, as
-            log.debug("look-ahead walk from pc %#x failed: %s", pc, exc)  # a walk cut short
-            return None
-        read = stack.read_words
-        found: tuple[str, str] | None = None
-        where = self.allocator_frame(w.frames, self.proven)
-        cause = w.cause
-        if where:
-            found = (Reason.ALLOCATOR_FRAME.value, where)
-        elif isinstance(cause, unwind.CFAExpression) and cause.pc is not None and w.frames:
-            text = self.read(cause.pc, len(SIGRETURN_TRAMPOLINE))
-            if text is None:
-                return None             # unreadable: nothing kept
-            read[cause.pc] = text
-            if text == SIGRETURN_TRAMPOLINE:
-                found = (Reason.SIGNAL_HANDLER.value, "")
-        if stack.short:
-            # a walk cut by an unreadable word may go further later: not kept
-            self._ahead.pop((pc, sp), None)
+        answer, keep = find(stack)
+        if keep and not stack.short:
+            keep_newest(table, key, (stack.read_words, answer), LOOK_AHEAD_KEPT)
         else:
-            keep_newest(self._ahead, (pc, sp), (read, found), LOOK_AHEAD_KEPT)
-        return found
+            table.pop(key, None)
+        return answer
 
     def _same_words(self, read: dict[int, bytes]) -> bool:
         """True when each {address: bytes} of READ reads the same now, the
@@ -715,18 +718,13 @@ class StackJudge:
         read are the same, so is the verdict, given without the walk (a
         thread parked in one futex wait, stopped once a snapshot: 1-2 page
         reads instead of ~0.15 ms of walking inside the stop)."""
-        key = tuple(sorted(dwarf_regs.items()))
-        kept = self._judged.get(key)
-        if kept is not None and self._same_words(kept[0]):
-            self.needs = None
-            return kept[1]
-        stack = _WordsRead(self.read)
-        frames, why = self.walk(dwarf_regs, stack)
-        if frames is None:
-            return why
-        verdict = self.verdict(frames)
-        if not stack.short:
-            keep_newest(self._judged, key, (stack.read_words, verdict), LOOK_AHEAD_KEPT)
+        def find(stack: _WordsRead) -> tuple[Refusal | None, bool]:
+            frames, why = self.walk(dwarf_regs, stack)
+            return (why, False) if frames is None else (self.verdict(frames), True)
+
+        self.needs = None           # a verdict kept: nothing left undecoded
+        verdict: Refusal | None = self._kept_walk(
+            self._judged, tuple(sorted(dwarf_regs.items())), find)
         return verdict
 
 
